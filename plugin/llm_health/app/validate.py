@@ -1,0 +1,33 @@
+"""``llm-health validate --config FILE``: exit 0 if valid, 2 with one line per problem."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from llm_health.config import load_config
+from llm_health.errors import ConfigError
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "validate",
+        help="check a config file and exit",
+        description="Validate a config file: exit 0 if it is valid, else 2 with one line per "
+        "problem, each naming the file line and the field.",
+    )
+    parser.add_argument("--config", "-c", required=True, metavar="FILE")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        for message in exc.messages:
+            print(message, file=sys.stderr)
+        return 2
+    endpoints = sum(len(c.endpoints) for c in config.clusters)
+    print(f"{args.config}: ok ({len(config.clusters)} clusters, {endpoints} endpoints)")
+    return 0

@@ -1,0 +1,40 @@
+"""The ``llm-health`` command line: one subcommand per module, dispatched by argparse.
+
+Exit codes: 0 success, 1 the command ran and found a problem (e.g. a failed probe),
+2 bad usage or invalid input (argparse's own convention, also used for a bad config).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from llm_health import __version__
+from llm_health.app.validate import register as register_validate
+from llm_health.probe.cli import register as register_probe
+from llm_health.sim.cli import register as register_sim
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="llm-health",
+        description="TTFT micro-probe health checking for Envoy-based LLM gateways.",
+    )
+    parser.add_argument("--version", action="version", version=f"llm-health {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    register_probe(commands)
+    register_validate(commands)
+    register_sim(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""The health state machine: ``(health, probe result, now, policy) -> Transition``.
+
+Pure: no I/O, no clock of its own. Every state change carries a human-readable reason.
+Rules (DESIGN §3):
+- STARTING: failures tolerated until ``startup_grace`` is over, then UNHEALTHY;
+  ``qualify_after`` consecutive successes -> HEALTHY if all FAST, else DEGRADED.
+- HEALTHY: FAST stays; SLOW, OVERLOADED or one TIMEOUT/ERROR -> DEGRADED.
+- DEGRADED: ``healthy_after`` consecutive FAST -> HEALTHY.
+- HEALTHY/DEGRADED: ``unhealthy_after`` consecutive TIMEOUT/ERROR -> UNHEALTHY.
+- UNHEALTHY: ``healthy_after`` consecutive successes -> HEALTHY if all FAST, else DEGRADED.
+- FATAL, in any state but DRAINING -> UNHEALTHY at once, with an alert.
+- DRAINING: outcomes are counted but never change the state (only ``undrain`` does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from llm_health.model.outcome import FAILURES, Outcome, ProbeResult
+from llm_health.model.policy import Policy
+from llm_health.model.states import EndpointHealth, State
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """The machine's answer. ``changed``: the state differs from before.
+    ``alert``: an operator should hear of it (FATAL, or newly UNHEALTHY)."""
+
+    before: State
+    health: EndpointHealth
+    changed: bool
+    alert: bool = False
+
+
+def initial_health(now: float, policy: Policy, *, known_at_boot: bool = False) -> EndpointHealth:
+    """A new endpoint in STARTING.
+
+    ``known_at_boot``: the endpoint was in the config when the plugin (re)started. It is
+    probably serving already; we are a new observer, not watching a new backend. One
+    success then qualifies it, so a plugin restart never holds a healthy fleet out of
+    Envoy for ``healthy_after`` intervals (DESIGN §7, warm start).
+    """
+    qualify_after = 1 if known_at_boot else policy.healthy_after
+    reason = "plugin started; awaiting first probe" if known_at_boot else "new endpoint"
+    return EndpointHealth(State.STARTING, now, reason, now, qualify_after)
+
+
+def step(health: EndpointHealth, result: ProbeResult, now: float, policy: Policy) -> Transition:
+    """Fold one probe result into ``health``. Callers own ordering (one probe at a time)."""
+    counted = _count(health, result.outcome)
+    if health.state is State.DRAINING:
+        return Transition(health.state, counted, changed=False)
+    if result.outcome is Outcome.FATAL:
+        return _fatal(health, counted, result, now)
+    decide = _DECIDERS[health.state]
+    return decide(health, counted, result, now, policy)
+
+
+def drain(health: EndpointHealth, now: float, reason: str) -> Transition:
+    """Take an endpoint out of rotation (operator or discovery)."""
+    drained = replace(health, state=State.DRAINING, since=now, reason=reason)
+    return Transition(health.state, drained, changed=health.state is not State.DRAINING)
+
+
+def undrain(health: EndpointHealth, now: float, policy: Policy) -> Transition:
+    """Bring a drained endpoint back: it must qualify again like a new one."""
+    fresh = replace(
+        initial_health(now, policy), reason="undrained; awaiting healthy probes", first_seen=now
+    )
+    return Transition(health.state, fresh, changed=health.state is not State.STARTING)
+
+
+def _count(health: EndpointHealth, outcome: Outcome) -> EndpointHealth:
+    """Update the streak counters for one outcome (state untouched)."""
+    if outcome is Outcome.FAST:
+        streak_fast = health.all_fast or health.successes == 0
+        return replace(
+            health,
+            successes=health.successes + 1,
+            all_fast=streak_fast,
+            fast_streak=health.fast_streak + 1,
+            failures=0,
+            failure_kinds=frozenset(),
+            last_outcome=outcome,
+        )
+    if outcome is Outcome.SLOW:
+        return replace(
+            health,
+            successes=health.successes + 1,
+            all_fast=False,
+            fast_streak=0,
+            failures=0,
+            failure_kinds=frozenset(),
+            last_outcome=outcome,
+        )
+    reset = replace(health, successes=0, all_fast=True, fast_streak=0, last_outcome=outcome)
+    if outcome is Outcome.OVERLOADED:
+        # The engine answered: it is alive, so a failure run is broken too.
+        return replace(reset, failures=0, failure_kinds=frozenset())
+    return replace(
+        reset, failures=health.failures + 1, failure_kinds=health.failure_kinds | {outcome}
+    )
+
+
+def _move(
+    before: EndpointHealth, after: EndpointHealth, state: State, reason: str, now: float
+) -> Transition:
+    moved = replace(after, state=state, since=now, reason=reason)
+    alert = state is State.UNHEALTHY
+    return Transition(before.state, moved, changed=True, alert=alert)
+
+
+def _stay(before: EndpointHealth, after: EndpointHealth) -> Transition:
+    return Transition(before.state, after, changed=False)
+
+
+def _fatal(
+    before: EndpointHealth, after: EndpointHealth, result: ProbeResult, now: float
+) -> Transition:
+    reason = f"fatal engine error: {result.detail or 'fatal pattern matched'}"
+    if before.state is State.UNHEALTHY:
+        # Already out of rotation; keep `since`, refresh the reason, alert only on a new FATAL.
+        fresh = before.last_outcome is not Outcome.FATAL
+        return Transition(before.state, replace(after, reason=reason), changed=False, alert=fresh)
+    return _move(before, after, State.UNHEALTHY, reason, now)
+
+
+def _qualified(after: EndpointHealth, needed: int) -> tuple[State, str] | None:
+    """HEALTHY/DEGRADED once ``needed`` consecutive successes are in, else None."""
+    if after.successes < needed:
+        return None
+    if after.all_fast:
+        return State.HEALTHY, f"{after.successes} consecutive fast probes"
+    return State.DEGRADED, f"{after.successes} consecutive successes, not all fast"
+
+
+def _decide_starting(
+    before: EndpointHealth,
+    after: EndpointHealth,
+    result: ProbeResult,
+    now: float,
+    policy: Policy,
+) -> Transition:
+    ready = _qualified(after, before.qualify_after)
+    if ready is not None:
+        return _move(before, after, ready[0], f"ready: {ready[1]}", now)
+    grace_over = now - before.first_seen >= policy.startup_grace_s
+    if result.outcome not in (Outcome.FAST, Outcome.SLOW) and grace_over:
+        grace = f"{policy.startup_grace_s:g}s"
+        reason = f"never became ready within startup_grace ({grace}); last: {_describe(result)}"
+        return _move(before, after, State.UNHEALTHY, reason, now)
+    return _stay(before, after)
+
+
+def _decide_healthy(
+    before: EndpointHealth,
+    after: EndpointHealth,
+    result: ProbeResult,
+    now: float,
+    policy: Policy,
+) -> Transition:
+    if result.outcome is Outcome.FAST:
+        return _stay(before, after)
+    if result.outcome in FAILURES and after.failures >= policy.unhealthy_after:
+        return _move(before, after, State.UNHEALTHY, _failure_reason(after, policy), now)
+    return _move(before, after, State.DEGRADED, _describe(result), now)
+
+
+def _decide_degraded(
+    before: EndpointHealth,
+    after: EndpointHealth,
+    result: ProbeResult,
+    now: float,
+    policy: Policy,
+) -> Transition:
+    if after.fast_streak >= policy.healthy_after:
+        reason = f"recovered: {after.fast_streak} consecutive fast probes"
+        return _move(before, after, State.HEALTHY, reason, now)
+    if result.outcome in FAILURES and after.failures >= policy.unhealthy_after:
+        return _move(before, after, State.UNHEALTHY, _failure_reason(after, policy), now)
+    return _stay(before, after)
+
+
+def _decide_unhealthy(
+    before: EndpointHealth,
+    after: EndpointHealth,
+    result: ProbeResult,
+    now: float,
+    policy: Policy,
+) -> Transition:
+    ready = _qualified(after, policy.healthy_after)
+    if ready is not None:
+        return _move(before, after, ready[0], f"recovered: {ready[1]}", now)
+    return _stay(before, after)
+
+
+_DECIDERS = {
+    State.STARTING: _decide_starting,
+    State.HEALTHY: _decide_healthy,
+    State.DEGRADED: _decide_degraded,
+    State.UNHEALTHY: _decide_unhealthy,
+}
+
+
+def _failure_reason(after: EndpointHealth, policy: Policy) -> str:
+    """E.g. "2 consecutive timeouts (>800 ms)" or "3 consecutive failures (error, timeout)"."""
+    n = after.failures
+    if after.failure_kinds == {Outcome.TIMEOUT}:
+        return f"{n} consecutive timeouts (>{policy.timeout_s * 1000:g} ms)"
+    if after.failure_kinds == {Outcome.ERROR}:
+        return f"{n} consecutive errors"
+    kinds = ", ".join(sorted(k.value for k in after.failure_kinds))
+    return f"{n} consecutive failures ({kinds})"
+
+
+def _describe(result: ProbeResult) -> str:
+    """One probe in words, for reasons: "slow first token: 450 ms", "timeout: ..."."""
+    if result.outcome is Outcome.SLOW and result.ttft_ms is not None:
+        return f"slow first token: {result.ttft_ms:.0f} ms"
+    text = result.outcome.value
+    return f"{text}: {result.detail}" if result.detail else text

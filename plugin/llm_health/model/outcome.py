@@ -1,0 +1,42 @@
+"""What one micro-probe found (DESIGN §2)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Outcome(enum.Enum):
+    """The six classifications of one probe."""
+
+    FAST = "fast"  # first token within healthy_ttft
+    SLOW = "slow"  # first token after healthy_ttft, within timeout
+    OVERLOADED = "overloaded"  # the engine says it is saturated (429, 503 + overload text)
+    TIMEOUT = "timeout"  # no first token within timeout
+    FATAL = "fatal"  # an engine-fatal error (CUDA, NCCL, Xid, ...)
+    ERROR = "error"  # anything else: refused, reset, other non-2xx, malformed, no token
+
+
+SUCCESSES = frozenset({Outcome.FAST, Outcome.SLOW})
+FAILURES = frozenset({Outcome.TIMEOUT, Outcome.ERROR})
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    """One probe's outcome and timings, all in milliseconds from the request start.
+
+    ``connect_ms``/``headers_ms``/``ttft_ms`` are None when that phase was not reached.
+    ``loop_lag_ms`` is the worst event-loop lag seen while the probe ran: when it is large
+    the timings are the prober's fault, not the engine's (DESIGN §7).
+    ``detail`` is a short human text (never a secret, never a whole body).
+    """
+
+    outcome: Outcome
+    started_at: float  # wall-clock seconds (time.time()) when the request was sent
+    ttft_ms: float | None = None
+    connect_ms: float | None = None
+    headers_ms: float | None = None
+    total_ms: float = 0.0
+    status: int | None = None
+    detail: str = ""
+    loop_lag_ms: float = 0.0

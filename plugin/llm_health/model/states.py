@@ -1,0 +1,41 @@
+"""Per-endpoint health state (DESIGN §3)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from llm_health.model.outcome import Outcome
+
+
+class State(enum.Enum):
+    STARTING = "starting"  # new endpoint, model loading or warming: not routed
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"  # routed with a reduced weight
+    UNHEALTHY = "unhealthy"  # not routed
+    DRAINING = "draining"  # operator or discovery took it out; removed after drain_time
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointHealth:
+    """Immutable state of one endpoint plus the streak counters the machine needs.
+
+    ``successes``: consecutive FAST/SLOW probes; ``all_fast``: every one of them was FAST.
+    ``fast_streak``: consecutive FAST probes. ``failures``: consecutive TIMEOUT/ERROR/FATAL;
+    ``failure_kinds``: the outcomes in that run (for the reason text).
+    ``qualify_after``: successes needed to leave STARTING (healthy_after, or 1 for endpoints
+    that were already known when the plugin booted: see ``initial_health``).
+    ``first_seen``/``since`` are seconds on the caller's clock.
+    """
+
+    state: State
+    since: float
+    reason: str
+    first_seen: float
+    qualify_after: int
+    successes: int = 0
+    all_fast: bool = True
+    fast_streak: int = 0
+    failures: int = 0
+    failure_kinds: frozenset[Outcome] = frozenset()
+    last_outcome: Outcome | None = None

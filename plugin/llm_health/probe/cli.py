@@ -1,0 +1,157 @@
+"""``llm-health probe URL``: one-off micro-probes of a live endpoint, for the 3 a.m. question
+"is this backend really serving?". Exit 0 when every probe got a token (FAST or SLOW)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from llm_health.config import DEFAULT_FATAL_PATTERNS
+from llm_health.model.durations import parse_duration
+from llm_health.model.outcome import SUCCESSES, ProbeResult
+from llm_health.probe.client import MicroProbe, new_session
+from llm_health.probe.target import API_PATHS, ProbeTarget, compile_fatal_patterns
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "probe",
+        help="send micro-probes to a live endpoint and print TTFT",
+        description="Send one-token streaming probes to URL and print each probe's outcome "
+        "and connect / headers / first-token times. Exit 0 if every probe got a token.",
+    )
+    parser.add_argument("url", help="base URL (http://host:port) or full endpoint URL")
+    parser.add_argument("--api", choices=sorted(API_PATHS), default="openai-completions")
+    parser.add_argument("--model", help="model name (default: first of GET /v1/models)")
+    parser.add_argument("--count", type=_positive_int, default=3, help="probes to send")
+    parser.add_argument("--timeout", type=_duration, default=0.8, help="e.g. 800ms")
+    parser.add_argument("--healthy-ttft", type=_duration, default=0.2, help="e.g. 200ms")
+    parser.add_argument("--interval", type=_duration, default=1.0, help="pause between probes")
+    parser.add_argument("--prompt", default="hi")
+    parser.add_argument("--cache-bust", choices=["salt", "prefix", "none"], default="salt")
+    parser.add_argument(
+        "--header",
+        action="append",
+        default=[],
+        type=_header,
+        metavar="'NAME: VALUE'",
+        help="extra request header (repeatable); values are never printed",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(_probe_all(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+async def _probe_all(args: argparse.Namespace) -> int:
+    url = _probe_url(args.url, args.api)
+    async with new_session() as session:
+        model = args.model or await _discover_model(session, url)
+        target = _target(args, url, model)
+        prober = MicroProbe(session)
+        limit = f"{args.timeout * 1000:g} ms"
+        print(f"probing {url} (api {args.api}, model {model or '-'}, timeout {limit})")
+        results = []
+        for index in range(args.count):
+            if index:
+                await asyncio.sleep(args.interval)
+            result = await prober.probe(target)
+            results.append(result)
+            print(_line(index + 1, result), flush=True)
+    print(_summary(results))
+    return 0 if all(r.outcome in SUCCESSES for r in results) else 1
+
+
+def _target(args: argparse.Namespace, url: str, model: str | None) -> ProbeTarget:
+    return ProbeTarget(
+        cluster="cli",
+        address=urlsplit(url).netloc,
+        url=url,
+        api=args.api,
+        model=model,
+        prompt=args.prompt,
+        cache_bust=args.cache_bust,
+        timeout_s=args.timeout,
+        healthy_ttft_s=args.healthy_ttft,
+        interval_s=args.interval,
+        confirm_delay_s=0.0,
+        unhealthy_after=2,
+        fatal_patterns=compile_fatal_patterns(DEFAULT_FATAL_PATTERNS),
+        headers=dict(args.header),
+    )
+
+
+def _probe_url(raw: str, api: str) -> str:
+    parts = urlsplit(raw if "://" in raw else f"http://{raw}")
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise SystemExit(f"llm-health probe: error: {raw!r} is not an http(s) URL")
+    path = parts.path if parts.path not in ("", "/") else API_PATHS[api]
+    return f"{parts.scheme}://{parts.netloc}{path}"
+
+
+async def _discover_model(session: aiohttp.ClientSession, url: str) -> str | None:
+    """First model id from GET /v1/models; None (omit "model") if the server won't say."""
+    parts = urlsplit(url)
+    try:
+        timeout = aiohttp.ClientTimeout(total=2)
+        async with session.get(f"{parts.scheme}://{parts.netloc}/v1/models", timeout=timeout) as r:
+            data = await r.json(content_type=None)
+        return str(data["data"][0]["id"])
+    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def _line(number: int, result: ProbeResult) -> str:
+    times = "  ".join(
+        f"{name} {_ms(value)}"
+        for name, value in (("connect", result.connect_ms), ("headers", result.headers_ms))
+    )
+    detail = f"  {result.detail}" if result.detail else ""
+    return (
+        f"probe {number}: {result.outcome.name:<10} ttft {_ms(result.ttft_ms):>9}  {times}{detail}"
+    )
+
+
+def _summary(results: list[ProbeResult]) -> str:
+    counts: dict[str, int] = {}
+    for result in results:
+        counts[result.outcome.value] = counts.get(result.outcome.value, 0) + 1
+    tally = ", ".join(f"{n} {name}" for name, n in counts.items())
+    ttfts = [r.ttft_ms for r in results if r.ttft_ms is not None]
+    spread = (
+        f"; ttft p50 {statistics.median(ttfts):.1f} ms, max {max(ttfts):.1f} ms" if ttfts else ""
+    )
+    return f"{len(results)} probes: {tally}{spread}"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} ms"
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
+def _header(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition(":")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError("a header is written 'Name: value'")
+    return name.strip(), value.strip()

@@ -1,0 +1,48 @@
+"""Event-loop lag monitor: how late the prober's own loop runs (DESIGN §7).
+
+A ticker sleeps ``tick_s`` and records how much later than asked it woke up. When the loop
+is starved (CPU, GC, a blocking call), every TTFT measured at that time includes the lag:
+such probes must not degrade endpoints. Samples are kept for ``window_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+
+
+class LoopLagMonitor:
+    def __init__(self, tick_s: float = 0.02, window_s: float = 30.0) -> None:
+        self._tick_s = tick_s
+        self._samples: deque[tuple[float, float]] = deque(maxlen=int(window_s / tick_s) + 1)
+        self.current_ms = 0.0
+        self._last_tick = time.perf_counter()
+        self._running = False
+
+    async def run(self) -> None:
+        """Tick until cancelled. Run it in the app's TaskGroup."""
+        loop = asyncio.get_running_loop()
+        self._running = True
+        self._last_tick = time.perf_counter()
+        while True:
+            asked = loop.time()
+            await asyncio.sleep(self._tick_s)
+            woke = loop.time()
+            self.current_ms = max(0.0, (woke - asked - self._tick_s) * 1000)
+            self._last_tick = time.perf_counter()
+            self._samples.append((self._last_tick, self.current_ms))
+
+    def max_since(self, start: float) -> float:
+        """Worst lag (ms) since ``start`` (a perf_counter time), including right now.
+
+        "Right now" matters: a stall that just delayed the probe's own wake-up has not been
+        sampled yet, but shows as the ticker being overdue.
+        """
+        overdue_ms = (time.perf_counter() - self._last_tick - self._tick_s) * 1000
+        worst = max(0.0, overdue_ms) if self._running else 0.0
+        for at, lag in reversed(self._samples):
+            if at < start:
+                break
+            worst = max(worst, lag)
+        return worst

@@ -1,0 +1,105 @@
+"""Probe scheduling (DESIGN §2): one probe in flight per endpoint, never more; stable
+phases spread evenly over the interval; a quick confirm-probe after a new failure.
+
+``phases`` and ``next_slot`` are pure; ``Scheduler`` runs one task per endpoint inside its
+own TaskGroup and is cancelled as a whole on shutdown (in-flight probes are cancelled too,
+which closes their connections).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+
+from llm_health.model.outcome import FAILURES, ProbeResult
+from llm_health.probe.target import ProbeTarget
+
+ProbeFn = Callable[[ProbeTarget], Awaitable[ProbeResult]]
+ResultFn = Callable[[ProbeTarget, ProbeResult], Awaitable[None]]
+
+
+def stable_rank_key(key: str) -> bytes:
+    """Order endpoints by a hash of their key: stable across restarts and processes."""
+    return hashlib.blake2b(key.encode(), digest_size=8).digest()
+
+
+def phases(targets: Iterable[ProbeTarget]) -> dict[str, float]:
+    """Offset (s) of each endpoint inside its interval: endpoint i of N gets i/N of it.
+
+    Even spacing, not random hashing: N probes per interval land N evenly spaced instants,
+    so the prober's load (and a backend's) is flat, never a burst.
+    """
+    ordered = sorted(targets, key=lambda t: stable_rank_key(t.key))
+    count = len(ordered)
+    return {t.key: (i / count) * t.interval_s for i, t in enumerate(ordered)}
+
+
+def next_slot(now: float, origin: float, phase: float, interval: float) -> float:
+    """The first time ``origin + phase + k*interval`` strictly after ``now`` (k >= 0).
+
+    Missed slots are skipped, so a slow probe never causes a catch-up burst.
+    """
+    first = origin + phase
+    if now < first:
+        return first
+    k = math.floor((now - first) / interval) + 1
+    return first + k * interval
+
+
+class Scheduler:
+    """Runs ``probe`` for every target forever; hands results to ``on_result``.
+
+    ``on_result`` is awaited before the endpoint's next probe is scheduled, so results of
+    one endpoint are delivered in order. Clock: ``time.monotonic`` unless given.
+    """
+
+    def __init__(
+        self,
+        targets: Sequence[ProbeTarget],
+        probe: ProbeFn,
+        on_result: ResultFn,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._targets = {t.key: t for t in targets}
+        self._probe = probe
+        self._on_result = on_result
+        self._clock = clock
+        self._phases = phases(targets)
+        self.in_flight: dict[str, int] = dict.fromkeys(self._targets, 0)
+
+    def phase_of(self, key: str) -> float:
+        return self._phases[key]
+
+    async def run(self) -> None:
+        """Probe until cancelled."""
+        origin = self._clock()
+        async with asyncio.TaskGroup() as group:
+            for key, target in self._targets.items():
+                group.create_task(self._run_endpoint(target, origin, self._phases[key]))
+
+    async def _run_endpoint(self, target: ProbeTarget, origin: float, phase: float) -> None:
+        due, failures = origin + phase, 0
+        while True:
+            await asyncio.sleep(max(0.0, due - self._clock()))
+            result = await self._probe_once(target)
+            await self._on_result(target, result)
+            failures = failures + 1 if result.outcome in FAILURES else 0
+            due = self._next_due(target, origin, phase, failures)
+
+    def _next_due(self, target: ProbeTarget, origin: float, phase: float, failures: int) -> float:
+        """Confirm a failure at once while it could still change the verdict (fewer than
+        ``unhealthy_after`` in a row); otherwise back to the endpoint's own slot."""
+        now = self._clock()
+        if 0 < failures < target.unhealthy_after:
+            return now + target.confirm_delay_s
+        return next_slot(now, origin, phase, target.interval_s)
+
+    async def _probe_once(self, target: ProbeTarget) -> ProbeResult:
+        self.in_flight[target.key] += 1
+        try:
+            return await self._probe(target)
+        finally:
+            self.in_flight[target.key] -= 1

@@ -1,0 +1,55 @@
+"""Incremental Server-Sent Events decoding with hard bounds (pure, no I/O).
+
+Only what engines emit matters: ``data:`` lines, events ended by a blank line, ``:``
+comment lines (keep-alives) skipped. A line longer than ``max_line`` bytes raises
+ProtocolError: a garbage or hostile stream cannot make the prober buffer without end.
+"""
+
+from __future__ import annotations
+
+from llm_health.errors import ProtocolError
+
+MAX_LINE_BYTES = 64 * 1024
+
+
+class SseDecoder:
+    def __init__(self, max_line: int = MAX_LINE_BYTES) -> None:
+        self._max_line = max_line
+        self._pending = b""
+        self._data: list[str] = []
+
+    def feed(self, chunk: bytes) -> list[str]:
+        """Consume bytes; return the payloads of every event completed by them."""
+        self._pending += chunk
+        events: list[str] = []
+        while True:
+            newline = self._pending.find(b"\n")
+            if newline < 0:
+                break
+            line, self._pending = self._pending[:newline], self._pending[newline + 1 :]
+            event = self._line(line.rstrip(b"\r"))
+            if event is not None:
+                events.append(event)
+        if len(self._pending) > self._max_line:
+            raise ProtocolError(f"stream line longer than {self._max_line} bytes")
+        return events
+
+    def close(self) -> str | None:
+        """End of stream: an event still open (no trailing blank line) is delivered."""
+        return self._flush()
+
+    def _line(self, line: bytes) -> str | None:
+        if not line:
+            return self._flush()
+        if line.startswith(b":"):
+            return None  # SSE comment, used as keep-alive
+        field, _, value = line.partition(b":")
+        if field == b"data":
+            self._data.append(value.removeprefix(b" ").decode("utf-8", "replace"))
+        return None
+
+    def _flush(self) -> str | None:
+        if not self._data:
+            return None
+        payload, self._data = "\n".join(self._data), []
+        return payload
