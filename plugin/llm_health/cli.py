@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from llm_health import __version__
+from llm_health.app.serve import register as register_serve
 from llm_health.app.validate import register as register_validate
 from llm_health.probe.cli import register as register_probe
 from llm_health.sim.cli import register as register_sim
@@ -23,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"llm-health {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    register_serve(commands)
     register_probe(commands)
     register_validate(commands)
     register_sim(commands)

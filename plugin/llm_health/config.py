@@ -23,6 +23,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     create_model,
     field_validator,
     model_validator,
@@ -47,12 +48,16 @@ DEFAULT_FATAL_PATTERNS = (
 )
 
 
-def _duration(value: Any) -> float:
+def _duration(value: Any, info: ValidationInfo) -> float:
+    """A duration string from the file; already-parsed seconds only when merging models."""
+    if info.context == _MERGING and isinstance(value, float):
+        return value
     if isinstance(value, bool) or not isinstance(value, str):
         raise ValueError(f'{value!r} is not a duration: write it as a string, e.g. "800ms"')
     return parse_duration(value)
 
 
+_MERGING = "merging parsed settings"
 Duration = Annotated[float, BeforeValidator(_duration), Field(gt=0)]
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?)+$")
 
@@ -228,7 +233,7 @@ class Config(_Frozen):
         if cluster.model and "model" not in overrides:
             overrides["model"] = cluster.model
         merged = {**self.probe.model_dump(), **overrides}
-        return ProbeSettings.model_validate(_unsecret(merged))
+        return ProbeSettings.model_validate(_unsecret(merged), context=_MERGING)
 
     def cluster_specs(self) -> tuple[ClusterSpec, ...]:
         return tuple(

@@ -2,7 +2,7 @@
 
 from llm_health.model.durations import format_duration, parse_duration
 from llm_health.model.envoy_view import EnvoyHealth, EnvoyView, envoy_view
-from llm_health.model.machine import Transition, initial_health, step
+from llm_health.model.machine import Transition, initial_health, step, trusted
 from llm_health.model.outcome import FAILURES, SUCCESSES, Outcome, ProbeResult
 from llm_health.model.policy import Policy
 from llm_health.model.states import EndpointHealth, State
@@ -23,4 +23,5 @@ __all__ = [
     "initial_health",
     "parse_duration",
     "step",
+    "trusted",
 ]

@@ -219,3 +219,13 @@ def _describe(result: ProbeResult) -> str:
         return f"slow first token: {result.ttft_ms:.0f} ms"
     text = result.outcome.value
     return f"{text}: {result.detail}" if result.detail else text
+
+
+def trusted(result: ProbeResult, policy: Policy) -> bool:
+    """False when a SLOW or TIMEOUT verdict may be the prober's fault: its own event loop
+    lagged more than ``max_loop_lag`` while the probe ran (DESIGN §7, measurement integrity).
+    Such a probe must not degrade an endpoint. FAST, FATAL and ERROR are trusted: lag can
+    only make a probe look slower, never faster, and cannot invent an engine error."""
+    if result.outcome not in (Outcome.SLOW, Outcome.TIMEOUT):
+        return True
+    return result.loop_lag_ms <= policy.max_loop_lag_s * 1000

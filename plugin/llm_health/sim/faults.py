@@ -29,7 +29,7 @@ FAULTS: Mapping[str, str] = {
     "none": "normal service: wait ttft ± jitter, then stream tokens every tpot",
     "hang_before_headers": "accept the request, never send response headers",
     "hang_after_headers": "send 200 + headers, then nothing",
-    "hang_after_role_chunk": "chat: flush the role delta, then nothing (else: as hang_after_headers)",
+    "hang_after_role_chunk": "chat streams: send the role delta, then nothing",
     "http_500": "answer 500 with a generic error JSON",
     "cuda_error": "answer 500 with a vLLM CUDA illegal-memory-access / EngineDeadError body",
     "error_mid_stream": "200 SSE, then an error event carrying a CUDA error, then [DONE]",

