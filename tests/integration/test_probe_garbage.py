@@ -92,7 +92,9 @@ async def test_token_after_noise_is_found(raw: tuple[RawServer, MicroProbe, str]
     assert result.outcome is Outcome.FAST
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(st.lists(st.binary(max_size=300), max_size=6), st.sampled_from([200, 500, 429, 503, 404]))
 async def test_random_bytes_never_raise(
     raw: tuple[RawServer, MicroProbe, str], chunks: list[bytes], status: int

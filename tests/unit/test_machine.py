@@ -299,9 +299,7 @@ ROWS = [
     Row("draining/errors", "dr", "EEE", "dr dr dr"),
     Row("draining/fatal", "dr", "XX", "dr dr"),
     Row("draining/overloaded", "dr", "OO", "dr dr"),
-    Row(
-        "draining/after-grace", "dr", "TX", "dr dr", times=(T0 + 10_000, T0 + 10_001)
-    ),
+    Row("draining/after-grace", "dr", "TX", "dr dr", times=(T0 + 10_000, T0 + 10_001)),
 ]
 
 

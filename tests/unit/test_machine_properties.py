@@ -74,7 +74,9 @@ class Trace:
     records: list[Record] = field(default_factory=list)
 
 
-def drive(policy: Policy, known_at_boot: bool, ops: list[tuple[str, Outcome | None, float]]) -> Trace:
+def drive(
+    policy: Policy, known_at_boot: bool, ops: list[tuple[str, Outcome | None, float]]
+) -> Trace:
     now = 100.0
     health: EndpointHealth = initial_health(now, policy, known_at_boot=known_at_boot)
     first_seen = now

@@ -57,9 +57,7 @@ def chat(**extra: Any) -> dict[str, Any]:
     return {"model": "sim-model", "messages": messages, "max_tokens": 3, "stream": True, **extra}
 
 
-async def set_fault(
-    session: aiohttp.ClientSession, sim: SimHandle, **spec: Any
-) -> dict[str, Any]:
+async def set_fault(session: aiohttp.ClientSession, sim: SimHandle, **spec: Any) -> dict[str, Any]:
     async with session.post(f"{sim.base_url}/sim/fault", json=spec) as resp:
         assert resp.status == 200, await resp.text()
         body: dict[str, Any] = await resp.json()
@@ -660,8 +658,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def test_cli_arguments_build_settings() -> None:
     args = parse(
-        ["sim", "--port", "9000", "--port-count", "3", "--fault", "overloaded", "--ttft", "80ms"]
-        + ["--overload-status", "503", "--fault-rate", "0.25", "--seed", "3", "--model", "m"]
+        [
+            *("sim", "--port", "9000", "--port-count", "3", "--fault", "overloaded"),
+            *("--ttft", "80ms", "--overload-status", "503", "--fault-rate", "0.25"),
+            *("--seed", "3", "--model", "m"),
+        ]
     )
     settings = settings_from_args(args)
     assert (settings.model, settings.seed) == ("m", 3)

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pytest
+
 from llm_health.model.board import ClusterSnapshot, HealthSnapshot
 from llm_health.xds.protocol import (
     DeltaState,

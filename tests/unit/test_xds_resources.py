@@ -9,6 +9,7 @@ import pytest
 from envoy.config.core.v3 import health_check_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.service.discovery.v3 import discovery_pb2
+
 from llm_health.model.board import Board, ClusterSnapshot, ClusterSpec, EndpointSpec
 from llm_health.model.envoy_view import EnvoyHealth, EnvoyView
 from llm_health.model.outcome import Outcome, ProbeResult

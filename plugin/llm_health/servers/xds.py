@@ -127,15 +127,16 @@ def bind_grpc(server: grpc.aio.Server, bind: str) -> int:
     Returns the bound port (0 for Unix sockets). Raises ``GrpcBindError`` when the address
     is taken: gRPC would silently replace a live Unix socket file, so that is checked first.
     """
-    if bind.startswith("unix:"):
+    unix = bind.startswith("unix:")
+    if unix:
         _check_unix_socket_free(bind.removeprefix("unix:").removeprefix("//"))
     try:
         port: int = server.add_insecure_port(bind)
     except RuntimeError as exc:
         raise _bind_error(bind) from exc
-    if port == 0 and not bind.startswith("unix:"):
+    if port == 0:  # older grpcio reported a failed bind this way
         raise _bind_error(bind)
-    return port
+    return 0 if unix else port
 
 
 async def start_grpc_server(

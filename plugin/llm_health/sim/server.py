@@ -35,12 +35,14 @@ from aiohttp import web
 from llm_health.sim.faults import FaultSpec
 
 __all__ = [
+    "CUDA_ERROR_MESSAGE",
     "STATE_KEY",
     "SimCounters",
     "SimHandle",
     "SimSettings",
     "SimState",
     "build_app",
+    "render_metrics",
     "running_sim",
     "serve",
 ]
@@ -101,6 +103,15 @@ class SimSettings:
     accept_any_model: bool = False
     api_key: str | None = None
     recent_size: int = 100
+
+    def __post_init__(self) -> None:
+        """Reject settings no simulator can run with (ValueError naming the field)."""
+        if not self.model:
+            raise ValueError("model: must not be empty")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs: must be at least 1, got {self.max_num_seqs}")
+        if self.recent_size < 0:
+            raise ValueError(f"recent_size: must not be negative, got {self.recent_size}")
 
 
 @dataclass
@@ -696,13 +707,24 @@ def _token_chunk(call: _Call, index: int, finish_reason: str | None) -> dict[str
 def _usage(call: _Call) -> dict[str, int]:
     """Token usage: prompt tokens approximated by whitespace words."""
     source = call.params.prompt if call.kind == "completions" else call.params.messages
-    prompt_tokens = max(1, len(json.dumps(source).split()))
+    prompt_tokens = max(1, _count_words(source))
     completion = call.params.max_tokens
     return {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion,
         "completion_tokens": completion,
     }
+
+
+def _count_words(value: object) -> int:
+    """Whitespace words in every string of a JSON value; token ids count one each."""
+    if isinstance(value, str):
+        return len(value.split())
+    if isinstance(value, list):
+        return sum(1 if isinstance(item, int) else _count_words(item) for item in value)
+    if isinstance(value, dict):
+        return _count_words(value.get("content"))
+    return 0
 
 
 def _usage_chunk(call: _Call) -> dict[str, object]:
@@ -779,9 +801,9 @@ async def _generate(call: _Call, ttft: float) -> web.StreamResponse:
         await _pause(call, ttft)
         call.mark_running()
         await _pause(call, call.spec.tpot * (call.params.max_tokens - 1))
-        await _send_whole(call, web.json_response(_full_body(call)))
+        whole = await _send_whole(call, web.json_response(_full_body(call)))
         call.outcome = "completed"
-        return call.response or web.Response()
+        return whole
     response = await _open(call)
     if call.kind == "chat":
         await _send_event(response, _role_chunk(call))
@@ -944,7 +966,7 @@ async def _start(
 
 async def serve(
     host: str,
-    ports: list[int],
+    ports: Sequence[int],
     settings: SimSettings,
     *,
     on_ready: Callable[[SimHandle], None] | None = None,

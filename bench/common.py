@@ -1,0 +1,59 @@
+"""Shared helpers of the benchmarks: ports, machine description, result files."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+import socket
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def free_port_block(count: int, start: int = 20000, end: int = 60000) -> int:
+    """First port of ``count`` consecutive free loopback ports."""
+    port = start
+    while port + count < end:
+        if all(_free(p) for p in range(port, port + count)):
+            return port
+        port += count + 7
+    raise RuntimeError(f"no block of {count} free ports")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+async def wait_port(port: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            return
+        except OSError:
+            await asyncio.sleep(0.1)
+    raise TimeoutError(f"port {port} not listening after {timeout_s} s")
+
+
+def machine_line() -> str:
+    cpu = platform.processor() or platform.machine()
+    system = f"{platform.system()} {platform.release()}"
+    return f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, {system}"
+
+
+def write_result(name: str, body: str, command: str) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.md"
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    path.write_text(
+        f"# {name}\n\n{body}\n\nMachine: {machine_line()}\nCommand: `{command}`\nRun: {stamp}\n"
+    )
+    return path
