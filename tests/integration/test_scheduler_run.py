@@ -4,6 +4,7 @@ probes after a new failure, clean cancellation."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import defaultdict
 
@@ -48,7 +49,7 @@ async def test_fifty_endpoints_never_overlap_and_are_spread_evenly() -> None:
             await asyncio.sleep(2.5)
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-    gaps = [b - a for a, b in zip(phases, phases[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(phases)]
     assert len(set(phases)) == 50
     assert all(abs(gap - 1.0 / 50) < 1e-9 for gap in gaps)
     assert max(worst.values()) == 1
@@ -72,7 +73,7 @@ async def test_failure_is_confirmed_at_once_then_back_to_the_interval() -> None:
     await asyncio.sleep(2.3)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
-    gaps = [b - a for a, b in zip(calls, calls[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(calls)]
     # pattern: probe, confirm (~50 ms), next slot (~1 s after the first), no second confirm
     # while the failure streak already reached unhealthy_after.
     assert 0.04 <= gaps[0] <= 0.2, gaps

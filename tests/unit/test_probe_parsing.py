@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -45,7 +46,7 @@ def decode_all(chunks: list[bytes], max_line: int | None = None) -> list[str]:
 
 def split_at(data: bytes, cuts: list[int]) -> list[bytes]:
     points = sorted({0, *cuts, len(data)})
-    return [data[a:b] for a, b in zip(points, points[1:], strict=False)]
+    return [data[a:b] for a, b in itertools.pairwise(points)]
 
 
 # --- SseDecoder ---------------------------------------------------------------------------

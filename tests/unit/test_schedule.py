@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from fractions import Fraction
@@ -48,7 +49,7 @@ def test_fifty_targets_are_evenly_spaced() -> None:
     ordered = sorted(result.values())
     # Exactly the instants 0, 1/50, 2/50, ... 49/50 of the 1 s interval.
     assert ordered == pytest.approx([i / 50 for i in range(50)], abs=1e-12)
-    gaps = [b - a for a, b in zip(ordered, ordered[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(ordered)]
     assert all(math.isclose(g, 0.02, abs_tol=1e-12) for g in gaps)
     assert all(0.0 <= p < 1.0 for p in ordered)
 

@@ -28,6 +28,8 @@ from llm_health.xds.protocol import DeltaPush, RequestKind, RequestOutcome, Sotw
 from llm_health.xds.resources import RESOURCES, TYPE_URL
 
 DEFAULT_COALESCE_S = 0.02
+MAX_ERROR_CHARS = 2000
+MAX_LOGGED_TYPES = 16  # per stream: a client cycling type URLs cannot grow memory or logs
 _LOG = logging.getLogger("llm_health.xds")
 
 SotwRequest: TypeAlias = discovery_pb2.DiscoveryRequest
@@ -101,7 +103,7 @@ class _Base:
         if type_url in ("", self.type_url):
             return True
         self.stats.unknown_type_requests += 1
-        if type_url not in self._unknown_types:
+        if type_url not in self._unknown_types and len(self._unknown_types) < MAX_LOGGED_TYPES:
             self._unknown_types.add(type_url)
             self.log.warning(
                 "%s %s: ignoring type %s (only EDS)", self.node, self.flavour, type_url
@@ -134,10 +136,13 @@ class _Base:
 
 
 def _error(request: SotwRequest | DeltaRequest) -> str | None:
-    """``error_detail`` presence, not content, makes a NACK (spec "ACK/NACK")."""
+    """``error_detail`` presence, not content, makes a NACK (spec "ACK/NACK"). The text is
+    the peer's: cut to ``MAX_ERROR_CHARS`` before it reaches logs and stats."""
     if not request.HasField("error_detail"):
         return None
-    return request.error_detail.message or f"(no message, code {request.error_detail.code})"
+    detail = request.error_detail
+    text: str = detail.message or f"(no message, code {detail.code})"
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + "..."
 
 
 class _SotwSession(_Base):
