@@ -183,13 +183,7 @@ class ClusterConfig(_Frozen):
 
     @field_validator("endpoints")
     @classmethod
-    def _unique_endpoints(cls, value: tuple[EndpointConfig, ...]) -> tuple[EndpointConfig, ...]:
-        seen: set[tuple[str, int]] = set()
-        for endpoint in value:
-            key = split_address(endpoint.address)
-            if key in seen:
-                raise ValueError(f'duplicate endpoint "{endpoint.address}"')
-            seen.add(key)
+    def _weights_fit(cls, value: tuple[EndpointConfig, ...]) -> tuple[EndpointConfig, ...]:
         if sum(e.weight for e in value) > MAX_WEIGHT_SUM:
             raise ValueError("the sum of endpoint weights exceeds Envoy's uint32 limit")
         return value
@@ -217,15 +211,6 @@ class Config(_Frozen):
     probe: ProbeSettings = Field(default_factory=ProbeSettings)
     xds: XdsConfig = Field(default_factory=XdsConfig)
     clusters: tuple[ClusterConfig, ...] = Field(min_length=1)
-
-    @field_validator("clusters")
-    @classmethod
-    def _unique_clusters(cls, value: tuple[ClusterConfig, ...]) -> tuple[ClusterConfig, ...]:
-        names = [c.name for c in value]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise ValueError(f'duplicate cluster name "{duplicates[0]}"')
-        return value
 
     def probe_for(self, cluster: ClusterConfig) -> ProbeSettings:
         """The cluster's effective probe settings: defaults, then its overrides."""
@@ -269,11 +254,14 @@ def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> C
 def parse_config(text: str, source: str, environ: Mapping[str, str]) -> Config:
     raw, lines = _parse_yaml(text, source)
     expanded, env_errors = _expand_env(raw, (), environ)
+    env_paths = {p: v for p, v in _env_strings(raw, ())}
     messages = [f"{source}:{_line(lines, p)} {_dotted(p)}: {m}" for p, m in env_errors]
     if messages:
         raise ConfigError(messages)
-    config = _validate(expanded, lines, source)
-    _check_overrides(config, lines, source)
+    config = _validate(expanded, lines, source, env_paths)
+    problems = [*_duplicates(config), *_override_problems(config)]
+    if problems:
+        raise ConfigError([f"{source}:{_line(lines, p)} {_dotted(p)}: {m}" for p, m in problems])
     return config
 
 
@@ -290,16 +278,20 @@ def _parse_yaml(text: str, source: str) -> tuple[Any, dict[Path_, int]]:
     return raw, dict(_node_lines(node, ()))
 
 
-def _node_lines(node: yaml.Node | None, path: Path_) -> Iterator[tuple[Path_, int]]:
-    """(path, 1-based line) for every node, keys included."""
+def _node_lines(
+    node: yaml.Node | None, path: Path_, *, own: bool = True
+) -> Iterator[tuple[Path_, int]]:
+    """(path, 1-based line) for every node. A mapping entry's line is its key's line (not
+    its value's, which for a block is the first child's line)."""
     if node is None:
         return
-    yield path, node.start_mark.line + 1
+    if own:
+        yield path, node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
         for key, value in node.value:
             child = (*path, str(key.value))
             yield child, key.start_mark.line + 1
-            yield from _node_lines(value, child)
+            yield from _node_lines(value, child, own=False)
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
             yield from _node_lines(item, (*path, index))
@@ -342,44 +334,84 @@ def _expand_items(
     return (dict(out) if kind is dict else [v for _, v in out]), errors
 
 
-def _validate(raw: dict[str, Any], lines: dict[Path_, int], source: str) -> Config:
+def _validate(
+    raw: dict[str, Any], lines: dict[Path_, int], source: str, env_paths: dict[Path_, str]
+) -> Config:
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(_format_errors(exc, lines, source, (), raw)) from exc
+        raise ConfigError(_format_errors(exc, lines, source, env_paths)) from exc
 
 
-def _check_overrides(config: Config, lines: dict[Path_, int], source: str) -> None:
+def _override_problems(config: Config) -> Iterator[tuple[Path_, str]]:
     """Cross-field rules on each cluster's merged probe settings (e.g. ttft < timeout)."""
-    messages: list[str] = []
     for index, cluster in enumerate(config.clusters):
         try:
             config.probe_for(cluster)
         except ValidationError as exc:
-            prefix: Path_ = ("clusters", index, "probe")
-            messages.extend(_format_errors(exc, lines, source, prefix, None))
-    if messages:
-        raise ConfigError(messages)
+            for error in exc.errors():
+                yield ("clusters", index, "probe", *error["loc"]), _describe(error)
+
+
+def _duplicates(config: Config) -> Iterator[tuple[Path_, str]]:
+    """Duplicate cluster names, and endpoints that are the same host:port however written
+    ("[::1]:80" and "[0::1]:80" are one endpoint)."""
+    names: set[str] = set()
+    for i, cluster in enumerate(config.clusters):
+        if cluster.name in names:
+            yield ("clusters", i, "name"), f'duplicate cluster name "{cluster.name}"'
+        names.add(cluster.name)
+        seen: set[tuple[str, int]] = set()
+        for j, endpoint in enumerate(cluster.endpoints):
+            key = _canonical(endpoint.address)
+            if key in seen:
+                where: Path_ = ("clusters", i, "endpoints", j, "address")
+                yield where, f'duplicate endpoint "{endpoint.address}"'
+            seen.add(key)
+
+
+def _canonical(address: str) -> tuple[str, int]:
+    host, port = split_address(address)
+    try:
+        return str(ipaddress.ip_address(host)), port
+    except ValueError:
+        return host.lower().rstrip("."), port
 
 
 def _format_errors(
-    exc: ValidationError, lines: dict[Path_, int], source: str, prefix: Path_, raw: Any
+    exc: ValidationError, lines: dict[Path_, int], source: str, env_paths: dict[Path_, str]
 ) -> list[str]:
     errors = exc.errors()
-    paths = [(*prefix, *error["loc"]) for error in errors]
+    paths: list[Path_] = [tuple(error["loc"]) for error in errors]
     messages = []
     for error, path in zip(errors, paths, strict=True):
         if error["type"] == "too_short" and _has_child_error(path, paths):
             continue  # pydantic's echo of a failed item ("at least 1 item ... not 0")
-        messages.append(f"{source}:{_line(lines, path)} {_dotted(path)}: {_describe(error, raw)}")
+        text = _describe(error)
+        if path in env_paths and isinstance(error.get("input"), str) and error["input"]:
+            # The value came from the environment: it may be a secret. Show the reference.
+            text = text.replace(error["input"], env_paths[path])
+        messages.append(f"{source}:{_line(lines, path)} {_dotted(path)}: {text}")
     return messages
+
+
+def _env_strings(value: Any, path: Path_) -> Iterator[tuple[Path_, str]]:
+    """(path, original text) of every string that references ${ENV}."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _env_strings(item, (*path, str(key)))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _env_strings(item, (*path, index))
+    elif isinstance(value, str) and _ENV.search(value):
+        yield path, value
 
 
 def _has_child_error(path: Path_, paths: list[Path_]) -> bool:
     return any(len(other) > len(path) and other[: len(path)] == path for other in paths)
 
 
-def _describe(error: Any, raw: Any) -> str:
+def _describe(error: Any) -> str:
     """Pydantic's error in the words of this config file."""
     kind, message = error["type"], error["msg"]
     if kind == "extra_forbidden":

@@ -53,7 +53,11 @@ async def test_fifty_endpoints_never_overlap_and_are_spread_evenly() -> None:
     assert len(set(phases)) == 50
     assert all(abs(gap - 1.0 / 50) < 1e-9 for gap in gaps)
     assert max(worst.values()) == 1
-    assert all(2 <= len(r) <= 3 for r in results.values()), {k: len(v) for k, v in results.items()}
+    # a compressed first round (warm start) at ~0-50 ms, then the endpoint's own slots
+    counts = {k: len(v) for k, v in results.items()}
+    assert all(3 <= n <= 4 for n in counts.values()), counts
+    firsts = sorted(r[0].started_at for r in results.values())
+    assert firsts[-1] - firsts[0] < 0.3, "first round must not take a whole interval"
     assert all(r.outcome is Outcome.FAST for rs in results.values() for r in rs)
     assert sum(in_flight.values()) == 0  # cancellation left nothing running
 

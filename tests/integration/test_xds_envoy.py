@@ -6,7 +6,8 @@ For each of ADS SotW (sidecar-ads.yaml), ADS delta (delta-ads.yaml), standalone 
 a Board with a HEALTHY, a DEGRADED, an UNHEALTHY, a DRAINING and a STARTING endpoint, and
 Envoy's admin API must show the DESIGN §4 health and weights, accept every update
 (``update_rejected`` 0), follow state changes, and NACK-proof: an update Envoy rejects is
-counted by the plugin with Envoy's message and never resent in a loop.
+counted by the plugin with Envoy's message and never resent in a loop. Plus: Envoy's
+HTTP/2 keepalive pings never make the plugin's gRPC server drop an idle xDS stream.
 
 Endpoint addresses are on 127.0.0.1; nothing listens there (no traffic is sent).
 """
@@ -29,6 +30,7 @@ from llm_health.servers.xds import add_xds_servicers, start_grpc_server
 from llm_health.xds.stream import XdsCounters, XdsStats
 from tests.envoy_harness import (
     ENVOY_CONFIGS_DIR,
+    XDS_CLUSTER,
     EnvoyProcess,
     HostStatus,
     eds_clusters,
@@ -224,3 +226,40 @@ async def test_rejected_update_is_counted_and_not_resent(rig: Rig) -> None:
     await rig.publish()
     await rig.wait_hosts({**EXPECTED, HEALTHY.address: ("HEALTHY", 30)})
     assert await rig.stat("update_rejected") == 1
+
+
+def _fast_keepalive(config: dict[str, Any]) -> None:
+    """Envoy pings the plugin 5 times a second (the shipped configs: every 30 s)."""
+    for cluster in config["static_resources"]["clusters"]:
+        if cluster["name"] == XDS_CLUSTER:
+            options = cluster["typed_extension_protocol_options"]
+            http2 = next(iter(options.values()))["explicit_http_config"]["http2_protocol_options"]
+            http2["connection_keepalive"] = {"interval": "0.2s", "timeout": "5s"}
+
+
+async def test_envoy_keepalive_pings_do_not_drop_an_idle_stream(tmp_path: Path) -> None:
+    """gRPC's default server policy answers frequent pings on an idle connection with
+    GOAWAY "too_many_pings"; GRPC_SERVER_OPTIONS must accept Envoy's keepalive pings."""
+    board = make_board()
+    hub, stats = SnapshotHub(board.snapshot()), XdsStats()
+    server, port = await start_grpc_server("127.0.0.1:0")
+    add_xds_servicers(server, hub, stats)
+    await server.start()
+    config = render_config(
+        ENVOY_CONFIGS_DIR / "sidecar-ads.yaml",
+        tmp_path / "envoy.yaml",
+        xds_port=port,
+        listener_port=free_port(),
+        admin_port=0,
+        extra=_fast_keepalive,
+    )
+    envoy = EnvoyProcess(config, workdir=tmp_path / "envoy")
+    try:
+        await envoy.astart()
+        await asyncio.sleep(3.0)  # idle: no updates, only pings
+        assert (stats.ads_sotw.streams_total, stats.ads_sotw.streams_open) == (1, 1)
+        failures = await asyncio.to_thread(envoy.stat, f"cluster.{CLUSTER}.update_failure", 0)
+        assert failures == 0
+    finally:
+        await envoy.astop()
+        await server.stop(0)

@@ -484,20 +484,12 @@ def test_same_address_in_two_clusters_is_fine() -> None:
     assert len(parse_config(text, SOURCE, {}).clusters) == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the line of a duplicate is the first list item's, not the duplicate's",
-)
 def test_duplicate_cluster_points_at_the_duplicate() -> None:
     message = one_message(DUP_CLUSTERS, {})
     line = line_of(DUP_CLUSTERS, "- name: a", occurrence=2)
     assert message.startswith(f"x.yaml:{line} clusters[2]"), message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the line of a duplicate is the first list item's, not the duplicate's",
-)
 def test_duplicate_endpoint_points_at_the_duplicate() -> None:
     message = one_message(DUP_ENDPOINTS, {})
     line = line_of(DUP_ENDPOINTS, "127.0.0.1:8000", occurrence=2)
@@ -530,11 +522,6 @@ def test_healthy_ttft_must_be_below_timeout(text: str, path: str) -> None:
     assert "healthy_ttft must be shorter than timeout" in message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a mapping's line is its first child's line (here `interval:`), not the "
-    "`probe:` key's nor the offending key's",
-)
 def test_healthy_ttft_override_error_points_at_the_override() -> None:
     message = one_message(TTFT_OVERRIDE, {})
     probe_key = line_of(TTFT_OVERRIDE, "    probe:")
@@ -543,11 +530,6 @@ def test_healthy_ttft_override_error_points_at_the_override() -> None:
     assert line in (probe_key, offender), message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a mapping's line is its first child's line (here `timeout:`), not the "
-    "`probe:` key's nor healthy_ttft's",
-)
 def test_healthy_ttft_default_error_points_at_probe_or_ttft() -> None:
     message = one_message(TTFT_TOP, {})
     line = int(message.split(" ", 1)[0].rsplit(":", 1)[1])
@@ -704,3 +686,24 @@ def test_cli_validate_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture
 
     assert main(["validate", "--config", str(tmp_path / "absent.yaml")]) == 2
     assert "absent.yaml" in capsys.readouterr().err
+
+
+def test_env_values_are_not_echoed_in_errors() -> None:
+    text = with_("healthy_after: 3", "healthy_after: 3\n  timeout: ${KEY}")
+    message = one_message(text, {"KEY": "sk-VERYSECRET"})
+    assert "sk-VERYSECRET" not in message
+    assert "${KEY}" in message and "probe.timeout" in message
+
+
+def test_same_ipv6_endpoint_written_twice_is_a_duplicate() -> None:
+    text = textwrap.dedent(
+        """\
+        clusters:
+          - name: a
+            endpoints:
+              - {address: "[::1]:80"}
+              - {address: "[0::1]:80"}
+        """
+    )
+    message = one_message(text, {})
+    assert message.startswith("x.yaml:5 clusters[0].endpoints[1].address: duplicate endpoint")

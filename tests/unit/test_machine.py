@@ -117,8 +117,36 @@ ROWS = [
     Row("starting/new/overloaded-resets-streak", "new", "FFOFFF", "st st st st st h"),
     Row("starting/new/slow-before-reset-forgotten", "new", "STFFF", "st st st st h"),
     Row("starting/boot/1-fast->healthy", "boot", "F", "h", ("ready",)),
-    Row("starting/boot/1-slow->degraded", "boot", "S", "d", ("ready", "not all fast")),
-    Row("starting/boot/failure-then-fast", "boot", "TEF", "st st h"),
+    Row("starting/boot/1-slow->degraded", "boot", "S", "d", ("ready", "slow")),
+    Row("starting/boot/one-failure-then-fast", "boot", "TF", "st h"),
+    # Known at boot: probably serving already, so no startup grace for a dead backend:
+    # `unhealthy_after` consecutive failures eject it, as from HEALTHY.
+    Row(
+        "starting/boot/2-timeouts->unhealthy",
+        "boot",
+        "TT",
+        "st u",
+        ("2 consecutive timeouts (>800 ms)", "since the plugin started"),
+        alerts(1),
+    ),
+    Row(
+        "starting/boot/2-failures->unhealthy",
+        "boot",
+        "TE",
+        "st u",
+        ("2 consecutive failures", "error", "timeout"),
+        alerts(1),
+    ),
+    Row("starting/boot/overloaded-breaks-failure-run", "boot", "TOTO", "st st st st"),
+    Row(
+        "starting/boot/unhealthy_after=3",
+        "boot",
+        "TTT",
+        "st st u",
+        ("3 consecutive timeouts",),
+        alerts(2),
+        policy={"unhealthy_after": 3},
+    ),
     Row(
         "starting/healthy_after=1/1-fast",
         "new",
@@ -284,6 +312,14 @@ ROWS = [
     Row("unhealthy/fatal-refreshes-reason", "u", "X", "u", ("fatal", FATAL_DETAIL), alerts(0)),
     Row("unhealthy/repeated-fatal-alerts-once", "u", "XXX", "u u u", ("fatal",), alerts(0)),
     Row("unhealthy/fatal-again-after-other", "u", "XTX", "u u u", ("fatal",), alerts(0, 2)),
+    Row(
+        "unhealthy/healthy_after=1",
+        "u",
+        "S",
+        "d",
+        ("recovered",),
+        policy={"healthy_after": 1},
+    ),
     Row(
         "unhealthy/healthy_after=2",
         "u",

@@ -66,6 +66,7 @@ class Record:
     history: list[Outcome]  # every probe outcome so far, oldest first
     first_seen: float  # when the endpoint was (re)created: boot or last undrain
     qualify_after: int  # successes STARTING needs, by the test's own reckoning
+    boot: bool  # still the endpoint known at boot (no undrain since)
 
 
 @dataclass
@@ -81,6 +82,7 @@ def drive(
     health: EndpointHealth = initial_health(now, policy, known_at_boot=known_at_boot)
     first_seen = now
     qualify_after = 1 if known_at_boot else policy.healthy_after
+    boot = known_at_boot
     history: list[Outcome] = []
     trace = Trace(policy)
     for op, outcome, gap in ops:
@@ -95,9 +97,9 @@ def drive(
             if health.state is not State.DRAINING:
                 continue  # undrain is an operator action on a drained endpoint only
             transition = undrain(health, now, policy)
-            first_seen, qualify_after = now, policy.healthy_after
+            first_seen, qualify_after, boot = now, policy.healthy_after, False
         trace.records.append(
-            Record(op, outcome, now, transition, list(history), first_seen, qualify_after)
+            Record(op, outcome, now, transition, list(history), first_seen, qualify_after, boot)
         )
         health = transition.health
     return trace
@@ -149,7 +151,8 @@ def test_envoy_view_table(state: State, base: int, share: float) -> None:
 
 def check_unhealthy_entries(trace: Trace) -> None:
     """(c) UNHEALTHY is entered only by a FATAL, by `unhealthy_after` consecutive
-    TIMEOUT/ERROR from HEALTHY/DEGRADED, or from STARTING after startup_grace."""
+    TIMEOUT/ERROR from HEALTHY/DEGRADED (or from STARTING for an endpoint known at boot),
+    or from STARTING after startup_grace."""
     policy = trace.policy
     for rec in trace.records:
         t = rec.transition
@@ -159,31 +162,38 @@ def check_unhealthy_entries(trace: Trace) -> None:
         assert t.alert, "a new UNHEALTHY must alert"
         if rec.outcome is Outcome.FATAL:
             continue
+        last = tail(rec.history, policy.unhealthy_after)
+        failure_run = bool(last) and all(o in FAILURE_KINDS for o in last)
         if t.before in (State.HEALTHY, State.DEGRADED):
-            last = tail(rec.history, policy.unhealthy_after)
-            assert last and all(o in FAILURE_KINDS for o in last), (
+            assert failure_run, (
                 f"{t.before.value} -> unhealthy after {rec.history[-policy.unhealthy_after :]}"
                 f" (unhealthy_after={policy.unhealthy_after})"
             )
         elif t.before is State.STARTING:
             assert rec.outcome not in SUCCESS_KINDS, "a success ejected a starting endpoint"
-            assert rec.now - rec.first_seen >= policy.startup_grace_s, (
-                f"ejected {rec.now - rec.first_seen:g}s after first seen, "
-                f"grace is {policy.startup_grace_s:g}s"
+            grace_over = rec.now - rec.first_seen >= policy.startup_grace_s
+            assert grace_over or (rec.boot and failure_run), (
+                f"ejected {rec.now - rec.first_seen:g}s after first seen, grace is "
+                f"{policy.startup_grace_s:g}s, known at boot: {rec.boot}, "
+                f"last outcomes {rec.history[-policy.unhealthy_after :]}"
             )
         else:
             raise AssertionError(f"UNHEALTHY entered from {t.before.value}")
 
 
 def check_failures_do_eject(trace: Trace) -> None:
-    """(c, converse) HEALTHY/DEGRADED then `unhealthy_after` TIMEOUT/ERROR: UNHEALTHY."""
+    """(c, converse) HEALTHY/DEGRADED (or STARTING, known at boot) then `unhealthy_after`
+    consecutive TIMEOUT/ERROR: UNHEALTHY."""
     k = trace.policy.unhealthy_after
     records = trace.records
     for i in range(len(records) - k + 1):
         window = records[i : i + k]
         if not all(r.op == "probe" and r.outcome in FAILURE_KINDS for r in window):
             continue
-        if window[0].transition.before in (State.HEALTHY, State.DEGRADED):
+        before = window[0].transition.before
+        if before in (State.HEALTHY, State.DEGRADED) or (
+            before is State.STARTING and window[0].boot
+        ):
             assert window[-1].transition.health.state is State.UNHEALTHY
 
 

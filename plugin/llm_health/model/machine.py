@@ -4,6 +4,9 @@ Pure: no I/O, no clock of its own. Every state change carries a human-readable r
 Rules (DESIGN §3):
 - STARTING: failures tolerated until ``startup_grace`` is over, then UNHEALTHY;
   ``qualify_after`` consecutive successes -> HEALTHY if all FAST, else DEGRADED.
+  Endpoints known at boot (see ``initial_health``) were probably serving before the
+  plugin (re)started: for them ``unhealthy_after`` consecutive failures -> UNHEALTHY,
+  as from HEALTHY, instead of hiding a dead backend behind the startup grace.
 - HEALTHY: FAST stays; SLOW, OVERLOADED or one TIMEOUT/ERROR -> DEGRADED.
 - DEGRADED: ``healthy_after`` consecutive FAST -> HEALTHY.
 - HEALTHY/DEGRADED: ``unhealthy_after`` consecutive TIMEOUT/ERROR -> UNHEALTHY.
@@ -42,7 +45,7 @@ def initial_health(now: float, policy: Policy, *, known_at_boot: bool = False) -
     """
     qualify_after = 1 if known_at_boot else policy.healthy_after
     reason = "plugin started; awaiting first probe" if known_at_boot else "new endpoint"
-    return EndpointHealth(State.STARTING, now, reason, now, qualify_after)
+    return EndpointHealth(State.STARTING, now, reason, now, qualify_after, known_at_boot)
 
 
 def step(health: EndpointHealth, result: ProbeResult, now: float, policy: Policy) -> Transition:
@@ -57,17 +60,20 @@ def step(health: EndpointHealth, result: ProbeResult, now: float, policy: Policy
 
 
 def drain(health: EndpointHealth, now: float, reason: str) -> Transition:
-    """Take an endpoint out of rotation (operator or discovery)."""
-    drained = replace(health, state=State.DRAINING, since=now, reason=reason)
-    return Transition(health.state, drained, changed=health.state is not State.DRAINING)
+    """Take an endpoint out of rotation (operator or discovery). No-op if draining."""
+    if health.state is State.DRAINING:
+        return Transition(health.state, health, changed=False)
+    drained = replace(health, state=State.DRAINING, since=now, reason=reason or "drained")
+    return Transition(health.state, drained, changed=True)
 
 
 def undrain(health: EndpointHealth, now: float, policy: Policy) -> Transition:
-    """Bring a drained endpoint back: it must qualify again like a new one."""
-    fresh = replace(
-        initial_health(now, policy), reason="undrained; awaiting healthy probes", first_seen=now
-    )
-    return Transition(health.state, fresh, changed=health.state is not State.STARTING)
+    """Bring a drained endpoint back: it must qualify again like a new one.
+    No-op for an endpoint that is not draining."""
+    if health.state is not State.DRAINING:
+        return Transition(health.state, health, changed=False)
+    fresh = replace(initial_health(now, policy), reason="undrained; awaiting healthy probes")
+    return Transition(health.state, fresh, changed=True)
 
 
 def _count(health: EndpointHealth, outcome: Outcome) -> EndpointHealth:
@@ -129,6 +135,9 @@ def _qualified(after: EndpointHealth, needed: int) -> tuple[State, str] | None:
     """HEALTHY/DEGRADED once ``needed`` consecutive successes are in, else None."""
     if after.successes < needed:
         return None
+    if after.successes == 1:
+        fast = after.all_fast
+        return (State.HEALTHY, "1 fast probe") if fast else (State.DEGRADED, "1 slow probe")
     if after.all_fast:
         return State.HEALTHY, f"{after.successes} consecutive fast probes"
     return State.DEGRADED, f"{after.successes} consecutive successes, not all fast"
@@ -142,14 +151,22 @@ def _decide_starting(
     policy: Policy,
 ) -> Transition:
     ready = _qualified(after, before.qualify_after)
+    if ready is not None and before.known_at_boot:
+        kind = "fast" if ready[0] is State.HEALTHY else "slow"
+        return _move(before, after, ready[0], f"ready: first probe {kind}", now)
     if ready is not None:
         return _move(before, after, ready[0], f"ready: {ready[1]}", now)
-    grace_over = now - before.first_seen >= policy.startup_grace_s
-    if result.outcome not in (Outcome.FAST, Outcome.SLOW) and grace_over:
+    if result.outcome in (Outcome.FAST, Outcome.SLOW):
+        return _stay(before, after)
+    if before.known_at_boot and after.failures >= policy.unhealthy_after:
+        reason = f"{_failure_reason(after, policy)} since the plugin started"
+        return _move(before, after, State.UNHEALTHY, reason, now)
+    if now - before.first_seen >= policy.startup_grace_s:
         grace = f"{policy.startup_grace_s:g}s"
         reason = f"never became ready within startup_grace ({grace}); last: {_describe(result)}"
         return _move(before, after, State.UNHEALTHY, reason, now)
-    return _stay(before, after)
+    # Still starting: keep `since`, but say what the latest probe saw.
+    return _stay(before, replace(after, reason=f"not ready yet: {_describe(result)}"))
 
 
 def _decide_healthy(

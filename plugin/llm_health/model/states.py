@@ -25,6 +25,7 @@ class EndpointHealth:
     ``failure_kinds``: the outcomes in that run (for the reason text).
     ``qualify_after``: successes needed to leave STARTING (healthy_after, or 1 for endpoints
     that were already known when the plugin booted: see ``initial_health``).
+    ``known_at_boot``: in the config when the plugin started (probably already serving).
     ``first_seen``/``since`` are seconds on the caller's clock.
     """
 
@@ -33,6 +34,7 @@ class EndpointHealth:
     reason: str
     first_seen: float
     qualify_after: int
+    known_at_boot: bool = False
     successes: int = 0
     all_fast: bool = True
     fast_streak: int = 0

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from llm_health.model.outcome import FAILURES, ProbeResult
 from llm_health.probe.target import ProbeTarget
 
+FIRST_ROUND_SPACING_S = 0.001  # first round: at most 1,000 probe starts per second
 ProbeFn = Callable[[ProbeTarget], Awaitable[ProbeResult]]
 ResultFn = Callable[[ProbeTarget, ProbeResult], Awaitable[None]]
 
@@ -37,6 +38,17 @@ def phases(targets: Iterable[ProbeTarget]) -> dict[str, float]:
     return {t.key: (i / count) * t.interval_s for i, t in enumerate(ordered)}
 
 
+def first_round(phase: float, interval: float, count: int) -> float:
+    """Offset of an endpoint's first probe after start: its phase, compressed.
+
+    The first round decides when the plugin may push to Envoy (warm start, DESIGN §7), so
+    it runs as fast as the prober can keep measuring (FIRST_ROUND_SPACING_S apart, still
+    in phase order, still one probe per endpoint) instead of taking a whole interval.
+    """
+    spread = min(interval, count * FIRST_ROUND_SPACING_S)
+    return phase * spread / interval
+
+
 def next_slot(now: float, origin: float, phase: float, interval: float) -> float:
     """The first time ``origin + phase + k*interval`` strictly after ``now`` (k >= 0).
 
@@ -45,8 +57,10 @@ def next_slot(now: float, origin: float, phase: float, interval: float) -> float
     first = origin + phase
     if now < first:
         return first
-    k = math.floor((now - first) / interval) + 1
-    return first + k * interval
+    slot = first + (math.floor((now - first) / interval) + 1) * interval
+    while slot <= now:  # float rounding can land exactly on `now`
+        slot += interval
+    return slot
 
 
 class Scheduler:
@@ -81,7 +95,8 @@ class Scheduler:
                 group.create_task(self._run_endpoint(target, origin, self._phases[key]))
 
     async def _run_endpoint(self, target: ProbeTarget, origin: float, phase: float) -> None:
-        due, failures = origin + phase, 0
+        due = origin + first_round(phase, target.interval_s, len(self._targets))
+        failures = 0
         while True:
             await asyncio.sleep(max(0.0, due - self._clock()))
             result = await self._probe_once(target)

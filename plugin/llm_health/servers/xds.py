@@ -43,9 +43,11 @@ GRPC_SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_timeout_ms", 20_000),
     ("grpc.keepalive_permit_without_calls", 1),
-    # ... and accept Envoy's own HTTP/2 keepalive pings (shipped configs: every 30 s) on
-    # idle streams. gRPC's defaults (5 min, 2 strikes) answer them with GOAWAY
-    # "too_many_pings", which would drop every idle xDS stream.
+    # ... and accept Envoy's own HTTP/2 keepalive pings (http2_protocol_options.
+    # connection_keepalive; shipped configs: every 30 s) on a stream with nothing to send.
+    # gRPC's defaults (at most one ping per 5 min without data, 2 strikes) answer them with
+    # GOAWAY "too_many_pings" and Envoy reconnects over and over (seen with Envoy 1.40;
+    # tests/integration/test_xds_envoy.py). 0 strikes = never GOAWAY for pings.
     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ("grpc.http2.max_ping_strikes", 0),
 )

@@ -1,0 +1,181 @@
+"""Real processes for end-to-end tests: simulators and the plugin (`llm-health serve`).
+
+Each class starts a subprocess on loopback, waits until it answers, and is always stopped
+by the test that started it (context manager, or ``stop()``/``kill()`` in a finally).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.envoy_harness import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _env() -> dict[str, str]:
+    path = os.pathsep.join([str(ROOT / "plugin"), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+
+
+def http_json(url: str, body: dict[str, Any] | None = None, timeout: float = 5.0) -> Any:
+    """GET (or POST ``body`` as JSON) and decode the JSON answer; proxies ignored."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method="POST" if data else "GET")
+    request.add_header("Content-Type", "application/json")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(request, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+class _Process:
+    name = "process"
+
+    def __init__(self, workdir: Path) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.workdir = workdir
+        self.log_path = workdir / f"{self.name}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def _spawn(self, args: list[str]) -> None:
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "llm_health.cli", *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=_env(),
+                cwd=ROOT,
+            )
+
+    def _wait_http(self, url: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited: {self.log_tail()}")
+            try:
+                urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=1)
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise TimeoutError(f"{url} not answering after {timeout} s: {self.log_tail()}")
+
+    def stop(self, timeout: float = 5.0) -> tuple[int | None, float]:
+        """SIGTERM; returns (exit code, seconds it took). SIGKILL if it overstays."""
+        if self.process is None or self.process.poll() is not None:
+            return (self.process.returncode if self.process else None), 0.0
+        started = time.monotonic()
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            code = None
+        return code, time.monotonic() - started
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def log_tail(self, lines: int = 30) -> str:
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def __enter__(self) -> _Process:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+
+class SimProcess(_Process):
+    """``llm-health sim`` on its own port; faults and counters over its HTTP API."""
+
+    def __init__(self, workdir: Path, name: str, *args: str) -> None:
+        self.name = f"sim-{name}"
+        super().__init__(workdir)
+        self.port = free_port()
+        self._spawn(["sim", "--port", str(self.port), *args])
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def wait_up(self, timeout: float = 15.0) -> SimProcess:
+        self._wait_http(f"http://{self.address}/health", timeout)
+        return self
+
+    def set_fault(self, **knobs: Any) -> None:
+        http_json(f"http://{self.address}/sim/fault", knobs)
+
+    def stats(self) -> dict[str, Any]:
+        result: dict[str, Any] = http_json(f"http://{self.address}/sim/stats")
+        return result
+
+    def user_requests(self) -> int:
+        """Inference requests that were not probes (i.e. routed by Envoy)."""
+        stats = self.stats()
+        return int(stats["requests"]) - int(stats["probe_requests"])
+
+
+class PluginProcess(_Process):
+    """``llm-health serve`` with a config written from ``settings`` (ports filled in)."""
+
+    name = "plugin"
+
+    def __init__(self, workdir: Path, settings: dict[str, Any]) -> None:
+        super().__init__(workdir)
+        self.grpc_port, self.http_port = free_port(), free_port()
+        settings = {
+            **settings,
+            "server": {
+                "grpc": f"127.0.0.1:{self.grpc_port}",
+                "http": f"127.0.0.1:{self.http_port}",
+            },
+        }
+        self.config_path = workdir / "llm-health.yaml"
+        self.config_path.write_text(yaml.safe_dump(settings, sort_keys=False))
+
+    def start(self) -> PluginProcess:
+        self._spawn(["serve", "--config", str(self.config_path), "--log-format", "json"])
+        return self
+
+    def wait_ready(self, timeout: float = 20.0) -> PluginProcess:
+        self._wait_http(f"http://127.0.0.1:{self.http_port}/livez", timeout)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                http_json(f"http://127.0.0.1:{self.http_port}/readyz")
+                return self
+            except OSError:
+                time.sleep(0.05)
+        raise TimeoutError(f"plugin not ready: {self.log_tail()}")
+
+    def status(self) -> dict[str, Any]:
+        result: dict[str, Any] = http_json(f"http://127.0.0.1:{self.http_port}/status")
+        return result
+
+    def states(self) -> dict[str, str]:
+        """endpoint address -> plugin state, over every cluster."""
+        return {e["address"]: e["state"] for c in self.status()["clusters"] for e in c["endpoints"]}
+
+    def log_records(self) -> list[dict[str, Any]]:
+        records = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue
+        return records
