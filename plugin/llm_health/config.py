@@ -167,7 +167,16 @@ class EndpointConfig(_Frozen):
     @field_validator("address")
     @classmethod
     def _valid_address(cls, value: str) -> str:
-        split_address(value)
+        host, _port = split_address(value)
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            # Envoy rejects (NACKs) a whole EDS update whose socket_address is not an IP
+            # literal (config.core.v3.SocketAddress.address; no resolver for EDS hosts).
+            raise ValueError(
+                f'"{value}": endpoint addresses must be IP literals (Envoy EDS does not '
+                "resolve host names); resolve the name first"
+            ) from None
         return value
 
     def to_spec(self) -> EndpointSpec:

@@ -187,3 +187,123 @@ def test_traffic_share_follows_weights(stack: Any) -> None:
     assert sum(served.values()) == 600
     share = served[degraded.address] / 600
     assert abs(share - 30 / 230) <= 0.05, f"degraded share {share:.3f}, served {served}"
+
+
+class Load:
+    """Steady user traffic through Envoy on background threads, bounded in count and time."""
+
+    def __init__(
+        self, url: str, rate_per_s: float, max_requests: int, timeout: float = 5.0
+    ) -> None:
+        self.url, self.rate, self.max, self.timeout = url, rate_per_s, max_requests, timeout
+        self.statuses: list[int] = []
+        self._pool = ThreadPoolExecutor(32)
+        self._stop = False
+        self._feeder = ThreadPoolExecutor(1)
+
+    def __enter__(self) -> Load:
+        self._feeder.submit(self._feed)
+        return self
+
+    def _feed(self) -> None:
+        start = time.monotonic()
+        for i in range(self.max):
+            if self._stop:
+                return
+            self._pool.submit(
+                lambda: self.statuses.extend(send(self.url, 1, concurrency=1, timeout=self.timeout))
+            )
+            time.sleep(max(0.0, start + (i + 1) / self.rate - time.monotonic()))
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop = True
+        self._feeder.shutdown(wait=True)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def last_arrival_after(sim: SimProcess, since: float, until: float) -> float | None:
+    """Wall time of the last user (non-probe) request the sim received in [since, until],
+    polled from its recent-request log while traffic runs."""
+    last = None
+    while time.time() < until:
+        for request in sim.stats()["recent"]:
+            if not request["probe"] and since <= request["time"] <= until:
+                last = request["time"] if last is None else max(last, request["time"])
+        time.sleep(0.1)
+    return last
+
+
+def test_hanging_backend_is_isolated_quickly(stack: Any) -> None:
+    """A healthy backend starts to hang (headers, then nothing; /health still 200): Envoy
+    stops routing to it within 2 x timeout + interval + 0.5 s, measured from traffic."""
+    sims = [stack.sim(f"b{i}", *FAST) for i in range(3)]
+    for sim in sims:
+        sim.wait_up()
+    plugin = stack.plugin(sims, interval="1s", timeout="800ms").start().wait_ready()
+    envoy = stack.envoy(plugin).start()
+    wait_until(lambda: len(envoy_view(envoy)) == 3, 10, "3 hosts in Envoy")
+    victim = sims[0]
+    with Load(envoy.url, rate_per_s=20, max_requests=200, timeout=3.0) as load:
+        time.sleep(2.0)
+        fault_at = time.time()
+        victim.set_fault(fault="hang_after_headers")
+        last = last_arrival_after(victim, fault_at, fault_at + 6.0)
+    bound = 2 * 0.8 + 1.0 + 0.5
+    assert last is not None, "the victim got no traffic at all after the fault"
+    isolation = last - fault_at
+    print(f"\ntime to isolation (last user request routed to the hung backend): {isolation:.2f} s")
+    assert isolation <= bound, f"isolation took {isolation:.2f} s > {bound} s"
+    assert plugin.states()[victim.address] == "unhealthy"
+    assert load.statuses.count(200) > 0
+    assert envoy.stat(f"cluster.{CLUSTER}.update_rejected", 0) == 0
+
+
+def test_plugin_restart_keeps_routing_and_never_flaps(stack: Any) -> None:
+    """Plugin killed: Envoy keeps the last weights and traffic flows. Plugin back: no
+    endpoint flaps to UNHEALTHY, and a change made meanwhile reaches Envoy within 2 s."""
+    h1, h2 = stack.sim("h1", *FAST), stack.sim("h2", *FAST)
+    slow = stack.sim("slow", "--ttft", "300ms", "--tpot", "2ms")
+    for sim in (h1, h2, slow):
+        sim.wait_up()
+    plugin = stack.plugin([h1, h2, slow]).start().wait_ready()
+    envoy = stack.envoy(plugin).start()
+    steady = {
+        h1.address: ("HEALTHY", 100),
+        h2.address: ("HEALTHY", 100),
+        slow.address: ("HEALTHY", 30),
+    }
+    wait_until(lambda: envoy_view(envoy) == steady, 10, "steady state in Envoy")
+
+    plugin.kill()
+    statuses = send(envoy.url, 100, concurrency=8)
+    assert statuses.count(200) == 100
+    assert envoy_view(envoy) == steady
+
+    h2.set_fault(fault="cuda_error")  # happens while the plugin is down
+    restarted = time.monotonic()
+    plugin.start()
+    seen: list[dict[str, tuple[str, int]]] = []
+    while time.monotonic() - restarted < 6.0:
+        view = envoy_view(envoy)
+        seen.append(view)
+        if view.get(h2.address, ("",))[0] == "UNHEALTHY":
+            break
+        time.sleep(0.02)
+    took = time.monotonic() - restarted
+    print(f"\nchange made while the plugin was down reached Envoy {took:.2f} s after restart")
+    assert seen[-1][h2.address][0] == "UNHEALTHY", seen[-1]
+    assert took <= 2.0
+    for view in seen:  # the others never flapped, not even for one poll
+        assert view[h1.address] == ("HEALTHY", 100), view
+        assert view[slow.address] == ("HEALTHY", 30), view
+    assert envoy.stat(f"cluster.{CLUSTER}.update_rejected", 0) == 0
+
+
+def test_sigterm_stops_the_plugin_within_two_seconds(stack: Any) -> None:
+    sim = stack.sim("h", *FAST).wait_up()
+    plugin = stack.plugin([sim]).start().wait_ready()
+    code, took = plugin.stop()
+    assert code == 0, plugin.log_tail()
+    assert took < 2.0
+    records = plugin.log_records()
+    assert any(r.get("msg") == "state change" and r.get("to") == "healthy" for r in records)

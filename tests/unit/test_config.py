@@ -52,7 +52,7 @@ clusters:
       headers: {X-Token: "${TGI_TOKEN}"}
     endpoints:
       - {address: "[fd00::12]:9000", weight: 7}
-      - {address: gpu-3.cluster.local:8000}
+      - {address: 10.0.0.13:8000}
 """
 
 
@@ -97,7 +97,7 @@ def test_good_config_loads() -> None:
     ]
     assert [(e.address, e.weight) for e in qwen.endpoints] == [
         ("[fd00::12]:9000", 7),
-        ("gpu-3.cluster.local:8000", 100),
+        ("10.0.0.13:8000", 100),
     ]
 
 
@@ -162,7 +162,7 @@ def test_cluster_specs_give_policies_in_seconds() -> None:
     ]
     assert [(e.address, e.host, e.port, e.weight) for e in qwen.endpoints] == [
         ("[fd00::12]:9000", "fd00::12", 9000, 7),
-        ("gpu-3.cluster.local:8000", "gpu-3.cluster.local", 8000, 100),
+        ("10.0.0.13:8000", "10.0.0.13", 8000, 100),
     ]
 
 
@@ -184,7 +184,7 @@ def test_minimal_config_gets_design_defaults() -> None:
 
 @pytest.mark.parametrize(
     "address",
-    ["10.0.0.1:1", "10.0.0.1:65535", "[::1]:8000", "[fe80::1]:80", "gpu-1:8000", "a.b.c:443"],
+    ["10.0.0.1:1", "10.0.0.1:65535", "[::1]:8000", "[fe80::1]:80", "0.0.0.0:443"],
 )
 def test_good_addresses(address: str) -> None:
     text = f'clusters: [{{name: a, endpoints: [{{address: "{address}"}}]}}]\n'
@@ -565,7 +565,7 @@ def test_env_expansion_in_any_string() -> None:
 
 
 def test_env_value_is_not_reparsed_as_yaml() -> None:
-    text = 'probe: {prompt: "${P}"}\nclusters: [{name: a, endpoints: [{address: h:1}]}]\n'
+    text = 'probe: {prompt: "${P}"}\nclusters: [{name: a, endpoints: [{address: "127.0.0.1:1"}]}]\n'
     config = parse_config(text, SOURCE, {"P": "a: [b, c] # d"})
     assert config.probe.prompt == "a: [b, c] # d"
 
@@ -707,3 +707,11 @@ def test_same_ipv6_endpoint_written_twice_is_a_duplicate() -> None:
     )
     message = one_message(text, {})
     assert message.startswith("x.yaml:5 clusters[0].endpoints[1].address: duplicate endpoint")
+
+
+@pytest.mark.parametrize("address", ["gpu-1:8000", "a.b.c:443", "localhost:8000"])
+def test_host_names_are_refused_because_envoy_eds_needs_ips(address: str) -> None:
+    text = with_("10.0.0.12:8000", address)
+    message = one_message(text, ENVIRON)
+    assert "clusters[0].endpoints[1].address" in message
+    assert "IP literals" in message
