@@ -13,12 +13,19 @@ recognisable when it comes round again.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from llm_health.model.envoy_view import EnvoyView, envoy_view
-from llm_health.model.machine import Transition, drain, initial_health, step, undrain
+from llm_health.model.machine import (
+    Transition,
+    drain,
+    force_unhealthy,
+    initial_health,
+    step,
+    undrain,
+)
 from llm_health.model.outcome import ProbeResult
 from llm_health.model.policy import Policy
 from llm_health.model.states import EndpointHealth, State
@@ -44,8 +51,23 @@ class ClusterSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class Override:
+    """An operator's forced state (maintenance) until ``until`` (monotonic seconds)."""
+
+    state: State
+    until: float
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class EndpointSnapshot:
-    """One endpoint as readers see it. ``since`` is wall-clock seconds (epoch)."""
+    """One endpoint as readers see it. ``since`` is wall-clock seconds (epoch).
+
+    ``state``/``reason``/``view`` are the effective ones (an override wins);
+    ``probe_state`` is the state machine's own verdict. ``signals``: outside sources that
+    currently hold the endpoint down (e.g. {"hds": "unreachable from gw-2"}).
+    ``override_until``: wall-clock end of a forced state, if any.
+    """
 
     cluster: str
     spec: EndpointSpec
@@ -54,6 +76,10 @@ class EndpointSnapshot:
     since: float
     view: EnvoyView
     last: ProbeResult | None
+    probe_state: State | None = None
+    signals: Mapping[str, str] = field(default_factory=dict)
+    override_until: float | None = None
+    removing: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,11 +101,24 @@ class HealthSnapshot:
     clusters: Mapping[str, ClusterSnapshot]
 
 
+@dataclass(frozen=True, slots=True)
+class Change:
+    """A state change made outside probing (reload, override, signal, expiry), for logs."""
+
+    cluster: str
+    address: str
+    transition: Transition | None
+    what: str
+
+
 @dataclass(slots=True)
 class _Entry:
     spec: EndpointSpec
     health: EndpointHealth
     last: ProbeResult | None = None
+    signals: dict[str, str] = field(default_factory=dict)
+    override: Override | None = None
+    removing_at: float | None = None  # removed from config: gone after drain_time
 
 
 @dataclass(slots=True)
@@ -87,6 +126,7 @@ class _Cluster:
     spec: ClusterSpec
     entries: dict[str, _Entry] = field(default_factory=dict)
     warm: bool = False
+    removing_at: float | None = None
 
 
 class Board:
@@ -94,6 +134,7 @@ class Board:
 
     ``wall_offset``: add to the monotonic ``now`` the caller passes to get epoch seconds
     (the machine runs on a monotonic clock so a wall-clock jump cannot expire a grace).
+    Unknown cluster or endpoint: KeyError from every method that names one.
     """
 
     def __init__(self, clusters: Iterable[ClusterSpec], now: float, wall_offset: float) -> None:
@@ -111,11 +152,16 @@ class Board:
     def policy(self, cluster: str) -> Policy:
         return self._clusters[cluster].spec.policy
 
+    def has_endpoint(self, cluster: str, address: str) -> bool:
+        return cluster in self._clusters and address in self._clusters[cluster].entries
+
     def record(self, cluster: str, address: str, result: ProbeResult, now: float) -> Transition:
-        """Fold one probe result in. Raises KeyError for an unknown cluster/endpoint."""
+        """Fold one probe result in."""
         entry_cluster = self._clusters[cluster]
         entry = entry_cluster.entries[address]
         transition = step(entry.health, result, now, entry_cluster.spec.policy)
+        if entry.signals and entry.health.state is State.UNHEALTHY:
+            transition = _held(entry, transition)
         entry.health = transition.health
         entry.last = result
         if not entry_cluster.warm and all(e.last for e in entry_cluster.entries.values()):
@@ -124,19 +170,58 @@ class Board:
         return transition
 
     def drain(self, cluster: str, address: str, now: float, reason: str) -> Transition:
-        entry = self._clusters[cluster].entries[address]
-        transition = drain(entry.health, now, reason)
-        entry.health = transition.health
-        self._touch()
-        return transition
+        return self._apply(cluster, address, lambda h: drain(h, now, reason))
 
     def undrain(self, cluster: str, address: str, now: float) -> Transition:
-        entry_cluster = self._clusters[cluster]
-        entry = entry_cluster.entries[address]
-        transition = undrain(entry.health, now, entry_cluster.spec.policy)
-        entry.health = transition.health
+        policy = self._clusters[cluster].spec.policy
+        return self._apply(cluster, address, lambda h: undrain(h, now, policy))
+
+    def set_signal(
+        self, cluster: str, address: str, source: str, down: str | None, now: float
+    ) -> Transition:
+        """An outside verdict from ``source``: ``down`` is the reason it says the endpoint
+        is unreachable, None when it says it is fine again. Down forces UNHEALTHY; up only
+        lifts the hold (recovery then needs the normal ``healthy_after`` successes)."""
+        entry = self._clusters[cluster].entries[address]
+        if down is None:
+            entry.signals.pop(source, None)
+            self._touch()
+            return Transition(entry.health.state, entry.health, changed=False)
+        entry.signals[source] = down
+        return self._apply(cluster, address, lambda h: force_unhealthy(h, now, down))
+
+    def set_override(
+        self, cluster: str, address: str, state: State, until: float, reason: str
+    ) -> None:
+        """Force ``state`` (as seen by Envoy and readers) until ``until``; probing goes on."""
+        entry = self._clusters[cluster].entries[address]
+        entry.override = Override(state, until, reason or f"forced {state.value}")
         self._touch()
-        return transition
+
+    def clear_override(self, cluster: str, address: str) -> bool:
+        entry = self._clusters[cluster].entries[address]
+        had, entry.override = entry.override is not None, None
+        self._touch()
+        return had
+
+    def expire(self, now: float) -> list[Change]:
+        """Drop overrides whose time is up, and endpoints/clusters removed from the config
+        whose drain_time is over. Call periodically (e.g. every second)."""
+        changes = [*self._expire_overrides(now), *self._expire_removed(now)]
+        if changes:
+            self._touch()
+        return changes
+
+    def apply_specs(self, specs: Iterable[ClusterSpec], now: float) -> list[Change]:
+        """Hot reload: new clusters/endpoints start in STARTING; removed ones go DRAINING
+        and disappear after drain_time; policies and weights of kept ones change in place;
+        the health of unchanged endpoints is kept."""
+        wanted = {spec.name: spec for spec in specs}
+        changes = self._remove_clusters(wanted, now)
+        for spec in wanted.values():
+            changes.extend(self._update_cluster(spec, now))
+        self._touch()
+        return changes
 
     def mark_warm(self, cluster: str | None = None) -> None:
         """Declare clusters warm (warm_start_timeout passed). None: all of them."""
@@ -162,25 +247,118 @@ class Board:
         entry_cluster.spec = replace(entry_cluster.spec, policy=policy)
         self._touch()
 
+    # --- internals ---------------------------------------------------------------------
+
+    def _apply(
+        self, cluster: str, address: str, change: Callable[[EndpointHealth], Transition]
+    ) -> Transition:
+        entry = self._clusters[cluster].entries[address]
+        transition = change(entry.health)
+        entry.health = transition.health
+        self._touch()
+        return transition
+
     def _touch(self) -> None:
         self._revision += 1
         self._cached = None
 
+    def _expire_overrides(self, now: float) -> Iterator[Change]:
+        for name, cluster in self._clusters.items():
+            for address, entry in cluster.entries.items():
+                if entry.override is not None and entry.override.until <= now:
+                    entry.override = None
+                    yield Change(name, address, None, "override expired")
+
+    def _expire_removed(self, now: float) -> Iterator[Change]:
+        for name, cluster in list(self._clusters.items()):
+            if cluster.removing_at is not None and cluster.removing_at <= now:
+                del self._clusters[name]
+                yield Change(name, "*", None, "cluster removed after drain_time")
+                continue
+            for address, entry in list(cluster.entries.items()):
+                if entry.removing_at is not None and entry.removing_at <= now:
+                    del cluster.entries[address]
+                    yield Change(name, address, None, "endpoint removed after drain_time")
+
+    def _remove_clusters(self, wanted: Mapping[str, ClusterSpec], now: float) -> list[Change]:
+        changes = []
+        for name, cluster in self._clusters.items():
+            if name in wanted or cluster.removing_at is not None:
+                continue
+            cluster.removing_at = now + cluster.spec.policy.drain_time_s
+            for address in cluster.entries:
+                changes.append(self._retire(name, address, now))
+        return changes
+
+    def _update_cluster(self, spec: ClusterSpec, now: float) -> list[Change]:
+        cluster = self._clusters.get(spec.name)
+        if cluster is None or cluster.removing_at is not None:
+            self._clusters[spec.name] = _new_cluster(spec, now, known_at_boot=False)
+            return [Change(spec.name, "*", None, "cluster added")]
+        cluster.spec = spec
+        wanted = {e.address: e for e in spec.endpoints}
+        changes = [
+            self._retire(spec.name, a, now)
+            for a, e in cluster.entries.items()
+            if a not in wanted and e.removing_at is None
+        ]
+        for endpoint in wanted.values():
+            changes.extend(self._keep_or_add(cluster, endpoint, now))
+        return changes
+
+    def _keep_or_add(self, cluster: _Cluster, endpoint: EndpointSpec, now: float) -> list[Change]:
+        entry = cluster.entries.get(endpoint.address)
+        if entry is not None and entry.removing_at is None:
+            entry.spec = endpoint  # weight may have changed; health is kept
+            return []
+        health = initial_health(now, cluster.spec.policy)
+        cluster.entries[endpoint.address] = _Entry(endpoint, health)
+        return [Change(cluster.spec.name, endpoint.address, None, "endpoint added")]
+
+    def _retire(self, cluster: str, address: str, now: float) -> Change:
+        entry = self._clusters[cluster].entries[address]
+        entry.removing_at = now + self._clusters[cluster].spec.policy.drain_time_s
+        transition = drain(entry.health, now, "removed from config")
+        entry.health = transition.health
+        return Change(cluster, address, transition, "endpoint removed from config")
+
     def _cluster_snapshot(self, name: str, cluster: _Cluster) -> ClusterSnapshot:
         share = cluster.spec.policy.degraded_weight
-        endpoints = tuple(
-            EndpointSnapshot(
-                cluster=name,
-                spec=e.spec,
-                state=e.health.state,
-                reason=e.health.reason,
-                since=e.health.since + self._wall_offset,
-                view=envoy_view(e.health.state, e.spec.weight, share),
-                last=e.last,
-            )
-            for e in cluster.entries.values()
-        )
+        endpoints = tuple(self._endpoint_snapshot(name, e, share) for e in cluster.entries.values())
         return ClusterSnapshot(name, endpoints, cluster.warm, _envoy_version(endpoints))
+
+    def _endpoint_snapshot(self, name: str, entry: _Entry, share: float) -> EndpointSnapshot:
+        health, override = entry.health, entry.override
+        state = override.state if override else health.state
+        reason = f"override: {override.reason}" if override else health.reason
+        return EndpointSnapshot(
+            cluster=name,
+            spec=entry.spec,
+            state=state,
+            reason=reason,
+            since=health.since + self._wall_offset,
+            view=envoy_view(state, entry.spec.weight, share),
+            last=entry.last,
+            probe_state=health.state,
+            signals=MappingProxyType(dict(entry.signals)),
+            override_until=override.until + self._wall_offset if override else None,
+            removing=entry.removing_at is not None,
+        )
+
+
+def _held(entry: _Entry, transition: Transition) -> Transition:
+    """Held down by an outside signal: probes are counted (failures, FATAL alerts) but no
+    success streak builds up, so recovery starts only once every signal has cleared."""
+    held = replace(
+        transition.health,
+        state=State.UNHEALTHY,
+        since=entry.health.since,
+        reason="; ".join(entry.signals.values()),
+        successes=0,
+        all_fast=True,
+        fast_streak=0,
+    )
+    return Transition(State.UNHEALTHY, held, changed=False, alert=transition.alert)
 
 
 def _new_cluster(spec: ClusterSpec, now: float, *, known_at_boot: bool) -> _Cluster:

@@ -246,3 +246,15 @@ def trusted(result: ProbeResult, policy: Policy) -> bool:
     if result.outcome not in (Outcome.SLOW, Outcome.TIMEOUT):
         return True
     return result.loop_lag_ms <= policy.max_loop_lag_s * 1000
+
+
+def force_unhealthy(health: EndpointHealth, now: float, reason: str) -> Transition:
+    """An outside signal (e.g. HDS: unreachable from the data plane) takes the endpoint
+    out. Success streaks are reset, so recovery goes through the normal hysteresis
+    (``healthy_after`` successes once the signal clears). DRAINING is left alone."""
+    if health.state is State.DRAINING:
+        return Transition(health.state, health, changed=False)
+    reset = replace(health, successes=0, all_fast=True, fast_streak=0, reason=reason)
+    if health.state is State.UNHEALTHY:
+        return Transition(health.state, reset, changed=False)
+    return _move(health, reset, State.UNHEALTHY, reason, now)
