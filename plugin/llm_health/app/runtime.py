@@ -1,8 +1,12 @@
 """Wiring and lifecycle of ``llm-health serve``.
 
 Task order (one TaskGroup; shutdown cancels in reverse of importance):
-  HTTP server (liveness first) -> gRPC server (xDS) -> loop-lag monitor -> prober
-  -> warm-start timer.
+  HTTP server (liveness first) -> gRPC server (xDS + components' services) -> loop-lag
+  monitor -> prober -> warm-start timer -> expiry ticker -> components' tasks.
+
+Components (HDS, ext_authz, admin API, alerts ...) plug in through ``Component``: they
+register gRPC services, run background tasks, add to /status, and change the board only
+through ``Runtime.update_board`` (which publishes the new snapshot).
 Shutdown: stop probing, then stop gRPC with a short grace (Envoy keeps its last accepted
 EDS data: DESIGN §7), then the HTTP server. The whole stop stays well under 2 s.
 """
@@ -12,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol, TypeVar
 
 import grpc
 from aiohttp import web
@@ -33,7 +37,24 @@ from llm_health.servers.xds import add_xds_servicers, start_grpc_server
 from llm_health.xds.stream import XdsStats
 
 GRPC_STOP_GRACE_S = 0.5
+EXPIRY_TICK_S = 1.0
 log = logging.getLogger("llm_health")
+T = TypeVar("T")
+
+
+class Component(Protocol):
+    """A feature wired into the runtime. All methods are called on the runtime's loop."""
+
+    name: str
+
+    def register(self, server: grpc.aio.Server) -> None:
+        """Add gRPC servicers (before the server starts)."""
+
+    def tasks(self) -> list[Callable[[], Coroutine[Any, Any, None]]]:
+        """Long-running coroutines, started after the prober, cancelled on shutdown."""
+
+    def status(self) -> dict[str, Any]:
+        """This component's part of /status (JSON-ready)."""
 
 
 class Runtime:
@@ -53,6 +74,18 @@ class Runtime:
         self.probes_untrusted = 0
         self.grpc_port: int | None = None
         self.http_port: int | None = None
+        self.components: list[Component] = self._build_components()
+
+    def _build_components(self) -> list[Component]:
+        """Each feature adds itself here (one line each)."""
+        components: list[Component] = []
+        return components
+
+    async def update_board(self, mutate: Callable[[Board, float], T]) -> T:
+        """Run ``mutate(board, now)`` and publish the result (for components and admin)."""
+        result = mutate(self.board, self._clock())
+        await self.hub.publish(self.board.snapshot())
+        return result
 
     async def run(self, stop: asyncio.Event) -> None:
         async with new_session() as session:
@@ -72,6 +105,8 @@ class Runtime:
     async def _start_grpc(self) -> grpc.aio.Server:
         server, port = await start_grpc_server(self.config.server.grpc)
         add_xds_servicers(server, self.hub, self.xds_stats, coalesce_s=self.config.xds.coalesce)
+        for component in self.components:
+            component.register(server)
         await server.start()
         self.grpc_port, self.grpc_serving = port, True
         log.info(
@@ -85,14 +120,30 @@ class Runtime:
                 group.create_task(self.lag.run(), name="loop-lag"),
                 group.create_task(scheduler.run(), name="prober"),
                 group.create_task(self._warm_start_timer(), name="warm-start"),
+                group.create_task(self._expiry_ticker(), name="expiry"),
             ]
+            for component in self.components:
+                for index, job in enumerate(component.tasks()):
+                    tasks.append(group.create_task(job(), name=f"{component.name}-{index}"))
             await stop.wait()
             log.info("shutting down")
             for task in tasks:
                 task.cancel()
 
+    async def _expiry_ticker(self) -> None:
+        """Expire overrides and endpoints removed from the config after drain_time."""
+        while True:
+            await asyncio.sleep(EXPIRY_TICK_S)
+            changes = self.board.expire(self._clock())
+            for change in changes:
+                log.info(change.what, extra={"cluster": change.cluster, "endpoint": change.address})
+            if changes:
+                await self.hub.publish(self.board.snapshot())
+
     async def on_result(self, target: ProbeTarget, result: ProbeResult) -> None:
         """Fold a probe result into the board; publish when what Envoy sees may change."""
+        if not self.board.has_endpoint(target.cluster, target.address):
+            return  # removed by a reload while this probe was in flight
         self.probes_total += 1
         if not trusted(result, self.board.policy(target.cluster)):
             self.probes_untrusted += 1
@@ -139,6 +190,7 @@ class Runtime:
                     "loop_lag_ms": round(self.lag.current_ms, 2),
                 },
                 "xds": self.xds_stats.as_dict(),
+                **{c.name: c.status() for c in self.components},
             },
         )
 
