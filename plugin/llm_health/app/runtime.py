@@ -57,6 +57,10 @@ class Component(Protocol):
         """This component's part of /status (JSON-ready)."""
 
 
+ProbeObserver = Callable[[ProbeTarget, ProbeResult], None]
+TransitionObserver = Callable[[str, str, Transition, ProbeResult | None], None]
+
+
 class Runtime:
     """Owns the board and every server. ``run`` until ``stop`` is set. One event loop."""
 
@@ -74,6 +78,10 @@ class Runtime:
         self.probes_untrusted = 0
         self.grpc_port: int | None = None
         self.http_port: int | None = None
+        # Observers are plain callables run synchronously on the loop: keep them O(1) and
+        # non-blocking (metrics, alert queues). They must not raise.
+        self.probe_observers: list[ProbeObserver] = []
+        self.transition_observers: list[TransitionObserver] = []
         self.components: list[Component] = self._build_components()
 
     def _build_components(self) -> list[Component]:
@@ -151,12 +159,24 @@ class Runtime:
                 "probe ignored: prober event loop lagged", extra=_probe_fields(target, result)
             )
             return
+        for observe in self.probe_observers:
+            observe(target, result)
         was_warm = self.board.is_warm(target.cluster)
         transition = self.board.record(target.cluster, target.address, result, self._clock())
-        if transition.changed:
-            _log_transition(target, result, transition)
+        if transition.changed or transition.alert:
+            self.notify_transition(target.cluster, target.address, transition, result)
         if transition.changed or was_warm != self.board.is_warm(target.cluster):
             await self.hub.publish(self.board.snapshot())
+
+    def notify_transition(
+        self, cluster: str, address: str, transition: Transition, result: ProbeResult | None
+    ) -> None:
+        """Log a state change once and tell every transition observer. Components that
+        change the board (HDS, admin) call this for the transitions they cause."""
+        if transition.changed:
+            _log_transition(cluster, address, result, transition)
+        for observe in self.transition_observers:
+            observe(cluster, address, transition, result)
 
     async def _warm_start_timer(self) -> None:
         """After warm_start_timeout, push whatever we know (DESIGN §7): an endpoint that
@@ -206,9 +226,11 @@ def _bound_port(runner: web.AppRunner) -> int | None:
 
 
 def _probe_fields(target: ProbeTarget, result: ProbeResult) -> dict[str, Any]:
+    return {"cluster": target.cluster, "endpoint": target.address, **_timings(result)}
+
+
+def _timings(result: ProbeResult) -> dict[str, Any]:
     return {
-        "cluster": target.cluster,
-        "endpoint": target.address,
         "outcome": result.outcome.value,
         "ttft_ms": _r(result.ttft_ms),
         "connect_ms": _r(result.connect_ms),
@@ -218,15 +240,18 @@ def _probe_fields(target: ProbeTarget, result: ProbeResult) -> dict[str, Any]:
     }
 
 
-def _log_transition(target: ProbeTarget, result: ProbeResult, transition: Transition) -> None:
-    fields = _probe_fields(target, result)
-    fields.update(
-        {
-            "from": transition.before.value,
-            "to": transition.health.state.value,
-            "reason": transition.health.reason,
-        }
-    )
+def _log_transition(
+    cluster: str, address: str, result: ProbeResult | None, transition: Transition
+) -> None:
+    fields: dict[str, Any] = {
+        "cluster": cluster,
+        "endpoint": address,
+        "from": transition.before.value,
+        "to": transition.health.state.value,
+        "reason": transition.health.reason,
+    }
+    if result is not None:
+        fields.update(_timings(result))
     level = logging.WARNING if transition.alert else logging.INFO
     log.log(level, "state change", extra=fields)
 
