@@ -14,9 +14,12 @@ EDS data: DESIGN §7), then the HTTP server. The whole stop stays well under 2 s
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import grpc
@@ -24,7 +27,8 @@ from aiohttp import web
 
 from llm_health.app.http import build_http_app, start_http
 from llm_health.app.status import status_document
-from llm_health.config import Config
+from llm_health.config import Config, load_config
+from llm_health.errors import ConfigError
 from llm_health.hub import SnapshotHub
 from llm_health.model.board import Board
 from llm_health.model.machine import Transition, trusted
@@ -38,6 +42,7 @@ from llm_health.xds.stream import XdsStats
 
 GRPC_STOP_GRACE_S = 0.5
 EXPIRY_TICK_S = 1.0
+RELOAD_POLL_S = 2.0
 log = logging.getLogger("llm_health")
 T = TypeVar("T")
 
@@ -64,8 +69,17 @@ TransitionObserver = Callable[[str, str, Transition, ProbeResult | None], None]
 class Runtime:
     """Owns the board and every server. ``run`` until ``stop`` is set. One event loop."""
 
-    def __init__(self, config: Config, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        config: Config,
+        clock: Callable[[], float] = time.monotonic,
+        config_path: Path | None = None,
+    ) -> None:
         self.config = config
+        self.config_path = config_path
+        self.reloads = {"applied": 0, "rejected": 0}
+        self._reload_requested = asyncio.Event()
+        self.scheduler: Scheduler | None = None
         self._clock = clock
         now = clock()
         self.board = Board(config.cluster_specs(), now, time.time() - now)
@@ -98,6 +112,7 @@ class Runtime:
     async def run(self, stop: asyncio.Event) -> None:
         async with new_session() as session:
             scheduler = Scheduler(self.targets, MicroProbe(session, self.lag).probe, self.on_result)
+            self.scheduler = scheduler
             http = await start_http(self.http_app(), self.config.server.http)
             self.http_port = _bound_port(http)
             try:
@@ -129,6 +144,7 @@ class Runtime:
                 group.create_task(scheduler.run(), name="prober"),
                 group.create_task(self._warm_start_timer(), name="warm-start"),
                 group.create_task(self._expiry_ticker(), name="expiry"),
+                group.create_task(self._reload_watcher(), name="reload"),
             ]
             for component in self.components:
                 for index, job in enumerate(component.tasks()):
@@ -137,6 +153,58 @@ class Runtime:
             log.info("shutting down")
             for task in tasks:
                 task.cancel()
+
+    def request_reload(self) -> None:
+        """Ask for a config reload (SIGHUP handler). Safe to call from a signal handler
+        installed with loop.add_signal_handler."""
+        self._reload_requested.set()
+
+    async def _reload_watcher(self) -> None:
+        """Reload on request (SIGHUP) or when the config file's content changes."""
+        seen = _fingerprint(self.config_path)
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(RELOAD_POLL_S):
+                    await self._reload_requested.wait()
+            requested = self._reload_requested.is_set()
+            self._reload_requested.clear()
+            current = _fingerprint(self.config_path)
+            if requested or current != seen:
+                seen = current
+                await self.reload()
+
+    async def reload(self) -> bool:
+        """Re-read the config file. An invalid file is rejected with its validation
+        messages and the running config stays. Clusters/endpoints added start STARTING,
+        removed ones go DRAINING and disappear after drain_time, changed thresholds apply
+        from the next probe, unchanged endpoints keep their state."""
+        if self.config_path is None:
+            return False
+        try:
+            new = load_config(self.config_path)
+        except ConfigError as exc:
+            self.reloads["rejected"] += 1
+            log.error(
+                "config reload rejected; the running config stays", extra={"errors": exc.messages}
+            )
+            return False
+        self._apply(new)
+        self.reloads["applied"] += 1
+        await self.hub.publish(self.board.snapshot())
+        return True
+
+    def _apply(self, new: Config) -> None:
+        if new.server != self.config.server:
+            log.warning("server addresses changed in the config: they apply after a restart")
+            new = new.model_copy(update={"server": self.config.server})
+        changes = self.board.apply_specs(new.cluster_specs(), self._clock())
+        self.config = new
+        self.targets = targets_from_config(new)
+        if self.scheduler is not None:
+            self.scheduler.update(self.targets)
+        for change in changes:
+            log.info(change.what, extra={"cluster": change.cluster, "endpoint": change.address})
+        log.info("config reloaded", extra={"changes": len(changes)})
 
     async def _expiry_ticker(self) -> None:
         """Expire overrides and endpoints removed from the config after drain_time."""
@@ -209,6 +277,7 @@ class Runtime:
                     "probes_ignored_loop_lag": self.probes_untrusted,
                     "loop_lag_ms": round(self.lag.current_ms, 2),
                 },
+                "reloads": dict(self.reloads),
                 "xds": self.xds_stats.as_dict(),
                 **{c.name: c.status() for c in self.components},
             },
@@ -223,6 +292,17 @@ def _bound_port(runner: web.AppRunner) -> int | None:
         if isinstance(address, tuple):
             return int(address[1])
     return None
+
+
+def _fingerprint(path: Path | None) -> bytes | None:
+    """The config file's content hash (None if absent/unreadable): a touch without a
+    change does not reload; an editor's atomic rename does."""
+    if path is None:
+        return None
+    try:
+        return hashlib.sha256(path.read_bytes()).digest()
+    except OSError:
+        return None
 
 
 def _probe_fields(target: ProbeTarget, result: ProbeResult) -> dict[str, Any]:

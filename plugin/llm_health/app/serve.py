@@ -7,6 +7,7 @@ import asyncio
 import logging
 import signal
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llm_health.app.logs import setup_logging
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from llm_health.app.runtime import Runtime  # grpc and protos load only for `serve`
 
     try:
-        asyncio.run(_serve(Runtime(config)))
+        asyncio.run(_serve(Runtime(config, config_path=Path(args.config))))
     except OSError as exc:
         log.error("cannot start: %s", exc)
         return 1
@@ -56,4 +57,5 @@ async def _serve(runtime: Runtime) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, runtime.request_reload)
     await runtime.run(stop)

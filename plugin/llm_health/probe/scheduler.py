@@ -64,10 +64,13 @@ def next_slot(now: float, origin: float, phase: float, interval: float) -> float
 
 
 class Scheduler:
-    """Runs ``probe`` for every target forever; hands results to ``on_result``.
+    """Runs ``probe`` for every target until cancelled; hands results to ``on_result``.
 
     ``on_result`` is awaited before the endpoint's next probe is scheduled, so results of
-    one endpoint are delivered in order. Clock: ``time.monotonic`` unless given.
+    one endpoint are delivered in order. ``update`` replaces the target set while running
+    (hot reload): new endpoints start probing, removed ones stop (an in-flight probe is
+    cancelled), changed settings apply from the next probe. Clock: ``time.monotonic``.
+    Task safety: call ``update`` from the loop that runs ``run``.
     """
 
     def __init__(
@@ -82,39 +85,75 @@ class Scheduler:
         self._on_result = on_result
         self._clock = clock
         self._phases = phases(targets)
+        self._origin = clock()
+        self._group: asyncio.TaskGroup | None = None
+        self._tasks: dict[str, asyncio.Task[None]] = {}
         self.in_flight: dict[str, int] = dict.fromkeys(self._targets, 0)
 
     def phase_of(self, key: str) -> float:
         return self._phases[key]
 
+    @property
+    def keys(self) -> frozenset[str]:
+        return frozenset(self._targets)
+
+    def target(self, key: str) -> ProbeTarget:
+        return self._targets[key]
+
     async def run(self) -> None:
         """Probe until cancelled."""
-        origin = self._clock()
+        self._origin = self._clock()
         async with asyncio.TaskGroup() as group:
-            for key, target in self._targets.items():
-                group.create_task(self._run_endpoint(target, origin, self._phases[key]))
+            self._group = group
+            for key in self._targets:
+                self._start(key, first=True)
+            await asyncio.Future()  # keep the group open for `update` until cancelled
 
-    async def _run_endpoint(self, target: ProbeTarget, origin: float, phase: float) -> None:
-        due = origin + first_round(phase, target.interval_s, len(self._targets))
+    def update(self, targets: Sequence[ProbeTarget]) -> None:
+        """Replace the target set (see class docstring)."""
+        wanted = {t.key: t for t in targets}
+        for key in set(self._targets) - set(wanted):
+            task = self._tasks.pop(key, None)
+            if task is not None:
+                task.cancel()
+            self.in_flight.pop(key, None)
+        added = set(wanted) - set(self._targets)
+        self._targets = wanted
+        self._phases = phases(targets)
+        for key in added:
+            self.in_flight[key] = 0
+            if self._group is not None:
+                self._start(key, first=False)
+
+    def _start(self, key: str, *, first: bool) -> None:
+        assert self._group is not None
+        self._tasks[key] = self._group.create_task(self._run_endpoint(key, first=first))
+
+    async def _run_endpoint(self, key: str, *, first: bool) -> None:
+        target = self._targets[key]
+        offset = first_round(self._phases[key], target.interval_s, len(self._targets))
+        due = self._origin + offset if first else self._clock()
         failures = 0
         while True:
             await asyncio.sleep(max(0.0, due - self._clock()))
+            target = self._targets[key]  # settings may have been reloaded
             result = await self._probe_once(target)
             await self._on_result(target, result)
             failures = failures + 1 if result.outcome in FAILURES else 0
-            due = self._next_due(target, origin, phase, failures)
+            due = self._next_due(target, self._phases[key], failures)
 
-    def _next_due(self, target: ProbeTarget, origin: float, phase: float, failures: int) -> float:
+    def _next_due(self, target: ProbeTarget, phase: float, failures: int) -> float:
         """Confirm a failure at once while it could still change the verdict (fewer than
         ``unhealthy_after`` in a row); otherwise back to the endpoint's own slot."""
         now = self._clock()
         if 0 < failures < target.unhealthy_after:
             return now + target.confirm_delay_s
-        return next_slot(now, origin, phase, target.interval_s)
+        return next_slot(now, self._origin, phase, target.interval_s)
 
     async def _probe_once(self, target: ProbeTarget) -> ProbeResult:
-        self.in_flight[target.key] += 1
+        self.in_flight[target.key] = self.in_flight.get(target.key, 0) + 1
         try:
             return await self._probe(target)
         finally:
-            self.in_flight[target.key] -= 1
+            if target.key in self.in_flight:
+                self.in_flight[target.key] -= 1
