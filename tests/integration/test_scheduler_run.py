@@ -83,3 +83,29 @@ async def test_failure_is_confirmed_at_once_then_back_to_the_interval() -> None:
     assert 0.04 <= gaps[0] <= 0.2, gaps
     assert all(0.7 <= gap <= 1.1 for gap in gaps[1:]), gaps
     assert len(calls) in (3, 4)
+
+
+async def test_update_adds_and_removes_endpoints_while_running() -> None:
+    calls: dict[str, int] = defaultdict(int)
+    a, b, c = targets_for([1, 2, 3], interval="200ms")
+
+    async def probe(target: ProbeTarget) -> ProbeResult:
+        calls[target.key] += 1
+        await asyncio.sleep(0.01)
+        return ProbeResult(Outcome.FAST, time.time(), ttft_ms=10)
+
+    async def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
+        return None
+
+    scheduler = Scheduler([a, b], probe, ignore)
+    task = asyncio.create_task(scheduler.run())
+    await asyncio.sleep(0.5)
+    scheduler.update([a, c])  # b removed, c added
+    removed_at = calls[b.key]
+    await asyncio.sleep(0.6)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert calls[b.key] == removed_at, "a removed endpoint must not be probed again"
+    assert calls[c.key] >= 3, "a new endpoint starts probing at once, then every interval"
+    assert calls[a.key] >= 5
+    assert scheduler.keys == {a.key, c.key}
