@@ -82,6 +82,7 @@ class ProbeSettings(_Frozen):
     drain_time: Duration = 30.0
     confirm_delay: Duration = 0.05
     max_loop_lag: Duration = 0.1
+    max_ejection_percent: int = Field(50, ge=1, le=100)
     cache_bust: Literal["salt", "prefix", "none"] = "salt"
     prompt: str = Field("hi", min_length=1, max_length=200)
     model: str | None = None
@@ -111,6 +112,7 @@ class ProbeSettings(_Frozen):
             startup_grace_s=self.startup_grace,
             drain_time_s=self.drain_time,
             max_loop_lag_s=self.max_loop_lag,
+            max_ejection_percent=self.max_ejection_percent,
         )
 
     def redacted_headers(self) -> dict[str, str]:

@@ -117,3 +117,44 @@ def test_readding_a_draining_endpoint_starts_it_fresh() -> None:
     board.apply_specs([spec("c", A, B)], now=6.0)
     seen = endpoint(board, "c", A)
     assert seen.state is State.STARTING and not seen.removing
+
+
+def timeout(board: Board, cluster: str, address: str, now: float) -> None:
+    board.record(cluster, address, ProbeResult(Outcome.TIMEOUT, 0.0, detail="x"), now)
+
+
+def test_most_of_a_cluster_failing_at_once_is_not_all_ejected() -> None:
+    """DESIGN §7: 3 of 4 endpoints time out together -> max_ejection_percent 50 lets 2
+    go out; the third stays routed (DEGRADED) with a reason that names the suspicion."""
+    addresses = [f"10.0.0.{i}:80" for i in range(1, 5)]
+    board = Board([spec("c", *addresses)], now=0.0, wall_offset=0.0)
+    for address in addresses:
+        fast(board, "c", address, 1.0)
+    for address in addresses[:3]:
+        timeout(board, "c", address, 2.0)
+        timeout(board, "c", address, 3.0)
+    states = [endpoint(board, "c", a).state for a in addresses]
+    assert states == [State.UNHEALTHY, State.UNHEALTHY, State.DEGRADED, State.HEALTHY]
+    held = endpoint(board, "c", addresses[2])
+    assert "max_ejection_percent 50" in held.reason and "prober" in held.reason
+    fast(board, "c", addresses[0], 4.0, times=3)  # one recovers: room for another
+    timeout(board, "c", addresses[2], 8.0)
+    assert endpoint(board, "c", addresses[2]).state is State.UNHEALTHY
+
+
+def test_fatal_is_never_capped() -> None:
+    board = Board([spec("c", A, B)], now=0.0, wall_offset=0.0)
+    fast(board, "c", A, 1.0)
+    fast(board, "c", B, 1.0)
+    for address in (A, B):
+        board.record("c", address, ProbeResult(Outcome.FATAL, 0.0, detail="CUDA error"), 2.0)
+    assert {e.state for e in board.snapshot().clusters["c"].endpoints} == {State.UNHEALTHY}
+
+
+def test_one_endpoint_may_always_be_ejected() -> None:
+    board = Board([spec("c", A, B)], now=0.0, wall_offset=0.0)
+    fast(board, "c", A, 1.0)
+    fast(board, "c", B, 1.0)
+    timeout(board, "c", A, 2.0)
+    timeout(board, "c", A, 3.0)
+    assert endpoint(board, "c", A).state is State.UNHEALTHY

@@ -26,7 +26,7 @@ from llm_health.model.machine import (
     step,
     undrain,
 )
-from llm_health.model.outcome import ProbeResult
+from llm_health.model.outcome import FAILURES, ProbeResult
 from llm_health.model.policy import Policy
 from llm_health.model.states import EndpointHealth, State
 
@@ -119,6 +119,7 @@ class _Entry:
     signals: dict[str, str] = field(default_factory=dict)
     override: Override | None = None
     removing_at: float | None = None  # removed from config: gone after drain_time
+    ejected_by_failure: bool = False  # UNHEALTHY because of TIMEOUT/ERROR probes
 
 
 @dataclass(slots=True)
@@ -159,15 +160,41 @@ class Board:
         """Fold one probe result in."""
         entry_cluster = self._clusters[cluster]
         entry = entry_cluster.entries[address]
-        transition = step(entry.health, result, now, entry_cluster.spec.policy)
+        policy = entry_cluster.spec.policy
+        transition = step(entry.health, result, now, policy)
         if entry.signals and entry.health.state is State.UNHEALTHY:
             transition = _held(entry, transition)
+        elif _ejects_by_failure(transition, result):
+            transition = self._cap_ejection(entry_cluster, entry, transition)
         entry.health = transition.health
+        if transition.health.state is not State.UNHEALTHY:
+            entry.ejected_by_failure = False
+        elif transition.changed:
+            entry.ejected_by_failure = _ejects_by_failure(transition, result)
         entry.last = result
         if not entry_cluster.warm and all(e.last for e in entry_cluster.entries.values()):
             entry_cluster.warm = True
         self._touch()
         return transition
+
+    def _cap_ejection(self, cluster: _Cluster, entry: _Entry, transition: Transition) -> Transition:
+        """DESIGN §7: if taking this endpoint out would put more than max_ejection_percent
+        of the cluster out by probe failures, keep it routed (DEGRADED, reduced weight) and
+        say why: many endpoints failing at once points at the prober's own network."""
+        total = len(cluster.entries)
+        allowed = max(1, total * cluster.spec.policy.max_ejection_percent // 100)
+        ejected = sum(1 for e in cluster.entries.values() if e.ejected_by_failure)
+        if ejected + 1 <= allowed:
+            return transition
+        pct = cluster.spec.policy.max_ejection_percent
+        reason = (
+            f"held: {ejected} of {total} endpoints already out for probe failures "
+            f"(max_ejection_percent {pct}); suspect the prober's network. "
+            f"{transition.health.reason}"
+        )
+        kept = State.DEGRADED if transition.before is not State.STARTING else State.STARTING
+        held = replace(transition.health, state=kept, reason=reason)
+        return Transition(transition.before, held, changed=kept is not transition.before)
 
     def drain(self, cluster: str, address: str, now: float, reason: str) -> Transition:
         return self._apply(cluster, address, lambda h: drain(h, now, reason))
@@ -344,6 +371,17 @@ class Board:
             override_until=override.until + self._wall_offset if override else None,
             removing=entry.removing_at is not None,
         )
+
+
+def _ejects_by_failure(transition: Transition, result: ProbeResult) -> bool:
+    """Taken out by TIMEOUT/ERROR probes (not FATAL, not a newcomer's expired grace)."""
+    newcomer = transition.before is State.STARTING and not transition.health.known_at_boot
+    return (
+        transition.changed
+        and transition.health.state is State.UNHEALTHY
+        and result.outcome in FAILURES
+        and not newcomer
+    )
 
 
 def _held(entry: _Entry, transition: Transition) -> Transition:

@@ -22,3 +22,4 @@ class Policy:
     startup_grace_s: float = 600.0
     drain_time_s: float = 30.0
     max_loop_lag_s: float = 0.1
+    max_ejection_percent: int = 50
