@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import sys
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -93,7 +94,8 @@ def _target(args: argparse.Namespace, url: str, model: str | None) -> ProbeTarge
 def _probe_url(raw: str, api: str) -> str:
     parts = urlsplit(raw if "://" in raw else f"http://{raw}")
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise SystemExit(f"llm-health probe: error: {raw!r} is not an http(s) URL")
+        print(f"llm-health probe: error: {raw!r} is not an http(s) URL", file=sys.stderr)
+        raise SystemExit(2)
     path = parts.path if parts.path not in ("", "/") else API_PATHS[api]
     return f"{parts.scheme}://{parts.netloc}{path}"
 
