@@ -6,13 +6,11 @@ import argparse
 import asyncio
 import logging
 import signal
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llm_health.app.logs import setup_logging
-from llm_health.config import load_config
-from llm_health.errors import ConfigError
+from llm_health.app.validate import load_or_report
 
 if TYPE_CHECKING:
     from llm_health.app.runtime import Runtime
@@ -36,11 +34,8 @@ def register(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_format, args.log_level)
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        for message in exc.messages:
-            print(message, file=sys.stderr)
+    config = load_or_report(args.config)
+    if config is None:
         return 2
     from llm_health.app.runtime import Runtime  # grpc and protos load only for `serve`
 

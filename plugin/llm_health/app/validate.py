@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from llm_health.config import load_config
+from llm_health.config import Config, load_config
 from llm_health.errors import ConfigError
 
 
@@ -21,12 +21,19 @@ def register(commands: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def load_or_report(path: str) -> Config | None:
+    """The config at ``path``, or None after printing every problem to stderr."""
     try:
-        config = load_config(args.config)
+        return load_config(path)
     except ConfigError as exc:
         for message in exc.messages:
             print(message, file=sys.stderr)
+        return None
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_or_report(args.config)
+    if config is None:
         return 2
     endpoints = sum(len(c.endpoints) for c in config.clusters)
     print(f"{args.config}: ok ({len(config.clusters)} clusters, {endpoints} endpoints)")

@@ -12,8 +12,8 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from llm_health.argtypes import duration, positive_int
 from llm_health.config import DEFAULT_FATAL_PATTERNS
-from llm_health.model.durations import parse_duration
 from llm_health.model.outcome import SUCCESSES, ProbeResult
 from llm_health.probe.client import MicroProbe, new_session
 from llm_health.probe.target import API_PATHS, ProbeTarget, compile_fatal_patterns
@@ -29,10 +29,10 @@ def register(commands: Any) -> None:
     parser.add_argument("url", help="base URL (http://host:port) or full endpoint URL")
     parser.add_argument("--api", choices=sorted(API_PATHS), default="openai-completions")
     parser.add_argument("--model", help="model name (default: first of GET /v1/models)")
-    parser.add_argument("--count", type=_positive_int, default=3, help="probes to send")
-    parser.add_argument("--timeout", type=_duration, default=0.8, help="e.g. 800ms")
-    parser.add_argument("--healthy-ttft", type=_duration, default=0.2, help="e.g. 200ms")
-    parser.add_argument("--interval", type=_duration, default=1.0, help="pause between probes")
+    parser.add_argument("--count", type=positive_int, default=3, help="probes to send")
+    parser.add_argument("--timeout", type=duration, default=0.8, help="e.g. 800ms")
+    parser.add_argument("--healthy-ttft", type=duration, default=0.2, help="e.g. 200ms")
+    parser.add_argument("--interval", type=duration, default=1.0, help="pause between probes")
     parser.add_argument("--prompt", default="hi")
     parser.add_argument("--cache-bust", choices=["salt", "prefix", "none"], default="salt")
     parser.add_argument(
@@ -137,19 +137,6 @@ def _summary(results: list[ProbeResult]) -> str:
 
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} ms"
-
-
-def _duration(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-
-
-def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return int(text)
 
 
 def _header(text: str) -> tuple[str, str]:

@@ -12,12 +12,9 @@ import signal
 import sys
 from typing import Any
 
-from llm_health.errors import DurationError
-from llm_health.model.durations import parse_duration
+from llm_health.argtypes import MAX_PORT, duration, port, positive_int
 from llm_health.sim.faults import FAULTS, OVERLOAD_STATUSES, FaultSpec
 from llm_health.sim.server import SimHandle, SimSettings, serve
-
-_MAX_PORT = 65535
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -41,10 +38,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 def _add_server_arguments(parser: argparse.ArgumentParser) -> None:
     """Where to listen and what to serve."""
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
-    parser.add_argument("--port", type=_port, required=True, help="first port to listen on")
+    parser.add_argument("--port", type=port, required=True, help="first port to listen on")
     parser.add_argument(
         "--port-count",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         metavar="N",
         help="serve ports P..P+N-1, all sharing one state (default %(default)s)",
@@ -60,7 +57,7 @@ def _add_server_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-num-seqs",
-        type=_positive_int,
+        type=positive_int,
         default=256,
         help="capacity behind vllm:kv_cache_usage_perc (default %(default)s)",
     )
@@ -71,10 +68,10 @@ def _add_fault_arguments(parser: argparse.ArgumentParser) -> None:
     """The initial fault and its knobs (all changeable later with POST /sim/fault)."""
     defaults = FaultSpec()
     parser.add_argument("--fault", choices=list(FAULTS), default="none", help="initial fault")
-    parser.add_argument("--ttft", type=_duration, default=defaults.ttft, help="default 50ms")
-    parser.add_argument("--ttft-jitter", type=_duration, default=defaults.ttft_jitter)
+    parser.add_argument("--ttft", type=duration, default=defaults.ttft, help="default 50ms")
+    parser.add_argument("--ttft-jitter", type=duration, default=defaults.ttft_jitter)
     parser.add_argument(
-        "--tpot", type=_duration, default=defaults.tpot, help="time per output token; 10ms"
+        "--tpot", type=duration, default=defaults.tpot, help="time per output token; 10ms"
     )
     parser.add_argument(
         "--fault-rate",
@@ -84,7 +81,7 @@ def _add_fault_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--startup-delay",
-        type=_duration,
+        type=duration,
         default=defaults.startup_delay,
         help="startup_delay fault: 503 for this long (default 30s)",
     )
@@ -97,48 +94,16 @@ def _add_fault_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--load-ttft-per-request",
-        type=_duration,
+        type=duration,
         default=defaults.load_ttft_per_request,
         help="slow_under_load fault: extra TTFT per other in-flight request (default 20ms)",
     )
     parser.add_argument(
         "--hang-max",
-        type=_duration,
+        type=duration,
         default=defaults.hang_max,
         help="upper bound of every hang (default 3600s)",
     )
-
-
-def _duration(text: str) -> float:
-    """argparse type: a duration string such as ``800ms``."""
-    try:
-        return parse_duration(text)
-    except DurationError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-
-
-def _port(text: str) -> int:
-    """argparse type: a TCP port 1..65535."""
-    value = _int(text)
-    if not 1 <= value <= _MAX_PORT:
-        raise argparse.ArgumentTypeError(f"port must be between 1 and {_MAX_PORT}, got {value}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    value = _int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _int(text: str) -> int:
-    """argparse helper: parse an integer with a clear message."""
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
 
 
 def _fraction(text: str) -> float:
@@ -154,9 +119,9 @@ def _fraction(text: str) -> float:
 
 def settings_from_args(args: argparse.Namespace) -> SimSettings:
     """Build SimSettings from parsed arguments; raise ValueError naming a bad combination."""
-    if args.port + args.port_count - 1 > _MAX_PORT:
+    if args.port + args.port_count - 1 > MAX_PORT:
         raise ValueError(
-            f"--port {args.port} with --port-count {args.port_count} goes past port {_MAX_PORT}"
+            f"--port {args.port} with --port-count {args.port_count} goes past port {MAX_PORT}"
         )
     fault = FaultSpec(
         fault=args.fault,
