@@ -28,7 +28,7 @@ from typing import Any
 
 import aiohttp
 
-from llm_health.bootstrap import render_bootstrap, write_bootstrap
+from llm_health.bootstrap import render_bootstrap
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER = "llama-70b"
@@ -188,14 +188,14 @@ clusters:
         return path
 
     def _envoy_config(self) -> Path:
-        config = render_bootstrap(
+        return render_bootstrap(
             self.envoy_config,
+            self.workdir / "envoy.yaml",
             admin_port=self.admin_port,
             listener_port=self.listener_port,
             xds_port=self.grpc_port,
             clusters=[CLUSTER],
         )
-        return write_bootstrap(config, self.workdir / "envoy.yaml")
 
     # --- traffic and display -------------------------------------------------------------
 
