@@ -34,5 +34,8 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
 
+proto: $(STAMP)    # regenerate plugin/llm_health/adminpb from proto/ (commit the result)
+	$(BIN)/python proto/generate.py
+
 clean:
 	rm -rf $(VENV) build plugin/*.egg-info

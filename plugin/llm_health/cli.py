@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from llm_health import __version__
+from llm_health.app.admin_cli import register as register_admin
 from llm_health.app.serve import register as register_serve
 from llm_health.app.validate import register as register_validate
 from llm_health.probe.cli import register as register_probe
@@ -28,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_probe(commands)
     register_validate(commands)
     register_sim(commands)
+    register_admin(commands)  # status, drain, undrain, force, clear-override, probe-now
     return parser
 
 

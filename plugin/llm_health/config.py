@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import math
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -29,7 +30,9 @@ from pydantic import (
     model_validator,
 )
 
+from llm_health.authz.settings import UNROUTED_VALUE, AuthzSettings
 from llm_health.errors import ConfigError
+from llm_health.hds.settings import CheckSpec, HdsSettings
 from llm_health.model.board import ClusterSpec, EndpointSpec
 from llm_health.model.durations import parse_duration
 from llm_health.model.policy import Policy
@@ -212,15 +215,202 @@ class ServerConfig(_Frozen):
         return value
 
 
+def is_local_bind(bind: str) -> bool:
+    """True for a Unix socket or a loopback host (127.0.0.0/8, ::1, localhost)."""
+    if bind.startswith("unix:"):
+        return True
+    host, _port = split_address(bind)
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # any other host name may resolve to a routable address
+
+
+class AdminConfig(_Frozen):
+    """The admin gRPC API (llm_health.v1.Admin). ``grpc`` unset: served on server.grpc.
+    A non-loopback ``grpc`` needs ``token``; with a token every call must present it."""
+
+    grpc: str | None = None
+    token: SecretStr | None = None
+
+    @field_validator("grpc")
+    @classmethod
+    def _valid_bind(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("unix:"):
+            split_address(value)
+        return value
+
+    @field_validator("token")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 16:
+            raise ValueError("must be at least 16 characters (use a random string)")
+        return value
+
+    @model_validator(mode="after")
+    def _token_off_loopback(self) -> AdminConfig:
+        if self.grpc is not None and self.token is None and not is_local_bind(self.grpc):
+            raise ValueError(
+                f'grpc "{self.grpc}" is not a loopback address: set admin.token '
+                '(e.g. token: "${LLM_HEALTH_ADMIN_TOKEN}") or bind 127.0.0.1'
+            )
+        return self
+
+
 class XdsConfig(_Frozen):
     coalesce: Duration = 0.02
     warm_start_timeout: Duration = 5.0
+
+
+class HdsConfig(_Frozen):
+    """Health Discovery Service (issue 4); each key is explained on ``HdsSettings`` and
+    ``CheckSpec``. Dormant until an Envoy with ``hds_config`` connects."""
+
+    enabled: bool = True
+    check: Literal["tcp", "http"] = "tcp"
+    path: str = Field("/health", pattern=r"^/[^\s]*$", max_length=2000)
+    expected_statuses: tuple[int, ...] = Field((200,), min_length=1, max_length=100)
+    body: str | None = Field(None, max_length=65536)
+    interval: Duration = 1.0
+    timeout: Duration = 1.0
+    unhealthy_threshold: int = Field(2, ge=1, le=100)
+    healthy_threshold: int = Field(2, ge=1, le=100)
+    report_interval: Duration = 1.0
+    checkers_per_endpoint: int = Field(2, ge=1, le=100)
+    quorum: int | None = Field(None, ge=1, le=100)
+    report_ttl: Duration = 5.0
+
+    @field_validator("expected_statuses")
+    @classmethod
+    def _http_statuses(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        bad = [status for status in value if not 100 <= status <= 599]
+        if bad:
+            raise ValueError(f"{bad[0]} is not an HTTP status (100-599)")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> HdsConfig:
+        if self.body is not None and self.check != "http":
+            raise ValueError('body needs check: http (a tcp check sends nothing)')
+        if self.quorum is not None and self.quorum > self.checkers_per_endpoint:
+            raise ValueError("quorum cannot exceed checkers_per_endpoint")
+        if self.report_ttl <= self.report_interval:
+            raise ValueError("report_ttl must be longer than report_interval")
+        return self
+
+    def to_settings(self) -> HdsSettings:
+        check = CheckSpec(
+            kind=self.check,
+            path=self.path,
+            expected_statuses=self.expected_statuses,
+            body=None if self.body is None else self.body.encode(),
+            interval_s=self.interval,
+            timeout_s=self.timeout,
+            unhealthy_threshold=self.unhealthy_threshold,
+            healthy_threshold=self.healthy_threshold,
+        )
+        return HdsSettings(
+            enabled=self.enabled,
+            check=check,
+            report_interval_s=self.report_interval,
+            checkers_per_endpoint=self.checkers_per_endpoint,
+            quorum=self.quorum,
+            report_ttl_s=self.report_ttl,
+        )
+
+
+AlertEventName = Literal["unhealthy", "recovered", "fatal"]
+
+
+class WebhookConfig(_Frozen):
+    """One alert receiver. ``url`` and ``headers`` may hold secrets (a Slack-style URL
+    carries its token in the path): only scheme://host:port is ever logged or shown."""
+
+    url: str
+    on: tuple[AlertEventName, ...] = Field(("unhealthy", "recovered", "fatal"), min_length=1)
+    headers: dict[str, SecretStr] = Field(default_factory=dict)
+    timeout: Duration = 5.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _yaml_on_key(cls, data: Any) -> Any:
+        """YAML 1.1 (PyYAML) reads the bare key ``on`` as the boolean true."""
+        if isinstance(data, dict) and True in data and "on" not in data:
+            return {("on" if key is True else key): value for key, value in data.items()}
+        return data
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL with a host")
+        return value
+
+
+class AlertsConfig(_Frozen):
+    """Webhook alerts; no webhooks (the default): nothing is sent."""
+
+    webhooks: tuple[WebhookConfig, ...] = ()
+    dedup_window: Duration = 300.0
+    max_per_minute: int = Field(30, ge=1, le=10_000)
+    max_attempts: int = Field(5, ge=1, le=20)
+    retry_backoff: Duration = 0.5
+    max_retry_time: Duration = 120.0
+    queue_size: int = Field(1000, ge=1, le=100_000)
+
+
+def _lower(value: Any) -> Any:
+    return value.lower() if isinstance(value, str) else value
+
+
+HeaderName = Annotated[
+    str, BeforeValidator(_lower), Field(max_length=100, pattern=r"^[a-z0-9!#$%&'*+.^_`|~-]+$")
+]
+
+
+class AuthzConfig(_Frozen):
+    """ext_authz admission (issue 5); each key is explained on ``AuthzSettings``."""
+
+    enabled: bool = True
+    cluster_key: str = Field("llm_cluster", min_length=1, max_length=100)
+    cluster_header: HeaderName = "x-llm-cluster"
+    probe_header: Literal["strip", "deny"] = "strip"
+    probe_header_name: HeaderName = "x-llm-probe"
+    shed_below: float = Field(0.5, ge=0, le=1)
+    priority_header: HeaderName = "x-llm-priority"
+    route_header: HeaderName = "x-llm-route"
+    route_value: str = Field("healthy", pattern=r"^[A-Za-z0-9._-]{1,64}$")
+    capacity_header: HeaderName = "x-llm-capacity"
+    retry_after: Duration = 1.0
+
+    @model_validator(mode="after")
+    def _distinct(self) -> AuthzConfig:
+        names = [self.cluster_header, self.probe_header_name, self.priority_header]
+        names += [self.route_header, self.capacity_header]
+        if len(set(names)) != len(names):
+            raise ValueError("the authz header names must all differ")
+        if self.route_value == UNROUTED_VALUE:
+            raise ValueError(f'route_value "{UNROUTED_VALUE}" is reserved')
+        return self
+
+    def to_settings(self) -> AuthzSettings:
+        fields = self.model_dump(exclude={"retry_after"})
+        return AuthzSettings(**fields, retry_after_s=max(1, math.ceil(self.retry_after)))
 
 
 class Config(_Frozen):
     server: ServerConfig = Field(default_factory=ServerConfig)
     probe: ProbeSettings = Field(default_factory=ProbeSettings)
     xds: XdsConfig = Field(default_factory=XdsConfig)
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig)
+    admin: AdminConfig = Field(default_factory=AdminConfig)
+    authz: AuthzConfig = Field(default_factory=AuthzConfig)
+    hds: HdsConfig = Field(default_factory=HdsConfig)
     clusters: tuple[ClusterConfig, ...] = Field(min_length=1)
 
     def probe_for(self, cluster: ClusterConfig) -> ProbeSettings:
@@ -456,6 +646,11 @@ def _known_keys(parent: tuple[Any, ...]) -> list[str]:
         "server": ServerConfig,
         "probe": ProbeSettings,
         "xds": XdsConfig,
+        "alerts": AlertsConfig,
+        "admin": AdminConfig,
+        "authz": AuthzConfig,
+        "hds": HdsConfig,
+        "webhooks": WebhookConfig,
         "clusters": ClusterConfig,
         "endpoints": EndpointConfig,
     }

@@ -28,6 +28,7 @@ from envoy.config.core.v3 import health_check_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from envoy.service.endpoint.v3 import eds_pb2_grpc
+from envoy.service.health.v3 import hds_pb2, hds_pb2_grpc
 from google.protobuf import any_pb2
 
 from tests.envoy_harness import (
@@ -388,6 +389,7 @@ def _assignment(
 class FakeXds(
     ads_pb2_grpc.AggregatedDiscoveryServiceServicer,  # type: ignore[misc]
     eds_pb2_grpc.EndpointDiscoveryServiceServicer,  # type: ignore[misc]
+    hds_pb2_grpc.HealthDiscoveryServiceServicer,  # type: ignore[misc]
 ):
     """The least xDS server that serves fixed ClusterLoadAssignments over
     state-of-the-world ADS, standalone EDS and delta ADS, and records ACKs and NACKs.
@@ -405,6 +407,7 @@ class FakeXds(
         )
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(self, self.server)
         eds_pb2_grpc.add_EndpointDiscoveryServiceServicer_to_server(self, self.server)
+        hds_pb2_grpc.add_HealthDiscoveryServiceServicer_to_server(self, self.server)
         self.port = self.server.add_insecure_port("127.0.0.1:0")
 
     def start(self) -> None:
@@ -514,6 +517,15 @@ class FakeXds(
             )
 
     DeltaEndpoints = DeltaAggregatedResources
+
+    def StreamHealthCheck(
+        self, requests: Iterator[Any], context: grpc.ServicerContext
+    ) -> Iterator[Any]:
+        """HDS (envoy-configs/hds.yaml): nothing to check, so an empty specifier answers
+        each HealthCheckRequest (Envoy logs a warning for a refused HDS stream)."""
+        for request in requests:
+            if request.HasField("health_check_request"):
+                yield hds_pb2.HealthCheckSpecifier()
 
 
 @pytest.fixture

@@ -1,8 +1,8 @@
-"""The plugin's HTTP port: /livez, /readyz, /status (DESIGN §5). Thin: reads the runtime."""
+"""The plugin's HTTP port: /livez, /readyz, /status, /metrics (DESIGN §5). Thin: reads the runtime."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -11,10 +11,14 @@ from llm_health.config import split_address
 
 ReadyFn = Callable[[], list[str]]
 StatusFn = Callable[[], dict[str, Any]]
+MetricsFn = Callable[[], Awaitable[tuple[bytes, str]]]  # (body, content type)
 
 
-def build_http_app(ready_problems: ReadyFn, status: StatusFn) -> web.Application:
-    """``ready_problems`` returns why we are not ready (empty list: ready)."""
+def build_http_app(
+    ready_problems: ReadyFn, status: StatusFn, metrics: MetricsFn | None = None
+) -> web.Application:
+    """``ready_problems`` returns why we are not ready (empty list: ready).
+    ``metrics``: the Prometheus exposition for /metrics (absent: no /metrics route)."""
 
     async def livez(_request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -32,6 +36,14 @@ def build_http_app(ready_problems: ReadyFn, status: StatusFn) -> web.Application
     app.router.add_get("/livez", livez)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", status_handler)
+    if metrics is not None:
+        render = metrics
+
+        async def metrics_handler(_request: web.Request) -> web.Response:
+            body, content_type = await render()
+            return web.Response(body=body, headers={"Content-Type": content_type})
+
+        app.router.add_get("/metrics", metrics_handler)
     return app
 
 

@@ -25,7 +25,12 @@ from typing import Any, Protocol, TypeVar
 import grpc
 from aiohttp import web
 
+from llm_health.app.admin import AdminComponent
+from llm_health.app.alerts import attach as attach_alerts
+from llm_health.app.authz import AuthzComponent
+from llm_health.app.hds import HdsComponent
 from llm_health.app.http import build_http_app, start_http
+from llm_health.app.metrics import RuntimeMetrics
 from llm_health.app.status import status_document
 from llm_health.config import Config, load_config
 from llm_health.errors import ConfigError
@@ -96,11 +101,17 @@ class Runtime:
         # non-blocking (metrics, alert queues). They must not raise.
         self.probe_observers: list[ProbeObserver] = []
         self.transition_observers: list[TransitionObserver] = []
+        self._probe: Callable[[ProbeTarget], Coroutine[Any, Any, ProbeResult]] | None = None
+        self.metrics = RuntimeMetrics(self)
         self.components: list[Component] = self._build_components()
 
     def _build_components(self) -> list[Component]:
         """Each feature adds itself here (one line each)."""
         components: list[Component] = []
+        components.append(AdminComponent(self))
+        components.append(attach_alerts(self.config.alerts, self.transition_observers))
+        components.append(AuthzComponent(self.hub, lambda: self.config.authz))
+        components.append(HdsComponent(self, self._clock))
         return components
 
     async def update_board(self, mutate: Callable[[Board, float], T]) -> T:
@@ -111,7 +122,8 @@ class Runtime:
 
     async def run(self, stop: asyncio.Event) -> None:
         async with new_session() as session:
-            scheduler = Scheduler(self.targets, MicroProbe(session, self.lag).probe, self.on_result)
+            self._probe = _one_at_a_time(MicroProbe(session, self.lag).probe)
+            scheduler = Scheduler(self.targets, self._probe, self.on_result)
             self.scheduler = scheduler
             http = await start_http(self.http_app(), self.config.server.http)
             self.http_port = _bound_port(http)
@@ -246,6 +258,19 @@ class Runtime:
         for observe in self.transition_observers:
             observe(cluster, address, transition, result)
 
+    async def probe_now(self, cluster: str, address: str) -> tuple[ProbeResult, bool]:
+        """Probe one endpoint at once (admin API) and fold the result in like a scheduled
+        one. Returns (result, trusted). Never overlaps a probe of the same endpoint in
+        flight (waits for it). KeyError: not a probed endpoint; RuntimeError: no prober yet."""
+        found = [t for t in self.targets if (t.cluster, t.address) == (cluster, address)]
+        if not found:
+            raise KeyError(f"{cluster}/{address}")
+        if self._probe is None:
+            raise RuntimeError("the prober is not running yet")
+        result = await self._probe(found[0])
+        await self.on_result(found[0], result)
+        return result, trusted(result, self.board.policy(cluster))
+
     async def _warm_start_timer(self) -> None:
         """After warm_start_timeout, push whatever we know (DESIGN §7): an endpoint that
         never answered its first probe must not hold its whole cluster out of Envoy."""
@@ -284,7 +309,21 @@ class Runtime:
         )
 
     def http_app(self) -> web.Application:
-        return build_http_app(self.ready_problems, self.status)
+        return build_http_app(self.ready_problems, self.status, metrics=self.metrics.exposition)
+
+
+def _one_at_a_time(
+    probe: Callable[[ProbeTarget], Coroutine[Any, Any, ProbeResult]],
+) -> Callable[[ProbeTarget], Coroutine[Any, Any, ProbeResult]]:
+    """``probe`` with at most one call in flight per endpoint (scheduled and probe-now
+    share it; DESIGN §2). An uncontended asyncio.Lock does not yield: no added latency."""
+    locks: dict[str, asyncio.Lock] = {}
+
+    async def exclusive(target: ProbeTarget) -> ProbeResult:
+        async with locks.setdefault(target.key, asyncio.Lock()):
+            return await probe(target)
+
+    return exclusive
 
 
 def _bound_port(runner: web.AppRunner) -> int | None:

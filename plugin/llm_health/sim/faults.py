@@ -46,6 +46,12 @@ HANG_FAULTS = frozenset({"hang_before_headers", "hang_after_headers", "hang_afte
 #: Statuses ``overloaded`` may answer with.
 OVERLOAD_STATUSES = (429, 503)
 
+#: What ``GET /health`` does (the ``health`` knob, independent of ``fault``): "ok" = 200
+#: always (a zombie looks like this); "http_503" = 503; "reset" = the connection is
+#: aborted with no answer (a check path that is unreachable while inference still works,
+#: e.g. for Envoy HDS HTTP checks).
+HEALTH_MODES = ("ok", "http_503", "reset")
+
 _DURATION_KEYS = ("ttft", "ttft_jitter", "tpot", "startup_delay", "load_ttft_per_request")
 
 
@@ -65,6 +71,7 @@ class FaultSpec:
     - ``load_ttft_per_request``: for ``slow_under_load``, extra TTFT per other in-flight
       inference request.
     - ``hang_max``: upper bound of every hang, after which the request is ended.
+    - ``health``: what ``GET /health`` does, one of :data:`HEALTH_MODES`.
     """
 
     fault: str = "none"
@@ -76,6 +83,7 @@ class FaultSpec:
     overload_status: int = 429
     load_ttft_per_request: float = 0.02
     hang_max: float = 3600.0
+    health: str = "ok"
 
     def __post_init__(self) -> None:
         """Reject any invalid field with a ValueError naming it."""
@@ -91,6 +99,10 @@ class FaultSpec:
             raise ValueError(f'"fault_rate": must be between 0 and 1, got {self.fault_rate!r}')
         if self.overload_status not in OVERLOAD_STATUSES:
             raise ValueError(f'"overload_status": must be 429 or 503, got {self.overload_status!r}')
+        if self.health not in HEALTH_MODES:
+            raise ValueError(
+                f'"health": must be one of {", ".join(HEALTH_MODES)}, got {self.health!r}'
+            )
 
     @classmethod
     def from_json(cls, data: object, base: FaultSpec | None = None) -> FaultSpec:
@@ -118,6 +130,7 @@ class FaultSpec:
             "overload_status": self.overload_status,
             "load_ttft_per_request": format_duration(self.load_ttft_per_request),
             "hang_max": format_duration(self.hang_max),
+            "health": self.health,
         }
 
     def draw_ttft(self, rng: random.Random) -> float:
@@ -129,9 +142,9 @@ class FaultSpec:
 
 def _decode_field(key: object, value: object) -> object:
     """Decode one JSON field of a fault spec, or raise ValueError naming ``key``."""
-    if key == "fault":
+    if key in ("fault", "health"):
         if not isinstance(value, str):
-            raise ValueError(f'"fault": must be a string, got {value!r}')
+            raise ValueError(f'"{key}": must be a string, got {value!r}')
         return value
     if key in _DURATION_KEYS or key == "hang_max":
         return _decode_duration(str(key), value)

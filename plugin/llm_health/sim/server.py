@@ -342,8 +342,12 @@ async def _count_paths(
 
 
 async def _health(request: web.Request) -> web.Response:
-    """Always 200 with an empty body, whatever the fault (as a zombie engine does)."""
-    return web.Response(status=200)
+    """200 with an empty body whatever the fault (as a zombie engine does), unless the
+    separate ``health`` knob says otherwise: "http_503", or "reset" (abort, no answer)."""
+    mode = request.app[STATE_KEY].fault.health
+    if mode == "reset" and request.transport is not None:
+        request.transport.abort()
+    return web.Response(status=503 if mode == "http_503" else 200)
 
 
 async def _models(request: web.Request) -> web.Response:

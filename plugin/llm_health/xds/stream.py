@@ -126,6 +126,12 @@ class _Base:
                 self.flavour,
                 outcome.rejected,
                 outcome.error,
+                extra={
+                    "node": self.node,
+                    "flavour": self.flavour,
+                    "rejected": outcome.rejected,
+                    "error_detail": outcome.error,
+                },
             )
 
     def report(self, plan: protocol.Plan[object]) -> None:

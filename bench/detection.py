@@ -1,0 +1,834 @@
+"""Detection benchmark: llm-health against the health checks an operator already has.
+
+Four ways of health-checking the same kind of gateway, run side by side, CONCURRENTLY:
+four independent stacks, each its own 3 simulator backends and its own real Envoy (the
+shipped ``sidecar-ads.yaml`` listener, route, LEAST_REQUEST, panic threshold 0, update
+merge window 0), each under the same steady user load (non-streamed completions, or
+streamed chat for the role-chunk scenario), with the same fault injected into backend 0
+of every stack at the same instant:
+
+- ``llm-health``: the plugin (``llm-health serve``, default probe settings) over ADS/EDS;
+- ``hc-get``: Envoy active HTTP health check ``GET /health``;
+- ``hc-post``: Envoy active HTTP health check that POSTs a 1-token completion
+  (``method: POST`` + ``send``, non-streamed: Envoy reads the whole answer and judges by
+  the status code);
+- ``outlier``: Envoy outlier detection only (consecutive 5xx / gateway failures; the
+  route gets a 5 s timeout so a hang becomes a 504 it can count).
+
+Both Envoy checkers mirror llm-health's defaults: interval 1 s, timeout 800 ms,
+unhealthy_threshold 2, healthy_threshold 3.
+
+Per scenario and method it measures, from Envoy's access log (which upstream got which
+request), the client's own records and Envoy's admin ``/clusters`` polled every 100 ms:
+time from fault to isolation (the last user request routed to the faulty backend), user
+requests failed or stalled (no answer within 5 s), the faulty backend's share of the
+traffic while faulty, the state changes Envoy applied (false alarms in the healthy
+baseline and the flapping scenario), and the time from heal to full traffic again.
+
+    .venv/bin/python bench/detection.py                    # every scenario, ~6 min
+    .venv/bin/python bench/detection.py --scenarios zombie cuda --fault-seconds 8
+
+Timeline per scenario (scaled down from the issue's 60 s so all fits ``make bench``):
+``--lead`` s of normal traffic, ``--fault-seconds`` s faulty, ``--heal-seconds`` s after
+the heal, at ``--rate`` requests/s per stack throughout (every loop bounded in count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "plugin"), str(Path(__file__).resolve().parent)]
+
+from procs import Sim, load_average  # noqa: E402
+
+from common import RESULTS, free_port_block, write_result  # noqa: E402
+from tests.envoy_harness import (  # noqa: E402
+    XDS_CLUSTER,
+    EnvoyProcess,
+    free_port,
+    listeners,
+    parse_host_statuses,
+    render_config,
+    routes,
+    walk,
+)
+from tests.processes import PluginProcess  # noqa: E402
+
+CLUSTER = "llama-70b"
+SHIPPED = ROOT / "envoy-configs" / "sidecar-ads.yaml"
+METHODS = {
+    "llm-health": "llm-health (EDS)",
+    "hc-get": "Envoy HC GET /health",
+    "hc-post": "Envoy HC POST 1-token",
+    "outlier": "outlier detection",
+}
+BACKENDS = 3
+BASE_TTFT = "50ms"
+SIM_ARGS = ("--ttft", BASE_TTFT, "--tpot", "5ms")
+USER_MAX_TOKENS = 8
+STALL_S = 5.0  # no answer (or first token) within this: the user is "stalled"
+CLIENT_TIMEOUT_S = 5.5  # a bit above STALL_S, so stalls are seen, bounded
+POLL_S = 0.1
+ISOLATION_QUIET_S = 2.0  # no request routed there for this long before the heal: isolated
+HEAL = {
+    "fault": "none",
+    "ttft": BASE_TTFT,
+    "ttft_jitter": "0ms",
+    "fault_rate": 1.0,
+    "load_ttft_per_request": "20ms",
+    "startup_delay": "30s",
+}
+#: Host flags of Envoy's /clusters that keep a host out of load balancing.
+OUT_FLAGS = frozenset(
+    {
+        "failed_active_health_check",
+        "failed_outlier_check",
+        "failed_eds_health",
+        "pending_active_hc",
+        "excluded_via_immediate_hc_fail",
+    }
+)
+ACCESS_FORMAT = {
+    "start": "%START_TIME(%s.%3f)%",
+    "host": "%UPSTREAM_HOST%",
+    "code": "%RESPONSE_CODE%",
+    "flags": "%RESPONSE_FLAGS%",
+    "attempts": "%UPSTREAM_REQUEST_ATTEMPT_COUNT%",
+    "id": "%REQ(X-BENCH-ID)%",
+}
+OUTLIER = {
+    "consecutive_5xx": 5,
+    "consecutive_gateway_failure": 5,
+    "enforcing_consecutive_gateway_failure": 100,
+    "interval": "1s",
+    "base_ejection_time": "10s",
+    "max_ejection_percent": 50,
+}
+OUTLIER_ROUTE_TIMEOUT = "5s"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    title: str
+    fault: dict[str, Any] | None  # POST /sim/fault body at the fault instant; None: crash
+    chat: bool = False  # users stream chat completions; probes/checks use chat too
+
+
+def scenarios(fault_s: float) -> list[Scenario]:
+    return [
+        Scenario("healthy", "healthy baseline, no fault", {}),
+        Scenario(
+            "zombie", "zombie: hang after headers, /health 200", {"fault": "hang_after_headers"}
+        ),
+        Scenario(
+            "role-hang",
+            "hang after the chat role chunk (users stream chat)",
+            {"fault": "hang_after_role_chunk"},
+            chat=True,
+        ),
+        Scenario("cuda", "CUDA error: 500 EngineDeadError", {"fault": "cuda_error"}),
+        Scenario("slow", "slow: TTFT 500 ms", {"ttft": "500ms"}),
+        Scenario(
+            "overload",
+            "overload: TTFT +200 ms per request in flight",
+            {"fault": "slow_under_load", "load_ttft_per_request": "200ms"},
+        ),
+        Scenario(
+            "flapping", "flapping: TTFT 200 ms ± 100 ms", {"ttft": "200ms", "ttft_jitter": "100ms"}
+        ),
+        Scenario(
+            "cold-start",
+            f"cold start: 503 'model loading' for {fault_s:g} s",
+            {"fault": "startup_delay", "startup_delay": f"{fault_s:g}s"},
+        ),
+        Scenario("crash", "crash (connection refused), then restart", None),
+    ]
+
+
+# --------------------------------------------------------------------------- Envoy configs
+
+
+def set_access_log(config: dict[str, Any], path: Path) -> None:
+    """One JSON line per request (which upstream, when, outcome) into ``path``."""
+    logger = {
+        "name": "envoy.access_loggers.file",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+            "path": str(path),
+            "log_format": {"json_format": ACCESS_FORMAT},
+        },
+    }
+    for node in walk(listeners(config)):
+        if node.get("stat_prefix") and "route_config" in node:
+            node["access_log"] = [logger]
+
+
+def health_check(http: dict[str, Any]) -> dict[str, Any]:
+    """Envoy's active HTTP check with llm-health's default timing and thresholds."""
+    return {
+        "timeout": "0.8s",
+        "interval": "1s",
+        "no_traffic_interval": "1s",
+        "unhealthy_threshold": 2,
+        "healthy_threshold": 3,
+        "http_health_check": http,
+    }
+
+
+def post_check(chat: bool) -> dict[str, Any]:
+    """POST a 1-token completion (``send.text`` is hex-encoded, Envoy >= 1.36)."""
+    body: dict[str, Any] = {"model": "sim-model", "max_tokens": 1, "temperature": 0}
+    if chat:
+        body["messages"] = [{"role": "user", "content": "hi"}]
+    else:
+        body["prompt"] = "hi"
+    headers = {"content-type": "application/json", "x-llm-probe": "true"}
+    return {
+        "path": "/v1/chat/completions" if chat else "/v1/completions",
+        "method": "POST",
+        "send": {"text": json.dumps(body).encode().hex()},
+        "request_headers_to_add": [{"header": {"key": k, "value": v}} for k, v in headers.items()],
+    }
+
+
+def make_static(config: dict[str, Any], ports: list[int], method: str, chat: bool) -> None:
+    """Turn the shipped EDS bootstrap into a static cluster checked by Envoy itself."""
+    config.pop("dynamic_resources", None)
+    resources = config["static_resources"]
+    resources["clusters"] = [c for c in resources["clusters"] if c["name"] != XDS_CLUSTER]
+    cluster = next(c for c in resources["clusters"] if c["name"] == CLUSTER)
+    cluster["type"] = "STATIC"
+    cluster.pop("eds_cluster_config", None)
+    hosts = [
+        {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": p}}}}
+        for p in ports
+    ]
+    cluster["load_assignment"] = {"cluster_name": CLUSTER, "endpoints": [{"lb_endpoints": hosts}]}
+    if method == "hc-get":
+        cluster["health_checks"] = [health_check({"path": "/health"})]
+    elif method == "hc-post":
+        cluster["health_checks"] = [health_check(post_check(chat))]
+    else:
+        cluster["outlier_detection"] = dict(OUTLIER)
+        for route in routes(config):
+            route["route"]["timeout"] = OUTLIER_ROUTE_TIMEOUT
+
+
+# --------------------------------------------------------------------------- one stack
+
+
+@dataclass
+class Request:
+    rid: str
+    sent: float  # wall clock
+    outcome: str  # ok | failed | stalled
+    latency_s: float | None
+
+
+@dataclass
+class Stack:
+    """Sims + (plugin) + Envoy for one method; views/requests filled during a run."""
+
+    method: str
+    sims: list[Sim]
+    workdir: Path
+    plugin: PluginProcess | None = None
+    envoy: EnvoyProcess | None = None
+    url: str = ""
+    access_log: Path = Path()
+    views: list[tuple[float, dict[str, tuple[bool, int]]]] = field(default_factory=list)
+    requests: list[Request] = field(default_factory=list)
+    t_fault: float = 0.0
+    t_heal: float = 0.0
+
+    @property
+    def faulty(self) -> str:
+        return self.sims[0].address
+
+    async def start(self, scenario: Scenario) -> None:
+        self.views, self.requests = [], []
+        workdir = self.workdir / scenario.name
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.access_log = workdir / "access.log"
+        xds_port = free_port()
+        if self.method == "llm-health":
+            self.plugin = PluginProcess(workdir / "plugin", plugin_settings(self, scenario))
+            await asyncio.to_thread(self.plugin.start)
+            await asyncio.to_thread(self.plugin.wait_ready, 30.0)
+            xds_port = self.plugin.grpc_port
+        listener_port = free_port()
+
+        def edit(config: dict[str, Any]) -> None:
+            set_access_log(config, self.access_log)
+            if self.method != "llm-health":
+                make_static(config, [s.port for s in self.sims], self.method, scenario.chat)
+
+        rendered = render_config(
+            SHIPPED,
+            workdir / "envoy.yaml",
+            xds_port=xds_port,
+            listener_port=listener_port,
+            admin_port=0,
+            extra=edit,
+        )
+        self.envoy = EnvoyProcess(rendered, workdir=workdir / "envoy", ready_timeout=30.0)
+        await self.envoy.astart()
+        path = "/v1/chat/completions" if scenario.chat else "/v1/completions"
+        self.url = f"http://127.0.0.1:{listener_port}{path}"
+
+    async def stop(self) -> None:
+        if self.envoy is not None:
+            await self.envoy.astop()
+        if self.plugin is not None:
+            await asyncio.to_thread(self.plugin.stop)
+
+    def transitions(self) -> int | None:
+        """State changes the plugin logged after warm-up (method llm-health only)."""
+        if self.plugin is None:
+            return None
+        return sum(
+            1
+            for r in self.plugin.log_records()
+            if r.get("msg") == "state change" and r.get("from") != "starting"
+        )
+
+
+def plugin_settings(stack: Stack, scenario: Scenario) -> dict[str, Any]:
+    api = "openai-chat" if scenario.chat else "openai-completions"
+    return {
+        "probe": {"model": "sim-model", "api": api},
+        "xds": {"warm_start_timeout": "5s"},
+        "clusters": [{"name": CLUSTER, "endpoints": [{"address": s.address} for s in stack.sims]}],
+    }
+
+
+def host_view(clusters_json: dict[str, Any]) -> dict[str, tuple[bool, int]]:
+    """address -> (routable, weight) as Envoy's load balancer sees it."""
+    view = {}
+    for address, host in parse_host_statuses(clusters_json, CLUSTER).items():
+        routable = host["eds_health_status"] in ("HEALTHY", "UNKNOWN") and not (
+            OUT_FLAGS & set(host["health_flags"])
+        )
+        view[address] = (routable, host["weight"])
+    return view
+
+
+async def poll_views(session: aiohttp.ClientSession, stack: Stack, stop: asyncio.Event) -> None:
+    assert stack.envoy is not None
+    url = f"http://{stack.envoy.admin_address}/clusters?format=json"
+    while not stop.is_set():
+        at = time.time()
+        with contextlib.suppress(aiohttp.ClientError, ValueError, KeyError, TimeoutError):
+            async with session.get(url) as response:
+                stack.views.append((at, host_view(await response.json(content_type=None))))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), POLL_S)
+
+
+async def wait_all_routable(session: aiohttp.ClientSession, stacks: list[Stack]) -> None:
+    """Until every backend of every stack is routable at its full weight (max 30 s)."""
+    deadline = time.monotonic() + 30
+    pending = list(stacks)
+    while pending and time.monotonic() < deadline:
+        still = []
+        for stack in pending:
+            assert stack.envoy is not None
+            url = f"http://{stack.envoy.admin_address}/clusters?format=json"
+            try:
+                async with session.get(url) as response:
+                    view = host_view(await response.json(content_type=None))
+            except (aiohttp.ClientError, ValueError, KeyError):
+                view = {}
+            ok = len(view) == BACKENDS and all(r for r, _ in view.values())
+            if not ok or len({w for _, w in view.values()}) != 1:
+                still.append(stack)
+        pending = still
+        await asyncio.sleep(0.1)
+    if pending:
+        raise TimeoutError(f"backends not all routable in {[s.method for s in pending]}")
+
+
+# --------------------------------------------------------------------------- user load
+
+
+def user_body(chat: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": "sim-model", "max_tokens": USER_MAX_TOKENS}
+    if chat:
+        body.update(messages=[{"role": "user", "content": "hello"}], stream=True)
+    else:
+        body["prompt"] = "hello"
+    return body
+
+
+async def first_token(response: aiohttp.ClientResponse) -> bool:
+    """Read a chat SSE stream until a chunk carries content; False if it ends first."""
+    async for raw in response.content:
+        line = raw.strip()
+        if not line.startswith(b"data:") or line == b"data: [DONE]":
+            continue
+        with contextlib.suppress(ValueError, KeyError, IndexError, TypeError):
+            if json.loads(line[5:])["choices"][0]["delta"].get("content"):
+                return True
+    return False
+
+
+async def user_request(session: aiohttp.ClientSession, url: str, rid: str, chat: bool) -> Request:
+    sent, started = time.time(), time.perf_counter()
+    try:
+        async with asyncio.timeout(CLIENT_TIMEOUT_S):
+            async with session.post(url, json=user_body(chat), headers={"X-Bench-Id": rid}) as r:
+                if r.status != 200:
+                    await r.read()
+                    return Request(rid, sent, "failed", time.perf_counter() - started)
+                if chat and not await first_token(r):
+                    return Request(rid, sent, "failed", time.perf_counter() - started)
+                latency = time.perf_counter() - started
+                await r.read()
+    except TimeoutError:
+        return Request(rid, sent, "stalled", None)
+    except (aiohttp.ClientError, OSError):
+        return Request(rid, sent, "failed", time.perf_counter() - started)
+    return Request(rid, sent, "ok" if latency <= STALL_S else "stalled", latency)
+
+
+async def run_load(
+    session: aiohttp.ClientSession, stack: Stack, chat: bool, rate: float, count: int
+) -> None:
+    """``count`` requests at ``rate``/s, each bounded by CLIENT_TIMEOUT_S."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    tasks = []
+    for i in range(count):
+        await asyncio.sleep(max(0.0, start + i / rate - loop.time()))
+        rid = f"{stack.method}-{i}"
+        tasks.append(asyncio.create_task(user_request(session, stack.url, rid, chat)))
+    stack.requests = list(await asyncio.gather(*tasks))
+
+
+# --------------------------------------------------------------------------- faults
+
+
+async def inject(session: aiohttp.ClientSession, stacks: list[Stack], sc: Scenario) -> None:
+    """The fault, into backend 0 of every stack at the same instant."""
+    if sc.fault is None:
+        for stack in stacks:
+            stack.t_fault = time.time()
+            stack.sims[0].kill()
+        return
+
+    async def one(stack: Stack) -> None:
+        stack.t_fault = time.time()
+        if sc.fault:
+            await stack.sims[0].set_fault(session, sc.fault)
+
+    await asyncio.gather(*(one(s) for s in stacks))
+
+
+async def heal(session: aiohttp.ClientSession, stacks: list[Stack], sc: Scenario) -> None:
+    if sc.fault is not None:
+
+        async def one(stack: Stack) -> None:
+            stack.t_heal = time.time()
+            await stack.sims[0].set_fault(session, HEAL)
+
+        await asyncio.gather(*(one(s) for s in stacks))
+        return
+    for stack in stacks:
+        stack.sims[0].spawn()
+    await asyncio.gather(*(_wait_listening(s) for s in stacks))
+
+
+async def _wait_listening(stack: Stack) -> None:
+    """Heal time of a restarted backend = when its port accepts connections."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            _reader, writer = await asyncio.open_connection("127.0.0.1", stack.sims[0].port)
+        except OSError:
+            await asyncio.sleep(0.02)
+            continue
+        stack.t_heal = time.time()
+        writer.close()
+        return
+    raise TimeoutError(f"restarted backend {stack.faulty} not listening")
+
+
+# --------------------------------------------------------------------------- analysis
+
+
+@dataclass
+class Routed:
+    start: float
+    host: str
+    attempts: int
+
+
+def read_access_log(path: Path) -> dict[str, Routed]:
+    routed: dict[str, Routed] = {}
+    if not path.exists():
+        return routed
+    for line in path.read_text(errors="replace").splitlines():
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            entry = json.loads(line)
+            attempts = (
+                int(entry.get("attempts") or 0) if str(entry.get("attempts")).isdigit() else 0
+            )
+            routed[str(entry["id"])] = Routed(float(entry["start"]), str(entry["host"]), attempts)
+    return routed
+
+
+def analyse(stack: Stack, sc: Scenario, end: float) -> dict[str, Any]:
+    routed = read_access_log(stack.access_log)
+    t0, t1 = stack.t_fault, stack.t_heal
+    # A retried request (connect failure) first went to the one backend that fails.
+    hit = {
+        rid: r.start
+        for rid, r in routed.items()
+        if r.host == stack.faulty or (sc.fault is None and r.attempts > 1)
+    }
+    window = [r for r in stack.requests if t0 <= r.sent < t1]
+    to_faulty = sorted(hit[r.rid] for r in window if r.rid in hit)
+    isolated_at, readmitted = _isolation(to_faulty, t0, t1)
+    # Every request of the run counts: those in flight at the fault instant can be hurt
+    # too (a crash resets them); the lead phase before it is healthy.
+    latencies = sorted(r.latency_s for r in window if r.latency_s is not None and r.outcome == "ok")
+    out, full = _envoy_timeline(stack, t0, t1)
+    return {
+        "isolated": isolated_at is not None and sc.fault != {},
+        "isolation_s": None if isolated_at is None else max(0.0, isolated_at - t0),
+        "readmitted": readmitted,
+        "share": len(to_faulty) / len(window) if window else math.nan,
+        "failed": sum(r.outcome == "failed" for r in stack.requests),
+        "stalled": sum(r.outcome == "stalled" for r in stack.requests),
+        "hurt_before": sum(r.outcome != "ok" for r in stack.requests if r.sent < t0 - 1.0),
+        "mean_ms": 1000 * statistics.fmean(latencies) if latencies else math.nan,
+        "p95_ms": 1000 * latencies[int(0.95 * (len(latencies) - 1))] if latencies else math.nan,
+        "requests": len(stack.requests),
+        "logged": len(routed),
+        "envoy_out_s": None if out is None else out - t0,
+        "heal_full_s": None if full is None else full - t1,
+        "changes": _changes(stack.views),
+        "changes_faulty": _changes(stack.views, only=stack.faulty),
+        "plugin_transitions": stack.transitions(),
+        "series": _share_series(stack, hit, end),
+    }
+
+
+def _isolation(routed: list[float], t0: float, t1: float) -> tuple[float | None, bool]:
+    """(time of the last request routed to the faulty backend before the first quiet gap
+    of ISOLATION_QUIET_S, whether requests were routed there again after that gap)."""
+    previous = t0
+    for index, at in enumerate([*routed, t1]):
+        if at - previous >= ISOLATION_QUIET_S:
+            return previous, index < len(routed)
+        previous = max(previous, at)
+    return None, False
+
+
+def _envoy_timeline(stack: Stack, t0: float, t1: float) -> tuple[float | None, float | None]:
+    """When Envoy first took the faulty backend out of full traffic (routable at full
+    weight) after the fault, and when it was back at full traffic after the heal."""
+    before = [v[stack.faulty] for t, v in stack.views if t < t0 and stack.faulty in v]
+    baseline = before[-1] if before else (True, 0)
+    out = full = None
+    for at, view in stack.views:
+        state = view.get(stack.faulty)
+        if at < t0 or state is None:
+            continue
+        if out is None and state != baseline:
+            out = at
+        if out is not None and at >= t1 and state == baseline:
+            full = at
+            break
+    return out, full
+
+
+def _changes(
+    views: list[tuple[float, dict[str, tuple[bool, int]]]], only: str | None = None
+) -> int:
+    changes, last = 0, {}
+    for _at, view in views:
+        for address, state in view.items():
+            if only is not None and address != only:
+                continue
+            if address in last and last[address] != state:
+                changes += 1
+            last[address] = state
+    return changes
+
+
+def _share_series(stack: Stack, hit: dict[str, float], end: float) -> list[tuple[float, float]]:
+    """(seconds since fault, faulty share of requests sent in that 1-s bin)."""
+    bins: dict[int, list[int]] = {}
+    for r in stack.requests:
+        slot = math.floor(r.sent - stack.t_fault)
+        counts = bins.setdefault(slot, [0, 0])
+        counts[0] += 1
+        counts[1] += r.rid in hit
+    return [
+        (k + 0.5, v[1] / v[0])
+        for k, v in sorted(bins.items())
+        if v[0] >= 5 and k + 1 + stack.t_fault <= end
+    ]
+
+
+# --------------------------------------------------------------------------- one scenario
+
+
+async def run_scenario(
+    session: aiohttp.ClientSession, stacks: list[Stack], sc: Scenario, args: argparse.Namespace
+) -> dict[str, dict[str, Any]]:
+    await asyncio.gather(*(s.sims[0].set_fault(session, HEAL) for s in stacks))
+    try:
+        await asyncio.gather(*(s.start(sc) for s in stacks))
+        await wait_all_routable(session, stacks)
+        stop = asyncio.Event()
+        pollers = [asyncio.create_task(poll_views(session, s, stop)) for s in stacks]
+        total_s = args.lead + args.fault_seconds + args.heal_seconds
+        count = int(total_s * args.rate)
+        loads = [
+            asyncio.create_task(run_load(session, s, sc.chat, args.rate, count)) for s in stacks
+        ]
+        await _at(time.time() + args.lead, inject(session, stacks, sc))
+        await _at(stacks[0].t_fault + args.fault_seconds, heal(session, stacks, sc))
+        await asyncio.gather(*loads)
+        end = time.time()
+        stop.set()
+        await asyncio.gather(*pollers)
+    finally:
+        await asyncio.gather(*(s.stop() for s in stacks), return_exceptions=True)
+    return {s.method: analyse(s, sc, end) for s in stacks}
+
+
+async def _at(when: float, action: Awaitable[None]) -> None:
+    await asyncio.sleep(max(0.0, when - time.time()))
+    await action
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _cell_isolation(r: dict[str, Any], sc: Scenario) -> str:
+    if sc.fault == {}:
+        return "—"
+    if not r["isolated"]:
+        return "not isolated"
+    return f"{r['isolation_s']:.1f} s" + (", re-admitted" if r["readmitted"] else "")
+
+
+def _cell_out(r: dict[str, Any], sc: Scenario) -> str:
+    if sc.fault == {}:
+        return "—"
+    return "never" if r["envoy_out_s"] is None else f"{r['envoy_out_s']:.1f} s"
+
+
+def _cell_heal(r: dict[str, Any], sc: Scenario) -> str:
+    if sc.fault == {}:
+        return "—"
+    if r["envoy_out_s"] is None:
+        return "never out"
+    return "not back" if r["heal_full_s"] is None else f"{r['heal_full_s']:.1f} s"
+
+
+TABLES: list[tuple[str, Callable[[dict[str, Any], Scenario], str]]] = [
+    (
+        "Time from fault to isolation (last user request routed to the faulty backend)",
+        _cell_isolation,
+    ),
+    ("Time from fault to Envoy's first action on it (weight cut or removal)", _cell_out),
+    (
+        "User requests hurt (failed + stalled > 5 s)",
+        lambda r, sc: f"{r['failed'] + r['stalled']} ({r['failed']} + {r['stalled']})",
+    ),
+    (
+        "Faulty backend's share of the traffic while faulty (healthy: 33 %)",
+        lambda r, sc: f"{100 * r['share']:.0f} %",
+    ),
+    ("Time from heal to full traffic again (Envoy's view)", _cell_heal),
+    (
+        "Latency of successful requests while faulty, mean / p95",
+        lambda r, sc: f"{r['mean_ms']:.0f} / {r['p95_ms']:.0f} ms",
+    ),
+    (
+        "State changes Envoy applied, all 3 backends (the faulty one)",
+        lambda r, sc: f"{r['changes']} ({r['changes_faulty']})",
+    ),
+]
+
+
+def render(
+    results: dict[str, dict[str, dict[str, Any]]], scs: dict[str, Scenario], methods: list[str]
+) -> str:
+    parts = []
+    for title, cell in TABLES:
+        lines = [
+            f"**{title}**",
+            "",
+            "| scenario | " + " | ".join(METHODS[m] for m in methods) + " |",
+        ]
+        lines.append("|---" * (len(methods) + 1) + "|")
+        for name, per_method in results.items():
+            cells = [cell(per_method[m], scs[name]) for m in methods]
+            lines.append(f"| {scs[name].title} | " + " | ".join(cells) + " |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def plot(
+    results: dict[str, dict[str, dict[str, Any]]],
+    scs: dict[str, Scenario],
+    methods: list[str],
+    path: Path,
+    fault_s: float,
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results)
+    cols = 3
+    rows = math.ceil(len(names) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.2 * rows), squeeze=False)
+    for ax, name in zip(axes.flat, names, strict=False):
+        for method in methods:
+            series = results[name][method]["series"]
+            ax.plot([x for x, _ in series], [100 * y for _, y in series], label=METHODS[method])
+        ax.axvline(0, color="red", linestyle=":")
+        ax.axvline(fault_s, color="green", linestyle=":")
+        ax.set_title(scs[name].title, fontsize=9)
+        ax.set_ylim(-3, 103)
+        ax.set_xlabel("s since fault (red) / heal (green)", fontsize=8)
+        ax.set_ylabel("% of requests to backend 0", fontsize=8)
+    for ax in list(axes.flat)[len(names) :]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------- main
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    all_scenarios = {s.name: s for s in scenarios(args.fault_seconds)}
+    chosen = [all_scenarios[n] for n in args.scenarios]
+    methods = list(args.methods)
+    workroot = Path(tempfile.mkdtemp(prefix="bench-detection-"))
+    base = free_port_block(BACKENDS * len(methods))
+    stacks = [
+        Stack(
+            m,
+            [
+                Sim(base + i * BACKENDS + j, 1, (*SIM_ARGS, "--seed", str(j))).spawn()
+                for j in range(BACKENDS)
+            ],
+            workroot / m,
+        )
+        for i, m in enumerate(methods)
+    ]
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    load_before = load_average()
+    started = time.monotonic()
+    try:
+        await asyncio.gather(*(sim.up() for s in stacks for sim in s.sims))
+        connector = aiohttp.TCPConnector(limit=400)
+        async with aiohttp.ClientSession(connector=connector, trust_env=False) as session:
+            for sc in chosen:
+                t = time.monotonic()
+                results[sc.name] = await run_scenario(session, stacks, sc, args)
+                summary = ", ".join(
+                    f"{m}: {_cell_isolation(results[sc.name][m], sc)}, "
+                    f"hurt {results[sc.name][m]['failed'] + results[sc.name][m]['stalled']}"
+                    for m in methods
+                )
+                print(f"[{time.monotonic() - t:4.0f} s] {sc.name}: {summary}", flush=True)
+    finally:
+        for stack in stacks:
+            for sim in stack.sims:
+                sim.stop()
+    scs = {s.name: s for s in chosen}
+    table = render(results, scs, methods)
+    print(table)
+    elapsed = time.monotonic() - started
+    png = RESULTS / "detection.png"
+    RESULTS.mkdir(exist_ok=True)
+    plot(results, scs, methods, png, args.fault_seconds)
+    body = describe(args, load_before, elapsed) + "\n\n" + table + "\n\n" + checks(results, methods)
+    command = "python bench/detection.py " + " ".join(sys.argv[1:])
+    write_result("detection", body + "\n\n![faulty backend share](detection.png)", command)
+    return 0
+
+
+def describe(args: argparse.Namespace, load: str, elapsed: float) -> str:
+    return (
+        f"Four stacks run concurrently, each 3 simulator backends (TTFT {BASE_TTFT}) + its own "
+        f"Envoy 1.40 (shipped sidecar-ads.yaml: LEAST_REQUEST, panic threshold 0, merge window "
+        f"0); method llm-health adds `llm-health serve` with default probe settings. Users: "
+        f"{args.rate:g} req/s per stack, {USER_MAX_TOKENS}-token non-streamed completions "
+        f"(streamed chat in the role-chunk scenario), client timeout {CLIENT_TIMEOUT_S:g} s, "
+        f"'stalled' = no answer (first token) within {STALL_S:g} s. Per scenario: "
+        f"{args.lead:g} s normal, {args.fault_seconds:g} s faulty, {args.heal_seconds:g} s "
+        f"healed (the issue suggests 60 s per scenario; scaled down to fit `make bench`). "
+        f"The fault hits backend 0 of every stack at the same instant.\n\n"
+        f"Envoy checkers: interval 1 s, timeout 800 ms, unhealthy_threshold 2, "
+        f"healthy_threshold 3 (llm-health's defaults). Outlier detection: "
+        f"{json.dumps(OUTLIER)}, route timeout {OUTLIER_ROUTE_TIMEOUT} (real LLM routes "
+        f"need minutes; 5 s is generous to it). Isolation = the last user request Envoy "
+        f"routed to the faulty backend (access log), counted as isolated when none followed "
+        f"for {ISOLATION_QUIET_S:g} s before the heal. State changes: Envoy's view (routable, "
+        f"weight) of each backend polled every {POLL_S * 1000:g} ms.\n\n"
+        f"Load average before the run: {load}. Wall time: {elapsed:.0f} s."
+    )
+
+
+def checks(results: dict[str, dict[str, dict[str, Any]]], methods: list[str]) -> str:
+    lines = [
+        "Sanity: requests sent / logged by Envoy, hurt more than 1 s before the fault, "
+        "state changes the plugin logged:"
+    ]
+    for name, per_method in results.items():
+        cells = []
+        for m in methods:
+            r = per_method[m]
+            extra = (
+                f", {r['plugin_transitions']} logged" if r["plugin_transitions"] is not None else ""
+            )
+            cells.append(f"{m} {r['requests']}/{r['logged']}, {r['hurt_before']}{extra}")
+        lines.append(f"- {name}: " + "; ".join(cells))
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    names = [s.name for s in scenarios(12)]
+    parser.add_argument("--scenarios", nargs="+", default=names, choices=names)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--rate", type=float, default=20.0, help="user requests/s per stack")
+    parser.add_argument("--lead", type=float, default=3.0, help="seconds before the fault")
+    parser.add_argument("--fault-seconds", type=float, default=12.0)
+    parser.add_argument("--heal-seconds", type=float, default=10.0)
+    return asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""Which state changes are alerts, and what an alert says (pure: no I/O, no clock).
+
+Event kinds (``alerts.webhooks[].on``):
+- ``unhealthy``: the endpoint entered UNHEALTHY (from any other state);
+- ``recovered``: it left UNHEALTHY for HEALTHY or DEGRADED (routed again);
+- ``fatal``: a FATAL probe (CUDA error, NCCL, Xid ...) raised an alert
+  (``Transition.alert``), whether it moved the endpoint or found it already UNHEALTHY.
+
+One state change is one event, even when it is of two kinds (a FATAL probe that takes a
+HEALTHY endpoint out is ``unhealthy`` and ``fatal``): a webhook subscribed to either kind
+gets it once. Its ``primary`` kind is the most specific one (fatal > unhealthy >
+recovered) and names the event in payloads and in deduplication.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from llm_health.model.machine import Transition
+from llm_health.model.outcome import Outcome, ProbeResult
+from llm_health.model.states import State
+
+
+class AlertKind(enum.Enum):
+    UNHEALTHY = "unhealthy"
+    RECOVERED = "recovered"
+    FATAL = "fatal"
+
+
+_PRIORITY = (AlertKind.FATAL, AlertKind.UNHEALTHY, AlertKind.RECOVERED)
+_ROUTED = frozenset({State.HEALTHY, State.DEGRADED})
+
+
+@dataclass(frozen=True, slots=True)
+class AlertEvent:
+    """One alert. ``time`` is wall-clock seconds (``time.time()``); ``id`` is unique per
+    event and the same on every delivery attempt (receivers may deduplicate on it)."""
+
+    id: str
+    kinds: frozenset[AlertKind]
+    cluster: str
+    endpoint: str
+    state: State
+    previous: State
+    reason: str
+    time: float
+    result: ProbeResult | None = None
+
+    @property
+    def primary(self) -> AlertKind:
+        return next(kind for kind in _PRIORITY if kind in self.kinds)
+
+    @property
+    def endpoint_key(self) -> str:
+        return f"{self.cluster}/{self.endpoint}"
+
+
+def classify(transition: Transition, result: ProbeResult | None) -> frozenset[AlertKind]:
+    """The alert kinds of one transition (empty: not an alert)."""
+    kinds: set[AlertKind] = set()
+    after = transition.health.state
+    if transition.changed and after is State.UNHEALTHY and transition.before is not after:
+        kinds.add(AlertKind.UNHEALTHY)
+    if transition.changed and transition.before is State.UNHEALTHY and after in _ROUTED:
+        kinds.add(AlertKind.RECOVERED)
+    if transition.alert and result is not None and result.outcome is Outcome.FATAL:
+        kinds.add(AlertKind.FATAL)
+    return frozenset(kinds)
+
+
+def alert_event(
+    event_id: str,
+    cluster: str,
+    endpoint: str,
+    transition: Transition,
+    result: ProbeResult | None,
+    wall_time: float,
+) -> AlertEvent | None:
+    """The AlertEvent for a transition, or None when it is not an alert."""
+    kinds = classify(transition, result)
+    if not kinds:
+        return None
+    health = transition.health
+    return AlertEvent(
+        event_id,
+        kinds,
+        cluster,
+        endpoint,
+        health.state,
+        transition.before,
+        health.reason,
+        wall_time,
+        result,
+    )
+
+
+def payload(event: AlertEvent) -> dict[str, Any]:
+    """The JSON body POSTed to a webhook (JSON-ready; no secret can be in it: probe
+    headers never reach a ProbeResult, and ``detail`` is a short engine message)."""
+    return {
+        "id": event.id,
+        "event": event.primary.value,
+        "events": sorted(kind.value for kind in event.kinds),
+        "cluster": event.cluster,
+        "endpoint": event.endpoint,
+        "state": event.state.value,
+        "previous": event.previous.value,
+        "reason": event.reason,
+        "time": iso_time(event.time),
+        "timings": timings(event.result),
+        "source": "llm-health",
+    }
+
+
+def timings(result: ProbeResult | None) -> dict[str, Any] | None:
+    """The probe that caused the event, in milliseconds (None: no probe, e.g. a signal)."""
+    if result is None:
+        return None
+    return {
+        "outcome": result.outcome.value,
+        "started_at": iso_time(result.started_at),
+        "connect_ms": _ms(result.connect_ms),
+        "headers_ms": _ms(result.headers_ms),
+        "ttft_ms": _ms(result.ttft_ms),
+        "total_ms": _ms(result.total_ms),
+        "loop_lag_ms": _ms(result.loop_lag_ms),
+        "status": result.status,
+        "detail": result.detail,
+    }
+
+
+def iso_time(wall_time: float) -> str:
+    """ISO-8601 in UTC with milliseconds, e.g. ``2025-01-02T03:04:05.678Z``."""
+    text = datetime.fromtimestamp(wall_time, UTC).isoformat(timespec="milliseconds")
+    return text.replace("+00:00", "Z")
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)

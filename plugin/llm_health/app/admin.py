@@ -1,0 +1,191 @@
+"""The admin API as a runtime component: wiring, and the backend the servicer calls.
+
+Where it listens (``admin`` config, read once at start):
+- ``admin.grpc`` unset: on the main gRPC server (``server.grpc``, 127.0.0.1:18000 by
+  default), next to xDS. No extra port, so parallel instances never collide on one.
+  If ``server.grpc`` is not loopback (remote Envoys) and no ``admin.token`` is set, the
+  admin API is NOT served there (a warning says so): it never becomes reachable from the
+  network without a token.
+- ``admin.grpc`` set: its own grpc.aio server on that address, bound at registration
+  (so a taken port fails the start like the main server does) and started by this
+  component's task. A non-loopback ``admin.grpc`` without a token is a config error.
+With ``admin.token`` every call must carry ``authorization: Bearer <token>``.
+
+Board changes go through ``Runtime.update_board`` (which publishes to xDS and watchers);
+drain/undrain transitions are logged and observed via ``Runtime.notify_transition``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from llm_health.config import is_local_bind
+from llm_health.model.board import EndpointSnapshot, HealthSnapshot
+from llm_health.model.machine import Transition
+from llm_health.model.states import State
+from llm_health.servers.admin import (
+    AdminServicer,
+    AuthStats,
+    Changed,
+    NotReady,
+    Probed,
+    add_admin_service,
+)
+from llm_health.servers.xds import bind_grpc, create_grpc_server
+
+if TYPE_CHECKING:
+    from llm_health.app.runtime import Runtime
+
+STOP_GRACE_S = 0.5
+log = logging.getLogger("llm_health.admin")
+
+
+class AdminComponent:
+    """``Component`` (runtime.py) and ``AdminBackend`` (servers/admin.py) in one."""
+
+    name = "admin"
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+        settings = runtime.config.admin
+        self._bind = settings.grpc
+        self._token = settings.token.get_secret_value() if settings.token else None
+        self._auth = AuthStats()
+        self._own: grpc.aio.Server | None = None
+        self.listen: str | None = None  # where the API is served; None: not served
+        self.port: int | None = None  # bound TCP port of its own server (0: Unix socket)
+
+    # --- Component ------------------------------------------------------------------------
+
+    def register(self, server: grpc.aio.Server) -> None:
+        servicer = AdminServicer(self)
+        if self._bind is not None:
+            self._own = create_grpc_server()
+            self.port = bind_grpc(self._own, self._bind)
+            add_admin_service(self._own, servicer, self._token, self._auth)
+            self.listen = self._bind
+            return
+        shared = self._runtime.config.server.grpc
+        if self._token is None and not is_local_bind(shared):
+            log.warning(
+                "admin API not served: server.grpc is not loopback and admin.token is unset "
+                "(set admin.token, or admin.grpc to a loopback address)",
+                extra={"grpc": shared},
+            )
+            return
+        add_admin_service(server, servicer, self._token, self._auth)
+        self.listen = shared
+
+    def tasks(self) -> list[Callable[[], Coroutine[Any, Any, None]]]:
+        return [self._serve_own] if self._own is not None else []
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "grpc": self.listen,
+            "auth": "bearer token" if self._token else "none",
+            "calls_total": self._auth.calls,
+            "unauthenticated_total": self._auth.rejected,
+        }
+
+    async def _serve_own(self) -> None:
+        assert self._own is not None
+        await self._own.start()
+        log.info("admin API serving", extra={"grpc": self._bind})
+        try:
+            await asyncio.Event().wait()  # until cancelled at shutdown
+        finally:
+            await self._own.stop(STOP_GRACE_S)
+
+    # --- AdminBackend ---------------------------------------------------------------------
+
+    def snapshot(self) -> HealthSnapshot:
+        return self._runtime.board.snapshot()
+
+    def published(self) -> HealthSnapshot:
+        return self._runtime.hub.current()
+
+    async def wait_newer(self, revision: int) -> HealthSnapshot:
+        return await self._runtime.hub.wait_newer(revision)
+
+    async def drain(self, cluster: str, address: str, reason: str) -> Changed:
+        return await self._transition(
+            cluster, address, lambda board, now: board.drain(cluster, address, now, reason)
+        )
+
+    async def undrain(self, cluster: str, address: str) -> Changed:
+        if self._endpoint(cluster, address).removing:
+            raise ValueError(f"{cluster}/{address} is being removed from the config")
+        return await self._transition(
+            cluster, address, lambda board, now: board.undrain(cluster, address, now)
+        )
+
+    async def force(
+        self, cluster: str, address: str, state: State, duration_s: float, reason: str
+    ) -> Changed:
+        before = self._endpoint(cluster, address)
+        why = reason or f"forced {state.value} by operator"
+        await self._runtime.update_board(
+            lambda board, now: board.set_override(cluster, address, state, now + duration_s, why)
+        )
+        after = self._endpoint(cluster, address)
+        log.info(
+            "override set",
+            extra={
+                "cluster": cluster,
+                "endpoint": address,
+                "from": before.state.value,
+                "to": state.value,
+                "reason": why,
+                "for_s": round(duration_s, 3),
+            },
+        )
+        return Changed(after, changed=True)
+
+    async def clear_override(self, cluster: str, address: str) -> Changed:
+        before = self._endpoint(cluster, address)
+        had = await self._runtime.update_board(
+            lambda board, _now: board.clear_override(cluster, address)
+        )
+        after = self._endpoint(cluster, address)
+        if had:
+            log.info(
+                "override cleared",
+                extra={
+                    "cluster": cluster,
+                    "endpoint": address,
+                    "from": before.state.value,
+                    "to": after.state.value,
+                    "reason": after.reason,
+                },
+            )
+        return Changed(after, changed=had)
+
+    async def probe_now(self, cluster: str, address: str) -> Probed:
+        self._endpoint(cluster, address)  # KeyError first: unknown beats "not ready"
+        try:
+            result, trusted = await self._runtime.probe_now(cluster, address)
+        except RuntimeError as exc:
+            raise NotReady(str(exc)) from exc
+        return Probed(result, self._endpoint(cluster, address), ignored=not trusted)
+
+    # --- helpers --------------------------------------------------------------------------
+
+    async def _transition(
+        self, cluster: str, address: str, change: Callable[[Any, float], Transition]
+    ) -> Changed:
+        transition = await self._runtime.update_board(change)
+        if transition.changed:
+            self._runtime.notify_transition(cluster, address, transition, None)
+        return Changed(self._endpoint(cluster, address), transition.changed)
+
+    def _endpoint(self, cluster: str, address: str) -> EndpointSnapshot:
+        snapshot = self._runtime.board.snapshot()
+        for endpoint in snapshot.clusters[cluster].endpoints:
+            if endpoint.spec.address == address:
+                return endpoint
+        raise KeyError(f"{cluster}/{address}")

@@ -1,0 +1,327 @@
+"""Webhook alerts: the runtime component that delivers ``llm_health.alerts`` events.
+
+Flow: the runtime calls ``observe`` synchronously on its loop for every transition
+(``Runtime.transition_observers``). ``observe`` only classifies, deduplicates,
+rate-limits and enqueues: O(webhooks), never blocks, never raises. One worker task per
+webhook drains that webhook's BOUNDED queue (full: the event is dropped and counted) and
+POSTs the JSON payload with aiohttp, one delivery at a time, so a slow or dead receiver
+delays only its own queue, never the prober nor the other webhooks.
+
+Retries (tenacity): connection errors, timeouts, 5xx and 429 are retried with
+exponential backoff and jitter, at most ``max_attempts`` attempts and ``max_retry_time``
+in total; any other status (4xx, 3xx: redirects are not followed) fails at once. Every
+attempt of one event carries the same ``id`` (also in the ``X-LLM-Health-Event-Id``
+header) so a receiver can drop a repeat it already processed.
+
+Secrets: webhook headers (``${ENV}``-expanded by the config loader) and the URL's path
+and query (Slack-style URLs carry a token there) are never logged nor shown in /status;
+a webhook is named by its index and ``scheme://host:port``.
+Shutdown: the workers are cancelled with the runtime; queued events are not flushed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from dataclasses import asdict, dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import grpc
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential,
+    wait_random,
+)
+
+from llm_health.alerts import Deduplicator, RateLimiter, alert_event, classify, payload
+from llm_health.config import AlertsConfig, WebhookConfig
+from llm_health.model.machine import Transition
+from llm_health.model.outcome import ProbeResult
+
+log = logging.getLogger("llm_health")
+MAX_BACKOFF_S = 30.0
+SUMMARY_TICK_S = 1.0
+USER_AGENT = "llm-health-alerts/1"
+
+
+class DeliveryError(Exception):
+    """One attempt failed. ``retryable``: worth another attempt (network, 5xx, 429)."""
+
+    def __init__(self, message: str, *, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+_STAT_NAMES = ("sent", "failed", "retried", "dropped", "rate_limited", "summaries")
+TransitionObserver = Callable[[str, str, Transition, ProbeResult | None], None]
+
+
+class _Retryable(DeliveryError):
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=True)
+
+
+@dataclass(slots=True)
+class WebhookStats:
+    """Per-webhook counters. ``sent``: messages accepted (2xx), summaries included;
+    ``failed``: given up on; ``retried``: extra attempts; ``dropped``: queue full;
+    ``rate_limited``: held back into a summary; ``summaries``: summaries sent."""
+
+    sent: int = 0
+    failed: int = 0
+    retried: int = 0
+    dropped: int = 0
+    rate_limited: int = 0
+    summaries: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Message:
+    id: str
+    kind: str  # event name, or "rate_limited" for a summary
+    body: bytes
+
+
+class Webhook:
+    """One receiver: its settings, queue, rate limiter and counters. Loop-confined."""
+
+    def __init__(self, index: int, settings: WebhookConfig, alerts: AlertsConfig) -> None:
+        self.index = index
+        self.settings = settings
+        self.label = f"#{index} {_origin(settings.url)}"
+        self.subscribed = frozenset(settings.on)
+        self.queue: asyncio.Queue[_Message] = asyncio.Queue(alerts.queue_size)
+        self.limiter = RateLimiter(alerts.max_per_minute)
+        self.stats = WebhookStats()
+
+    def headers(self, event_id: str) -> dict[str, str]:
+        secret = {k: v.get_secret_value() for k, v in self.settings.headers.items()}
+        return {
+            "User-Agent": USER_AGENT,
+            **secret,
+            "Content-Type": "application/json",
+            "X-LLM-Health-Event-Id": event_id,
+        }
+
+    def offer(self, message: _Message) -> bool:
+        """Enqueue without waiting; False (and counted) when the queue is full."""
+        try:
+            self.queue.put_nowait(message)
+        except asyncio.QueueFull:
+            self.stats.dropped += 1
+            return False
+        return True
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "webhook": self.label,
+            "on": sorted(self.subscribed),
+            "queued": self.queue.qsize(),
+            **asdict(self.stats),
+        }
+
+
+class AlertsComponent:
+    """The ``alerts`` component (see module docstring). ``clock``: monotonic seconds for
+    dedup and rate limits; ``wall_clock``: event times. Both injectable for tests."""
+
+    name = "alerts"
+
+    def __init__(
+        self,
+        settings: AlertsConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        summary_tick_s: float = SUMMARY_TICK_S,
+    ) -> None:
+        self.settings = settings
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._summary_tick_s = summary_tick_s
+        self._dedup = Deduplicator(settings.dedup_window)
+        self.webhooks = [Webhook(i, w, settings) for i, w in enumerate(settings.webhooks)]
+        self.events = 0
+        self.deduplicated = 0
+        self.observer_errors = 0
+
+    # --- the synchronous side: called by the runtime on its loop ---------------------------
+
+    def observe(
+        self, cluster: str, address: str, transition: Transition, result: ProbeResult | None
+    ) -> None:
+        """A ``Runtime.transition_observers`` callback: enqueue only; never raises."""
+        try:
+            self._observe(cluster, address, transition, result)
+        except Exception:  # an alert bug must never break the prober
+            self.observer_errors += 1
+            log.exception("alerts: observer failed", extra={"cluster": cluster})
+
+    def _observe(
+        self, cluster: str, address: str, transition: Transition, result: ProbeResult | None
+    ) -> None:
+        if not self.webhooks or not classify(transition, result):
+            return  # the common case: not an alert, nothing allocated
+        event = alert_event(
+            uuid.uuid4().hex, cluster, address, transition, result, self._wall_clock()
+        )
+        if event is None:
+            return
+        self.events += 1
+        now = self._clock()
+        if not self._dedup.admit(event, now):
+            self.deduplicated += 1
+            return
+        names = {kind.value for kind in event.kinds}
+        body = _encode(payload(event))
+        for hook in self.webhooks:
+            if not names & hook.subscribed:
+                continue
+            if not hook.limiter.admit(event, now):
+                hook.stats.rate_limited += 1
+                continue
+            hook.offer(_Message(event.id, event.primary.value, body))
+
+    # --- Component protocol ----------------------------------------------------------------
+
+    def register(self, server: grpc.aio.Server) -> None:
+        """No gRPC service."""
+
+    def tasks(self) -> list[Callable[[], Coroutine[Any, Any, None]]]:
+        return [self.run] if self.webhooks else []
+
+    def status(self) -> dict[str, Any]:
+        totals = {name: sum(getattr(h.stats, name) for h in self.webhooks) for name in _STAT_NAMES}
+        return {
+            "events": self.events,
+            "deduplicated": self.deduplicated,
+            **totals,
+            "observer_errors": self.observer_errors,
+            "webhooks": [h.status() for h in self.webhooks],
+        }
+
+    # --- the asynchronous side: delivery -----------------------------------------------------
+
+    async def run(self) -> None:
+        """Deliver until cancelled: one worker per webhook, one shared HTTP session."""
+        async with aiohttp.ClientSession(trust_env=False) as session, asyncio.TaskGroup() as tg:
+            for hook in self.webhooks:
+                tg.create_task(self._worker(session, hook), name=f"alerts-webhook-{hook.index}")
+
+    async def _worker(self, session: aiohttp.ClientSession, hook: Webhook) -> None:
+        while True:
+            message = await self._next(hook)
+            if message is None:
+                continue
+            try:
+                await self.deliver(session, hook, message)
+            except Exception:  # a bug here must not take the runtime's TaskGroup down
+                hook.stats.failed += 1
+                log.exception("alert delivery crashed", extra=_fields(hook, message))
+
+    async def _next(self, hook: Webhook) -> _Message | None:
+        """The next queued event; a pending rate-limit summary goes first once a slot is
+        free. None: nothing to send this tick."""
+        summary = hook.limiter.take_summary(self._clock(), self._wall_clock(), uuid.uuid4().hex)
+        if summary is not None:
+            hook.stats.summaries += 1
+            return _Message(summary["id"], "rate_limited", _encode(summary))
+        with contextlib.suppress(TimeoutError):
+            return await asyncio.wait_for(hook.queue.get(), self._summary_tick_s)
+        return None
+
+    async def deliver(
+        self, session: aiohttp.ClientSession, hook: Webhook, message: _Message
+    ) -> bool:
+        """POST ``message`` with retries; True when the receiver accepted it (2xx)."""
+
+        def before_sleep(state: RetryCallState) -> None:
+            hook.stats.retried += 1
+            error = state.outcome.exception() if state.outcome else None
+            log.info(
+                "alert delivery failed, retrying",
+                extra=_fields(hook, message, attempt=state.attempt_number, error=str(error)),
+            )
+
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.settings.max_attempts)
+            | stop_after_delay(self.settings.max_retry_time),
+            wait=wait_exponential(multiplier=self.settings.retry_backoff, max=MAX_BACKOFF_S)
+            + wait_random(0, self.settings.retry_backoff / 2),
+            retry=retry_if_exception_type(_Retryable),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    await _post(session, hook, message)
+        except DeliveryError as exc:
+            hook.stats.failed += 1
+            log.warning("alert not delivered", extra=_fields(hook, message, error=str(exc)))
+            return False
+        hook.stats.sent += 1
+        log.debug("alert delivered", extra=_fields(hook, message))
+        return True
+
+
+async def _post(session: aiohttp.ClientSession, hook: Webhook, message: _Message) -> None:
+    """One attempt. Raises _Retryable (network, timeout, 5xx, 429) or DeliveryError."""
+    timeout = aiohttp.ClientTimeout(total=hook.settings.timeout)
+    try:
+        async with session.post(
+            hook.settings.url,
+            data=message.body,
+            headers=hook.headers(message.id),
+            timeout=timeout,
+            allow_redirects=False,
+        ) as response:
+            status = response.status
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        raise _Retryable(f"{type(exc).__name__}: {_safe_error(exc)}") from exc
+    if 200 <= status < 300:
+        return
+    if status == 429 or status >= 500:
+        raise _Retryable(f"HTTP {status}")
+    raise DeliveryError(f"HTTP {status} (not retried)", retryable=False)
+
+
+def attach(settings: AlertsConfig, observers: list[TransitionObserver]) -> AlertsComponent:
+    """Build the component and subscribe it to the runtime's transition observers."""
+    component = AlertsComponent(settings)
+    if component.webhooks:
+        observers.append(component.observe)
+    return component
+
+
+def _origin(url: str) -> str:
+    """scheme://host[:port] only: the path and query may carry a token."""
+    parts = urlsplit(url)
+    host = parts.hostname or "?"
+    host = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
+
+
+def _safe_error(exc: BaseException) -> str:
+    """aiohttp errors may quote the full URL: keep only their class for those."""
+    text = str(exc)
+    return "" if "://" in text else text
+
+
+def _encode(document: dict[str, Any]) -> bytes:
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+def _fields(hook: Webhook, message: _Message, **more: Any) -> dict[str, Any]:
+    return {"webhook": hook.label, "alert_id": message.id, "alert": message.kind, **more}

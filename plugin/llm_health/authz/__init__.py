@@ -1,0 +1,39 @@
+"""ext_authz admission (issue 5): decide from in-memory health whether Envoy lets a request
+through, and how. Pure decisions, no grpc/protobuf here (``servers.authz`` translates).
+
+    AdmissionRequest --decide(request, view, settings)--> Decision
+    HealthSnapshot  --build_view(snapshot, settings)-->  AdmissionView (once per revision)
+    Gate: the two glued to the hub's current snapshot; AuthzCounters, ProblemLog: bookkeeping.
+"""
+
+from llm_health.authz.counters import AuthzCounters
+from llm_health.authz.decide import decide
+from llm_health.authz.decision import AdmissionRequest, Decision, Problem, Rule
+from llm_health.authz.gate import Gate
+from llm_health.authz.problems import ProblemLog
+from llm_health.authz.settings import AuthzSettings, ProbeHeaderMode
+from llm_health.authz.view import (
+    AdmissionView,
+    Capacity,
+    ClusterAdmission,
+    build_view,
+    cluster_capacity,
+)
+
+__all__ = [
+    "AdmissionRequest",
+    "AdmissionView",
+    "AuthzCounters",
+    "AuthzSettings",
+    "Capacity",
+    "ClusterAdmission",
+    "Decision",
+    "Gate",
+    "ProbeHeaderMode",
+    "Problem",
+    "ProblemLog",
+    "Rule",
+    "build_view",
+    "cluster_capacity",
+    "decide",
+]

@@ -1,0 +1,47 @@
+"""Gate: answers checks from the latest published snapshot and the current settings.
+
+Call from the one event loop that owns the SnapshotHub. A check costs a dict lookup and
+a few comparisons; the view is rebuilt only when the snapshot revision or the settings
+object changes (the first check after a push or a config reload pays for it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from llm_health.authz.decide import decide
+from llm_health.authz.decision import AdmissionRequest, Decision
+from llm_health.authz.settings import AuthzSettings
+from llm_health.authz.view import AdmissionView, build_view
+from llm_health.model.board import HealthSnapshot
+
+
+class Gate:
+    def __init__(
+        self,
+        snapshot: Callable[[], HealthSnapshot],
+        settings: Callable[[], AuthzSettings],
+    ) -> None:
+        self._snapshot = snapshot
+        self._settings = settings
+        self._view: AdmissionView | None = None
+        self._view_settings: AuthzSettings | None = None
+        self.rebuilds = 0
+
+    def view(self) -> tuple[AdmissionView, AuthzSettings]:
+        """The view for the current snapshot and settings (cached per revision)."""
+        snapshot, settings = self._snapshot(), self._settings()
+        view = self._view
+        if (
+            view is None
+            or view.revision != snapshot.revision
+            or self._view_settings is not settings
+        ):
+            view = self._view = build_view(snapshot, settings)
+            self._view_settings = settings
+            self.rebuilds += 1
+        return view, settings
+
+    def check(self, request: AdmissionRequest) -> Decision:
+        view, settings = self.view()
+        return decide(request, view, settings)

@@ -1,0 +1,313 @@
+"""The admin gRPC API against a real runtime in process (probing a real simulator
+subprocess) over real gRPC on loopback: list, watch, drain, force, probe-now, errors,
+and the bearer token (which must not touch Envoy's xDS on the same server)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import pytest
+from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from google.protobuf.duration_pb2 import Duration
+
+from llm_health.adminpb import admin_pb2 as pb
+from llm_health.adminpb import admin_pb2_grpc as pb_grpc
+from llm_health.app.admin import AdminComponent
+from llm_health.app.runtime import Runtime
+from llm_health.app.status import status_document
+from llm_health.config import parse_config
+from llm_health.servers.admin_codec import result_from_pb, snapshot_from_pb
+from llm_health.xds.resources import TYPE_URL
+from tests.envoy_harness import free_port
+from tests.processes import SimProcess
+
+pytestmark = pytest.mark.timeout(60)
+TOKEN = "test-token-0123456789abcdef"
+CLUSTER = "llama"
+WATCH_WITHIN_S = 1.0
+
+CONFIG = """
+server: {{grpc: "127.0.0.1:{grpc}", http: "127.0.0.1:{http}"}}
+probe: {{model: sim-model, interval: {interval}, healthy_after: 1}}
+xds: {{warm_start_timeout: 2s}}
+{admin}
+clusters:
+  - name: llama
+    endpoints: [{{address: "{a}"}}, {{address: "{b}"}}]
+"""
+
+
+@dataclass
+class Running:
+    runtime: Runtime
+    stub: Any
+    channel: grpc.aio.Channel
+    a: str
+    b: str
+    metadata: tuple[tuple[str, str], ...] = ()
+
+
+@pytest.fixture(scope="module")
+def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SimProcess, SimProcess]]:
+    workdir = tmp_path_factory.mktemp("sims")
+    pair = (SimProcess(workdir, "a", "--ttft", "20ms"), SimProcess(workdir, "b", "--ttft", "20ms"))
+    try:
+        for process in pair:
+            process.wait_up()
+        yield pair
+    finally:
+        for process in pair:
+            process.stop()
+
+
+async def start(
+    sims: tuple[SimProcess, SimProcess], admin: str = "", interval: str = "60s"
+) -> tuple[Runtime, asyncio.Task[None], asyncio.Event]:
+    text = CONFIG.format(
+        grpc=free_port(), http=free_port(), interval=interval, admin=admin,
+        a=sims[0].address, b=sims[1].address,
+    )  # fmt: skip
+    runtime = Runtime(parse_config(text, "admin-test.yaml", {}))
+    stop = asyncio.Event()
+    task = asyncio.create_task(runtime.run(stop))
+    deadline = time.monotonic() + 15
+    while runtime.ready_problems() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert not runtime.ready_problems(), runtime.ready_problems()
+    return runtime, task, stop
+
+
+@pytest.fixture
+async def running(sims: tuple[SimProcess, SimProcess]) -> AsyncIterator[Running]:
+    runtime, task, stop = await start(sims)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{runtime.grpc_port}") as channel:
+            a, b = (t.address for t in runtime.targets)
+            yield Running(runtime, pb_grpc.AdminStub(channel), channel, a, b)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
+
+
+def key(address: str) -> dict[str, str]:
+    return {"cluster": CLUSTER, "address": address}
+
+
+async def test_list_matches_status(running: Running) -> None:
+    answer = await running.stub.ListEndpoints(pb.ListEndpointsRequest())
+    status = running.runtime.status()
+    rebuilt = status_document(snapshot_from_pb(answer))
+    assert rebuilt["clusters"] == status["clusters"]
+    assert answer.revision == status["revision"]
+    states = {e.address: e.state for c in answer.clusters for e in c.endpoints}
+    assert states == {running.a: pb.STATE_HEALTHY, running.b: pb.STATE_HEALTHY}
+
+
+async def test_drain_and_undrain(running: Running) -> None:
+    drained = await running.stub.Drain(
+        pb.DrainRequest(**key(running.a), reason="kernel  upgrade\n now")
+    )
+    assert drained.changed and drained.endpoint.state == pb.STATE_DRAINING
+    assert drained.endpoint.envoy_health == pb.ENVOY_HEALTH_DRAINING
+    assert drained.endpoint.reason == "kernel upgrade now"  # one line
+    again = await running.stub.Drain(pb.DrainRequest(**key(running.a)))
+    assert not again.changed
+    back = await running.stub.Undrain(pb.EndpointRequest(**key(running.a)))
+    assert back.changed and back.endpoint.state == pb.STATE_STARTING
+    # the published snapshot (what xDS pushes) has it too
+    published = running.runtime.hub.current().clusters[CLUSTER].endpoints
+    assert {e.spec.address: e.state.value for e in published}[running.a] == "starting"
+    noop = await running.stub.Undrain(pb.EndpointRequest(**key(running.b)))
+    assert not noop.changed and noop.endpoint.state == pb.STATE_HEALTHY
+
+
+async def test_force_and_clear(running: Running) -> None:
+    request = pb.ForceStateRequest(
+        **key(running.b),
+        state=pb.STATE_UNHEALTHY,
+        duration=Duration(seconds=600),
+        reason="maintenance",
+    )
+    forced = await running.stub.ForceState(request)
+    assert forced.endpoint.state == pb.STATE_UNHEALTHY
+    assert forced.endpoint.probe_state == pb.STATE_HEALTHY
+    assert forced.endpoint.reason == "override: maintenance"
+    assert abs(forced.endpoint.override_until - (time.time() + 600)) < 5
+    cleared = await running.stub.ClearOverride(pb.EndpointRequest(**key(running.b)))
+    assert cleared.changed and cleared.endpoint.state == pb.STATE_HEALTHY
+    assert not cleared.endpoint.HasField("override_until")
+    again = await running.stub.ClearOverride(pb.EndpointRequest(**key(running.b)))
+    assert not again.changed
+
+
+@pytest.mark.parametrize(
+    ("state", "seconds", "needle"),
+    [
+        (pb.STATE_UNSPECIFIED, 60, "state 0"),
+        (pb.STATE_STARTING, 60, "STARTING cannot be forced"),
+        (pb.STATE_DRAINING, 0, "duration must be > 0"),
+        (pb.STATE_DRAINING, 8 * 86400, "at most 7 days"),
+    ],
+)
+async def test_force_rejects_bad_arguments(
+    running: Running, state: int, seconds: int, needle: str
+) -> None:
+    request = pb.ForceStateRequest(
+        **key(running.a), state=state, duration=Duration(seconds=seconds)
+    )  # type: ignore[arg-type]
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await running.stub.ForceState(request)
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert needle in (caught.value.details() or "")
+
+
+@pytest.mark.parametrize("method", ["Drain", "Undrain", "ClearOverride", "ProbeNow"])
+async def test_unknown_endpoint_is_not_found(running: Running, method: str) -> None:
+    request_type = pb.DrainRequest if method == "Drain" else pb.EndpointRequest
+    for cluster, address in [(CLUSTER, "127.0.0.1:1"), ("nope", running.a)]:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await getattr(running.stub, method)(request_type(cluster=cluster, address=address))
+        assert caught.value.code() is grpc.StatusCode.NOT_FOUND
+
+
+async def test_probe_now_folds_in_and_never_overlaps(running: Running) -> None:
+    before = running.runtime.probes_total
+    answers = await asyncio.gather(
+        *(running.stub.ProbeNow(pb.EndpointRequest(**key(running.a))) for _ in range(4))
+    )
+    results = sorted((result_from_pb(a.result) for a in answers), key=lambda r: r.started_at)
+    assert all(
+        r.outcome.value == "fast" and r.ttft_ms is not None and r.ttft_ms >= 15 for r in results
+    )
+    assert running.runtime.probes_total == before + 4
+    for earlier, later in itertools.pairwise(results):
+        # one probe in flight per endpoint (DESIGN §2): the next starts after the last ended
+        assert later.started_at >= earlier.started_at + earlier.total_ms / 1000 - 0.002
+    last = running.runtime.board.snapshot().clusters[CLUSTER].endpoints
+    newest = {e.spec.address: e.last for e in last}[running.a]
+    assert newest is not None and newest.started_at == results[-1].started_at
+
+
+async def test_watch_streams_changes_within_a_second(running: Running) -> None:
+    call = running.stub.WatchEndpoints(pb.WatchEndpointsRequest(cluster=CLUSTER))
+    try:
+        first = await asyncio.wait_for(call.read(), 5)
+        assert first.initial
+        assert {e.address for c in first.clusters for e in c.endpoints} == {running.a, running.b}
+        for method, request, expected in [
+            ("Drain", pb.DrainRequest(**key(running.b)), pb.STATE_DRAINING),
+            ("Undrain", pb.EndpointRequest(**key(running.b)), pb.STATE_STARTING),
+        ]:
+            started = time.monotonic()
+            await getattr(running.stub, method)(request)
+            message = await asyncio.wait_for(call.read(), WATCH_WITHIN_S)
+            assert time.monotonic() - started < WATCH_WITHIN_S
+            assert not message.initial
+            assert [(e.address, e.state) for e in message.endpoints] == [(running.b, expected)]
+    finally:
+        call.cancel()
+
+
+async def test_watch_unknown_cluster(running: Running) -> None:
+    call = running.stub.WatchEndpoints(pb.WatchEndpointsRequest(cluster="nope"))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call.read()
+    assert caught.value.code() is grpc.StatusCode.NOT_FOUND
+
+
+# --- token and binds -----------------------------------------------------------------------
+
+
+async def test_token_required_for_every_method_but_not_for_xds(
+    sims: tuple[SimProcess, SimProcess],
+) -> None:
+    runtime, task, stop = await start(sims, admin=f"admin: {{token: {TOKEN}}}")
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{runtime.grpc_port}") as channel:
+            stub = pb_grpc.AdminStub(channel)
+            for metadata in [
+                (),
+                (("authorization", "Bearer wrong-token-0123456789"),),
+                (("authorization", TOKEN),),
+            ]:
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await stub.ListEndpoints(pb.ListEndpointsRequest(), metadata=metadata)
+                assert caught.value.code() is grpc.StatusCode.UNAUTHENTICATED
+                watch = stub.WatchEndpoints(pb.WatchEndpointsRequest(), metadata=metadata)
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await watch.read()
+                assert caught.value.code() is grpc.StatusCode.UNAUTHENTICATED
+            address = runtime.targets[0].address
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.Drain(pb.DrainRequest(cluster=CLUSTER, address=address))
+            assert caught.value.code() is grpc.StatusCode.UNAUTHENTICATED
+            assert runtime.board.snapshot().clusters[CLUSTER].endpoints[0].state.value == "healthy"
+            good = (("authorization", f"Bearer {TOKEN}"),)
+            answer = await stub.ListEndpoints(pb.ListEndpointsRequest(), metadata=good)
+            assert len(answer.clusters) == 1
+            # Envoy's xDS on the same server carries no token and must keep working.
+            ads = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel)
+            stream = ads.StreamAggregatedResources()
+            await stream.write(
+                discovery_pb2.DiscoveryRequest(type_url=TYPE_URL, resource_names=[CLUSTER])
+            )
+            response = await asyncio.wait_for(stream.read(), 5)
+            assert response.type_url == TYPE_URL and len(response.resources) == 1
+            stream.cancel()
+        status = runtime.status()["admin"]
+        assert status["auth"] == "bearer token" and status["unauthenticated_total"] == 7
+        assert TOKEN not in repr(runtime.status())
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
+
+
+async def test_own_bind_moves_the_api_off_the_xds_server(
+    sims: tuple[SimProcess, SimProcess],
+) -> None:
+    port = free_port()
+    runtime, task, stop = await start(sims, admin=f'admin: {{grpc: "127.0.0.1:{port}"}}')
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            answer = await pb_grpc.AdminStub(channel).ListEndpoints(pb.ListEndpointsRequest())
+            assert len(answer.clusters[0].endpoints) == 2
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{runtime.grpc_port}") as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await pb_grpc.AdminStub(channel).ListEndpoints(pb.ListEndpointsRequest())
+            assert caught.value.code() is grpc.StatusCode.UNIMPLEMENTED
+        assert runtime.status()["admin"]["grpc"] == f"127.0.0.1:{port}"
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
+
+
+class _RecordingServer:
+    def __init__(self) -> None:
+        self.added: list[Any] = []
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        self.added.append(handlers)
+
+    def add_registered_method_handlers(self, service: str, handlers: Any) -> None:
+        self.added.append((service, handlers))
+
+
+def test_not_served_on_a_non_loopback_xds_server_without_token() -> None:
+    base = "clusters:\n  - name: a\n    endpoints: [{address: 127.0.0.1:8000}]\n"
+    exposed = parse_config("server: {grpc: 0.0.0.0:18000}\n" + base, "t.yaml", {})
+    component = AdminComponent(Runtime(exposed))
+    server = _RecordingServer()
+    component.register(server)  # type: ignore[arg-type]
+    assert server.added == [] and component.status()["grpc"] is None
+    with_token = parse_config(
+        f"server: {{grpc: 0.0.0.0:18000}}\nadmin: {{token: {TOKEN}}}\n" + base, "t.yaml", {}
+    )
+    component = AdminComponent(Runtime(with_token))
+    component.register(server)  # type: ignore[arg-type]
+    assert server.added and component.status()["grpc"] == "0.0.0.0:18000"

@@ -1,0 +1,93 @@
+"""Alerts inside the real runtime: a hanging webhook and an unreachable one must never
+delay probing. A flapping simulator (half its answers are CUDA errors) makes the runtime
+raise an alert every few probes while the prober's schedule is measured from the
+probe start times it reports."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from pathlib import Path
+
+from llm_health.app.alerts import AlertsComponent
+from llm_health.app.runtime import Runtime
+from llm_health.config import parse_config
+from llm_health.model.outcome import ProbeResult
+from llm_health.probe.target import ProbeTarget
+from tests.alerts_receiver import Receiver
+from tests.envoy_harness import free_port
+from tests.processes import SimProcess
+
+INTERVAL_S = 0.1
+RUN_S = 4.0
+# A probe may start late by scheduling noise on a busy 2-core machine, never by a
+# webhook: a blocked prober would show gaps of the webhook timeout (10 s) or more.
+MAX_GAP_S = INTERVAL_S + 0.3
+
+CONFIG = """
+server: {{grpc: "127.0.0.1:{grpc}", http: "127.0.0.1:{http}"}}
+probe:
+  model: sim-model
+  interval: 100ms
+  timeout: 500ms
+  healthy_ttft: 300ms
+  healthy_after: 1
+  unhealthy_after: 1
+xds: {{warm_start_timeout: 1s}}
+alerts:
+  retry_backoff: 50ms
+  webhooks:
+    - {{url: "{hanging}", timeout: 10s}}
+    - {{url: "http://127.0.0.1:{dead}/hook", timeout: 1s}}
+clusters:
+  - name: llama-70b
+    endpoints: [{{address: "{sim}"}}]
+"""
+
+
+async def test_slow_and_unreachable_webhooks_never_delay_probing(tmp_path: Path) -> None:
+    hanging = await Receiver(hang=True).start()
+    sim = SimProcess(
+        tmp_path, "flaky", "--fault", "cuda_error", "--fault-rate", "0.5", "--seed", "7",
+        "--ttft", "10ms", "--tpot", "0ms",
+    )  # fmt: skip
+    try:
+        await asyncio.to_thread(sim.wait_up)
+        text = CONFIG.format(
+            grpc=free_port(), http=free_port(), hanging=hanging.url, dead=free_port(),
+            sim=sim.address,
+        )  # fmt: skip
+        runtime = Runtime(parse_config(text, "alerts.yaml", {}))
+        starts: list[float] = []
+
+        def on_probe(_target: ProbeTarget, result: ProbeResult) -> None:
+            starts.append(result.started_at)
+
+        runtime.probe_observers.append(on_probe)
+        stop = asyncio.Event()
+        run = asyncio.create_task(runtime.run(stop))
+        await asyncio.sleep(RUN_S)
+        alerts = next(c for c in runtime.components if isinstance(c, AlertsComponent))
+        status = alerts.status()
+        stop.set()
+        stopping = time.monotonic()
+        await asyncio.wait_for(run, 5.0)
+        stop_s = time.monotonic() - stopping
+    finally:
+        sim.stop()
+        await hanging.stop()
+
+    # the webhooks were really exercised: many alerts, one POST hanging, retries failing
+    assert status["events"] >= 6, status
+    assert len(hanging.requests) == 1
+    hooks = status["webhooks"]
+    assert hooks[0]["queued"] + hooks[0]["rate_limited"] >= 4, hooks[0]
+    assert hooks[1]["retried"] >= 2, hooks[1]
+    assert hooks[0]["sent"] == hooks[1]["sent"] == 0
+    # ... and the prober kept its schedule
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert len(starts) >= 0.8 * RUN_S / INTERVAL_S, len(starts)
+    assert max(gaps) <= MAX_GAP_S, sorted(gaps)[-5:]
+    # shutdown does not wait for the hanging delivery
+    assert stop_s < 2.0, stop_s

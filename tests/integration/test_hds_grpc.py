@@ -1,0 +1,411 @@
+"""HDS over real gRPC, in process: a grpc.aio server on 127.0.0.1:0 serving
+``HealthDiscoveryService`` from ``HdsService``, and client streams that play scripted
+Envoy messages (good, empty, malformed, out of order, reconnecting). The service runs on
+a fake clock so report TTL and first-check grace are exact.
+
+The component (``llm_health.app.hds``) is tested against a real Runtime's board at the end:
+verdicts become the board's "hds" signal, and go away again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+import pytest
+from envoy.config.core.v3 import health_check_pb2
+from envoy.service.health.v3 import hds_pb2, hds_pb2_grpc
+
+from llm_health.config import parse_config
+from llm_health.hds.service import HdsService
+from llm_health.hds.settings import HdsSettings
+from llm_health.model.outcome import Outcome, ProbeResult
+from llm_health.model.states import State
+from llm_health.servers.hds import add_hds_servicer
+from llm_health.servers.xds import start_grpc_server
+
+pytestmark = pytest.mark.timeout(30)
+
+SILENCE_S = 0.3
+ENDPOINTS = {("llama", f"10.0.0.{i}:8000"): (f"10.0.0.{i}", 8000) for i in range(1, 5)}
+METHOD = "/envoy.service.health.v3.HealthDiscoveryService/StreamHealthCheck"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Plugin:
+    def __init__(self, service: HdsService, channel: grpc.aio.Channel, clock: Clock) -> None:
+        self.service, self.channel, self.clock = service, channel, clock
+        self.changes = 0
+
+    def stream(self) -> Stream:
+        return Stream(hds_pb2_grpc.HealthDiscoveryServiceStub(self.channel).StreamHealthCheck)
+
+
+async def serve(settings: HdsSettings) -> AsyncIterator[Plugin]:
+    clock = Clock()
+    plugin: Plugin | None = None
+
+    def changed() -> None:
+        if plugin is not None:
+            plugin.changes += 1
+
+    service = HdsService(settings, endpoints=ENDPOINTS, clock=clock, on_change=changed)
+    server, port = await start_grpc_server("127.0.0.1:0")
+    add_hds_servicer(server, service)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            plugin = Plugin(service, channel, clock)
+            yield plugin
+    finally:
+        await server.stop(0)
+
+
+@pytest.fixture
+async def plugin() -> AsyncIterator[Plugin]:
+    async for running in serve(HdsSettings(checkers_per_endpoint=1)):
+        yield running
+
+
+class Stream:
+    """One client stream: ``send`` messages, ``recv`` specifiers, ``silent`` = none came."""
+
+    def __init__(self, open_call: Callable[[AsyncIterator[Any]], Any]) -> None:
+        self._requests: asyncio.Queue[Any] = asyncio.Queue()
+        self.responses: asyncio.Queue[Any] = asyncio.Queue()
+        self.call = open_call(self._outgoing())
+        self._reader = asyncio.create_task(self._read())
+
+    async def _outgoing(self) -> AsyncIterator[Any]:
+        while (request := await self._requests.get()) is not None:
+            yield request
+
+    async def _read(self) -> None:
+        async for response in self.call:
+            await self.responses.put(response)
+
+    def send(self, request: Any) -> None:
+        self._requests.put_nowait(request)
+
+    async def recv(self, within_s: float = 3.0) -> hds_pb2.HealthCheckSpecifier:
+        response: hds_pb2.HealthCheckSpecifier = await asyncio.wait_for(
+            self.responses.get(), within_s
+        )
+        return response
+
+    async def silent(self, window: float = SILENCE_S) -> None:
+        await asyncio.sleep(window)
+        assert self.responses.empty(), f"unexpected specifier: {self.responses.get_nowait()}"
+
+    async def close(self) -> None:
+        self.call.cancel()
+        await asyncio.wait([self._reader])
+
+
+def hello(node: str, *protocols: int) -> hds_pb2.HealthCheckRequestOrEndpointHealthResponse:
+    message = hds_pb2.HealthCheckRequestOrEndpointHealthResponse()
+    request = message.health_check_request
+    request.node.id = node
+    request.capability.health_check_protocols.extend(
+        protocols or (hds_pb2.Capability.HTTP, hds_pb2.Capability.TCP)
+    )
+    return message
+
+
+def report(
+    *entries: tuple[str, int, int], cluster: str | None = "hds_llama", flat: bool = True
+) -> hds_pb2.HealthCheckRequestOrEndpointHealthResponse:
+    """Envoy's shape: per cluster/locality and (``flat``) the same entries flat."""
+    message = hds_pb2.HealthCheckRequestOrEndpointHealthResponse()
+    response = message.endpoint_health_response
+    response.SetInParent()  # as Envoy: set even when there is nothing to report
+    locality = None
+    if cluster is not None and entries:
+        locality = response.cluster_endpoints_health.add(cluster_name=cluster)
+        locality = locality.locality_endpoints_health.add()
+    for host, port, status in entries:
+        health = hds_pb2.EndpointHealth(health_status=status)  # type: ignore[arg-type]
+        health.endpoint.address.socket_address.address = host
+        health.endpoint.address.socket_address.port_value = port
+        if locality is not None:
+            locality.endpoints_health.append(health)
+        if flat:
+            response.endpoints_health.append(health)
+    return message
+
+
+def targets(specifier: hds_pb2.HealthCheckSpecifier) -> set[tuple[str, str, int]]:
+    return {
+        (c.cluster_name, e.address.socket_address.address, e.address.socket_address.port_value)
+        for c in specifier.cluster_health_checks
+        for locality in c.locality_endpoints
+        for e in locality.endpoints
+    }
+
+
+async def wait_until(predicate: Callable[[], bool], within_s: float = 3.0) -> None:
+    async with asyncio.timeout(within_s):
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+
+ALL = {("hds_llama", f"10.0.0.{i}", 8000) for i in range(1, 5)}
+DOWN, UP = health_check_pb2.UNHEALTHY, health_check_pb2.HEALTHY
+
+
+# --------------------------------------------------------------------------- tests
+
+
+async def test_each_node_gets_its_share_and_the_rest_when_the_other_leaves(
+    plugin: Plugin,
+) -> None:
+    one, two = plugin.stream(), plugin.stream()
+    one.send(hello("gw-1"))
+    assert targets(await one.recv()) == ALL  # alone: everything
+    two.send(hello("gw-2"))
+    share_two = targets(await two.recv())
+    share_one = targets(await one.recv())  # re-sent: its plan changed
+    assert share_one | share_two == ALL and not share_one & share_two
+    assert share_one and share_two  # rendezvous over 4 endpoints gives each some here
+    await one.silent()
+    await two.close()
+    assert targets(await one.recv()) == ALL
+    await one.close()
+    await wait_until(lambda: plugin.service.stats.streams_open == 0)
+    assert plugin.service.fleet.nodes() == ()
+
+
+async def test_a_node_with_nothing_assigned_gets_an_empty_specifier(plugin: Plugin) -> None:
+    plugin.service.set_endpoints({("llama", "10.0.0.1:8000"): ("10.0.0.1", 8000)})
+    streams = [plugin.stream() for _ in range(3)]
+    for index, stream in enumerate(streams):
+        stream.send(hello(f"gw-{index}"))
+    got = []
+    for stream in streams:
+        specifier = await stream.recv()
+        while not stream.responses.empty():
+            specifier = await stream.recv()  # the latest one is what Envoy keeps
+        got.append(specifier)
+    await asyncio.sleep(SILENCE_S)
+    got = [
+        s if streams[i].responses.empty() else await streams[i].recv() for i, s in enumerate(got)
+    ]
+    sizes = sorted(len(targets(s)) for s in got)
+    assert sizes == [0, 0, 1]
+    assert all(s.interval.ToMilliseconds() == 1000 for s in got)
+    for stream in streams:
+        await stream.close()
+
+
+async def test_the_specifier_is_resent_on_every_request_and_never_for_a_report(
+    plugin: Plugin,
+) -> None:
+    stream = plugin.stream()
+    stream.send(hello("gw-1"))
+    first = await stream.recv()
+    stream.send(report(("10.0.0.1", 8000, UP)))
+    await stream.silent()
+    stream.send(hello("gw-1"))  # e.g. a client that re-identifies: answered again
+    assert await stream.recv() == first
+    await stream.close()
+
+
+async def test_bad_messages_never_end_the_stream_or_corrupt_state(plugin: Plugin) -> None:
+    stats = plugin.service.stats
+    stream = plugin.stream()
+    stream.send(hds_pb2.HealthCheckRequestOrEndpointHealthResponse())  # neither field
+    stream.send(report(("10.0.0.1", 8000, DOWN)))  # before the HealthCheckRequest
+    stream.send(hello("gw-1"))
+    await stream.recv()
+    plugin.clock.now += 10  # past the first-check grace
+    bad = report(
+        ("10.9.9.9", 8000, DOWN),  # not an endpoint of ours
+        ("10.0.0.1", 0, DOWN),  # no port
+        ("", 8000, DOWN),  # no address
+        ("10.0.0.2", 8000, 42),  # an unknown status value
+    )
+    pipe = bad.endpoint_health_response.cluster_endpoints_health[0]
+    pipe.locality_endpoints_health[0].endpoints_health.add().endpoint.address.pipe.path = "/x"
+    foreign = bad.endpoint_health_response.cluster_endpoints_health.add(cluster_name="other")
+    foreign.locality_endpoints_health.add().endpoints_health.add()
+    stream.send(bad)
+    stream.send(report())  # empty: a sign of life, nothing else
+    stream.send(report(("10.0.0.3", 8000, DOWN), cluster=None))  # flat form only
+    await wait_until(lambda: stats.reports == 3)
+    assert stats.empty_messages == 1
+    assert stats.reports_before_request == 1
+    assert stats.empty_reports == 1
+    assert stats.malformed_entries == 4  # no port, no address, pipe, foreign cluster
+    assert stats.entries.unknown_endpoint == 1
+    assert stats.entries.no_verdict == 1
+    assert stats.entries.counted == 1
+    decisions = plugin.service.decisions()
+    assert decisions[("llama", "10.0.0.3:8000")] == "unreachable from gw-1"
+    assert [k for k, v in decisions.items() if v] == [("llama", "10.0.0.3:8000")]
+    # Still serving: a healthy report lifts it.
+    stream.send(report(("10.0.0.3", 8000, UP)))
+    await wait_until(lambda: plugin.service.decisions()[("llama", "10.0.0.3:8000")] is None)
+    await stream.close()
+
+
+async def test_garbage_bytes_end_only_that_stream(plugin: Plugin) -> None:
+    raw = plugin.channel.stream_stream(
+        METHOD, request_serializer=lambda b: b, response_deserializer=lambda b: b
+    )
+
+    async def garbage() -> AsyncIterator[bytes]:
+        yield b"\xff\xfe not a protobuf \x00\x01"
+        await asyncio.sleep(5)
+
+    call = raw(garbage())
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        async for _ in call:
+            pass
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert plugin.service.stats.undecodable_messages == 1
+    stream = plugin.stream()
+    stream.send(hello("gw-1"))
+    assert targets(await stream.recv()) == ALL
+    await stream.close()
+
+
+async def test_a_node_that_reconnects_at_once_keeps_its_assignment(plugin: Plugin) -> None:
+    other = plugin.stream()
+    other.send(hello("gw-2"))
+    await other.recv()
+    old = plugin.stream()
+    old.send(hello("gw-1"))
+    mine = targets(await old.recv())
+    theirs = targets(await other.recv())
+    assert mine | theirs == ALL
+    plugin.clock.now += 10
+    old.send(report(*[(h, p, DOWN) for _, h, p in sorted(mine)]))
+    await wait_until(lambda: plugin.service.stats.reports == 1)
+    new = plugin.stream()  # same node id, before the old stream is gone
+    new.send(hello("gw-1"))
+    assert targets(await new.recv()) == mine
+    await old.close()
+    await wait_until(lambda: plugin.service.stats.streams_open == 2)
+    await other.silent()  # nothing moved: gw-1 never left
+    await new.silent()
+    (node,) = [n for n in plugin.service.fleet.nodes() if n.node_id == "gw-1"]
+    assert len(node.streams) == 1
+    # Its reports were kept across the reconnect.
+    down = {k for k, v in plugin.service.decisions().items() if v}
+    assert {address.split(":")[0] for _, address in down} == {h for _, h, _ in mine}
+    await new.close()
+    await other.close()
+
+
+@pytest.fixture
+async def pair_plugin() -> AsyncIterator[Plugin]:
+    async for running in serve(HdsSettings(checkers_per_endpoint=2, report_ttl_s=5.0)):
+        yield running
+
+
+async def test_reports_of_a_node_that_went_away_expire(pair_plugin: Plugin) -> None:
+    plugin, key = pair_plugin, ("llama", "10.0.0.1:8000")
+    one, two = plugin.stream(), plugin.stream()
+    one.send(hello("gw-1"))
+    two.send(hello("gw-2"))
+    await one.recv()
+    await two.recv()
+    plugin.clock.now += 10
+    one.send(report(("10.0.0.1", 8000, DOWN)))
+    two.send(report(("10.0.0.1", 8000, UP)))
+    await wait_until(lambda: plugin.service.stats.reports == 2)
+    assert plugin.service.decisions()[key] is None  # 1 of 2: no majority
+    await two.close()
+    await wait_until(lambda: plugin.service.stats.streams_open == 1)
+    for second in range(1, 7):  # gw-1 goes on reporting every second, as Envoy does
+        plugin.clock.now += 1
+        plugin.service.tick()
+        one.send(report(("10.0.0.1", 8000, DOWN)))
+        await wait_until(lambda expected=2 + second: plugin.service.stats.reports == expected)
+        verdict = plugin.service.decisions()[key]
+        if second <= 5:
+            assert verdict is None, second  # gw-2's last word (UP) still counts
+        else:
+            assert verdict == "unreachable from gw-1"
+    status = plugin.service.status()
+    (entry,) = [e for e in status["endpoints"] if e["address"] == "10.0.0.1:8000"]
+    assert entry["reporters"] == [
+        {"node": "gw-1", "said": "unhealthy", "age_s": 0.0, "assigned": True}
+    ]
+    assert entry["checkers"] == ["gw-1"]
+    await one.close()
+
+
+async def test_disabled_hds_refuses_streams() -> None:
+    async for plugin in serve(HdsSettings(enabled=False)):
+        call = hds_pb2_grpc.HealthDiscoveryServiceStub(plugin.channel).StreamHealthCheck(
+            iter([hello("gw-1")])
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            async for _ in call:
+                pass
+        assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert "hds.enabled" in str(caught.value.details())
+        assert plugin.service.stats.refused_streams == 1
+
+
+# --------------------------------------------------------------------------- component
+
+CONFIG = """\
+hds: {checkers_per_endpoint: 1}
+clusters:
+  - name: llama
+    endpoints: [{address: 10.0.0.1:8000}, {address: 10.0.0.2:8000}]
+"""
+
+
+async def test_component_sets_and_clears_the_boards_hds_signal() -> None:
+    from llm_health.app.runtime import Runtime
+
+    clock = Clock()
+    runtime = Runtime(parse_config(CONFIG, "x.yaml", {}), clock=clock)
+    (component,) = [c for c in runtime.components if c.name == "hds"]
+    seen: list[tuple[str, str, str]] = []
+    runtime.transition_observers.append(
+        lambda cluster, address, t, _r: seen.append((address, t.before.value, t.health.reason))
+    )
+    fast = ProbeResult(Outcome.FAST, 0.0, ttft_ms=10)
+    for address in ("10.0.0.1:8000", "10.0.0.2:8000"):
+        runtime.board.record("llama", address, fast, clock.now)
+    assert runtime.board.health("llama", "10.0.0.1:8000").state is State.HEALTHY
+
+    fleet = component.service.fleet  # type: ignore[attr-defined]
+    fleet.open_stream(1, "gw-1", ["TCP"], clock.now)
+    clock.now += 10
+    from llm_health.hds.fleet import ReportEntry
+    from llm_health.hds.ledger import Said
+
+    fleet.report(1, [ReportEntry("llama", "10.0.0.1", 8000, Said.UNHEALTHY)], clock.now)
+    await component.sync()  # type: ignore[attr-defined]
+    endpoint = runtime.hub.current().clusters["llama"].endpoints[0]
+    assert endpoint.state is State.UNHEALTHY
+    assert endpoint.reason == "unreachable from gw-1"
+    assert dict(endpoint.signals) == {"hds": "unreachable from gw-1"}
+    assert seen == [("10.0.0.1:8000", "healthy", "unreachable from gw-1")]
+    revision = runtime.hub.current().revision
+    await component.sync()  # nothing changed: no board write, no publish
+    assert runtime.hub.current().revision == revision
+
+    fleet.report(1, [ReportEntry("llama", "10.0.0.1", 8000, Said.HEALTHY)], clock.now)
+    await component.sync()
+    endpoint = runtime.hub.current().clusters["llama"].endpoints[0]
+    assert dict(endpoint.signals) == {}
+    assert endpoint.state is State.UNHEALTHY  # recovery goes through probe hysteresis
+    for _ in range(3):  # healthy_after = 3 FAST probes
+        runtime.board.record("llama", "10.0.0.1:8000", fast, clock.now)
+    assert runtime.board.health("llama", "10.0.0.1:8000").state is State.HEALTHY
+    assert component.status()["nodes"][0]["node"] == "gw-1"

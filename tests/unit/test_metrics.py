@@ -1,0 +1,163 @@
+"""/metrics content from a Runtime that is built but not started: observers fed by hand,
+the exposition parsed back with prometheus_client's own parser."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from llm_health.app.metrics import MAX_COMPONENT_SERIES, component_families
+from llm_health.app.runtime import Runtime
+from llm_health.config import parse_config
+from llm_health.model.machine import Transition
+from llm_health.model.outcome import Outcome, ProbeResult
+from llm_health.model.states import EndpointHealth, State
+
+A, B = "127.0.0.1:8001", "127.0.0.1:8002"
+CONFIG = f"""
+probe: {{headers: {{Authorization: "Bearer sk-secret-in-headers"}}}}
+clusters:
+  - name: llama
+    endpoints: [{{address: "{A}"}}, {{address: "{B}", weight: 50}}]
+"""
+
+
+def runtime() -> Runtime:
+    return Runtime(parse_config(CONFIG, "t.yaml", {}))
+
+
+def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return found
+
+
+def value(found: dict[Any, float], name: str, **labels: str) -> float | None:
+    return found.get((name, frozenset(labels.items())))
+
+
+async def scrape(rt: Runtime) -> tuple[dict[Any, float], str]:
+    body, content_type = await rt.metrics.exposition()
+    assert content_type.startswith("text/plain")
+    text = body.decode()
+    return samples(text), text
+
+
+def feed(rt: Runtime, address: str, result: ProbeResult) -> None:
+    (target,) = [t for t in rt.targets if t.address == address]
+    for observe in rt.probe_observers:
+        observe(target, result)
+
+
+async def test_probe_histograms_and_outcomes() -> None:
+    rt = runtime()
+    feed(rt, A, ProbeResult(Outcome.FAST, 0.0, ttft_ms=41.0, connect_ms=0.4, headers_ms=2.0))
+    feed(rt, A, ProbeResult(Outcome.SLOW, 0.0, ttft_ms=450.0, connect_ms=0.3, headers_ms=3.0))
+    feed(rt, B, ProbeResult(Outcome.TIMEOUT, 0.0, connect_ms=0.5, detail="no first token"))
+    found, text = await scrape(rt)
+    ep = {"cluster": "llama", "endpoint": A}
+    assert value(found, "llm_health_probe_ttft_seconds_count", **ep) == 2
+    assert value(found, "llm_health_probe_ttft_seconds_bucket", **ep, le="0.025") == 0
+    assert value(found, "llm_health_probe_ttft_seconds_bucket", **ep, le="0.05") == 1
+    assert value(found, "llm_health_probe_ttft_seconds_bucket", **ep, le="0.5") == 2
+    assert abs(value(found, "llm_health_probe_ttft_seconds_sum", **ep) - 0.491) < 1e-9  # type: ignore[operator]
+    assert value(found, "llm_health_probe_connect_seconds_count", **ep) == 2
+    assert value(found, "llm_health_probe_headers_seconds_count", **ep) == 2
+    # a timeout has no TTFT: no observation, but a connect time and an outcome
+    assert value(found, "llm_health_probe_ttft_seconds_count", cluster="llama", endpoint=B) is None
+    assert value(found, "llm_health_probe_connect_seconds_count", cluster="llama", endpoint=B) == 1
+    assert value(found, "llm_health_probes_total", **ep, outcome="fast") == 1
+    assert value(found, "llm_health_probes_total", **ep, outcome="slow") == 1
+    assert (
+        value(found, "llm_health_probes_total", cluster="llama", endpoint=B, outcome="timeout") == 1
+    )
+    assert "no first token" not in text and "sk-secret" not in text
+    assert "_created" not in text
+
+
+async def test_transitions_counted_by_reason_class() -> None:
+    rt = runtime()
+    healthy = EndpointHealth(State.HEALTHY, 1.0, "ready", 0.0, 1)
+    degraded = EndpointHealth(State.DEGRADED, 2.0, "timeout: no first token in 800 ms", 0.0, 1)
+    timeout = ProbeResult(Outcome.TIMEOUT, 0.0)
+    rt.notify_transition("llama", A, Transition(State.HEALTHY, degraded, changed=True), timeout)
+    rt.notify_transition("llama", A, Transition(State.DEGRADED, degraded, changed=False), timeout)
+    rt.notify_transition("llama", A, Transition(State.DEGRADED, healthy, changed=True), None)
+    found, text = await scrape(rt)
+    labels = {"cluster": "llama", "endpoint": A}
+    name = "llm_health_state_transitions_total"
+    assert (
+        value(found, name, **labels, **{"from": "healthy", "to": "degraded", "reason": "timeout"})
+        == 1
+    )
+    assert (
+        value(found, name, **labels, **{"from": "degraded", "to": "healthy", "reason": "other"})
+        == 1
+    )
+    assert (
+        sum(v for (n, _), v in found.items() if n == name) == 2
+    )  # the unchanged one is not counted
+    assert "no first token in 800 ms" not in text  # free text never becomes a label
+
+
+async def test_state_weight_and_prober_series_read_the_board() -> None:
+    rt = runtime()
+    (target,) = [t for t in rt.targets if t.address == B]
+    await rt.on_result(target, ProbeResult(Outcome.FAST, 0.0, ttft_ms=10.0))
+    rt.board.set_override("llama", A, State.DRAINING, until=1e12, reason="m")
+    found, _ = await scrape(rt)
+    a, b = {"cluster": "llama", "endpoint": A}, {"cluster": "llama", "endpoint": B}
+    assert value(found, "llm_health_endpoint_state", **a, state="draining") == 1
+    assert value(found, "llm_health_endpoint_state", **a, state="starting") == 0
+    assert value(found, "llm_health_endpoint_state", **b, state="healthy") == 1
+    assert sum(v for (n, ls), v in found.items() if n == "llm_health_endpoint_state") == 2
+    assert value(found, "llm_health_endpoint_weight", **b) == 50
+    assert value(found, "llm_health_endpoint_override", **a) == 1
+    assert value(found, "llm_health_cluster_endpoints", cluster="llama", state="healthy") == 1
+    assert value(found, "llm_health_probes_completed_total") == 1
+    assert value(found, "llm_health_xds_nacks_total", variant="ads_sotw", type="eds") == 0
+    assert value(found, "llm_health_loop_lag_seconds") is not None
+    assert value(found, "llm_health_admin_calls_total") == 0  # a component's status()
+    assert value(found, "process_resident_memory_bytes")
+
+
+async def test_series_of_removed_endpoints_are_dropped() -> None:
+    rt = runtime()
+    feed(rt, B, ProbeResult(Outcome.FAST, 0.0, ttft_ms=10.0, connect_ms=1.0, headers_ms=2.0))
+    found, _ = await scrape(rt)
+    assert value(found, "llm_health_probe_ttft_seconds_count", cluster="llama", endpoint=B) == 1
+    smaller = parse_config(CONFIG.replace(f', {{address: "{B}", weight: 50}}', ""), "t.yaml", {})
+    rt.board.apply_specs(smaller.cluster_specs(), now=0.0)
+    rt.board.expire(now=1e9)
+    found, text = await scrape(rt)
+    assert B not in text
+    assert value(found, "llm_health_endpoint_weight", cluster="llama", endpoint=A) == 100
+
+
+def test_component_export_is_bounded() -> None:
+    status = {
+        "hds": {
+            "streams": 2,
+            "reports_total": 7,
+            "healthy": True,
+            "last_error": "boom at 10.0.0.1",  # strings are never exported
+            "per_endpoint": {"10.0.0.1:8000": 3, "10.0.0.2:8000": 4},  # not identifiers
+            "deep": {"a": {"x": 1, "b": {"c": {"d": {"e": 1}}}}},
+            "many": {f"k{i}": i for i in range(MAX_COMPONENT_SERIES + 50)},
+            "list": [1, 2, 3],
+        },
+        "ext-authz": {"checks_total": 5},
+    }
+    families = {f.name: f for f in component_families(status)}
+    hds = [n for n in families if n.startswith("llm_health_hds_")]
+    assert len(hds) == MAX_COMPONENT_SERIES
+    assert families["llm_health_hds_streams"].type == "gauge"
+    assert families["llm_health_hds_reports"].type == "counter"  # *_total
+    assert families["llm_health_hds_healthy"].samples[0].value == 1.0
+    assert families["llm_health_ext_authz_checks"].samples[0].value == 5
+    assert not any("10_0_0" in n or "last_error" in n or "list" in n for n in families)
+    assert "llm_health_hds_deep_a_x" in families
+    assert not any(n.startswith("llm_health_hds_deep_a_b") for n in families)  # too deep
