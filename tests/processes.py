@@ -6,6 +6,7 @@ by the test that started it (context manager, or ``stop()``/``kill()`` in a fina
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -65,7 +66,7 @@ class _Process:
             try:
                 urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=1)
                 return
-            except OSError:
+            except (OSError, http.client.HTTPException):
                 time.sleep(0.05)
         raise TimeoutError(f"{url} not answering after {timeout} s: {self.log_tail()}")
 

@@ -9,6 +9,7 @@ the benchmarks and the tests; handy for running several gateways on one host.
 from __future__ import annotations
 
 import copy
+import random
 import socket
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -25,12 +26,23 @@ Bootstrap = dict[str, Any]
 ClusterSelection = Mapping[str, Mapping[str, Any] | None] | Sequence[str]
 
 
+# Ports handed out for other processes to bind come from below the kernel's ephemeral range
+# (Linux default 32768-60999): a port picked here and bound a moment later by a child
+# process can then not be taken meanwhile by some other socket's automatic `:0` bind.
+_PICK_RANGE = (20000, 32000)
+
+
 def free_port() -> int:
-    """A free TCP port on 127.0.0.1 (racy by nature; fine for tests and demos)."""
-    with socket.socket() as sock:
-        sock.bind((LOOPBACK, 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A TCP port on 127.0.0.1 that is free now, outside the ephemeral range (see above)."""
+    for _ in range(200):
+        port = random.randrange(*_PICK_RANGE)
+        with socket.socket() as sock:
+            try:
+                sock.bind((LOOPBACK, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {_PICK_RANGE}")
 
 
 def load_bootstrap(path: Path | str) -> Bootstrap:
