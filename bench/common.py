@@ -24,6 +24,9 @@ def free_port_block(count: int, start: int = 20000, end: int = 60000) -> int:
 
 def _free(port: int) -> bool:
     with socket.socket() as s:
+        # As a server binds (aiohttp sets SO_REUSEADDR): connections in TIME_WAIT left by
+        # the previous run on these ports do not make them unusable.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

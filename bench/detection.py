@@ -84,7 +84,6 @@ USER_MAX_TOKENS = 8
 STALL_S = 5.0  # no answer (or first token) within this: the user is "stalled"
 CLIENT_TIMEOUT_S = 5.5  # a bit above STALL_S, so stalls are seen, bounded
 POLL_S = 0.1
-ISOLATION_QUIET_S = 2.0  # no request routed there for this long before the heal: isolated
 HEAL = {
     "fault": "none",
     "ttft": BASE_TTFT,
@@ -504,7 +503,8 @@ def analyse(stack: Stack, sc: Scenario, end: float) -> dict[str, Any]:
     }
     window = [r for r in stack.requests if t0 <= r.sent < t1]
     to_faulty = sorted(hit[r.rid] for r in window if r.rid in hit)
-    isolated_at, readmitted = _isolation(to_faulty, t0, t1)
+    removed_at, readmitted = _removal(stack, t0, t1)
+    isolated_at = _isolation(to_faulty, t0, removed_at)
     # Every request of the run counts: those in flight at the fault instant can be hurt
     # too (a crash resets them); the lead phase before it is healthy.
     latencies = sorted(r.latency_s for r in window if r.latency_s is not None and r.outcome == "ok")
@@ -530,15 +530,28 @@ def analyse(stack: Stack, sc: Scenario, end: float) -> dict[str, Any]:
     }
 
 
-def _isolation(routed: list[float], t0: float, t1: float) -> tuple[float | None, bool]:
-    """(time of the last request routed to the faulty backend before the first quiet gap
-    of ISOLATION_QUIET_S, whether requests were routed there again after that gap)."""
-    previous = t0
-    for index, at in enumerate([*routed, t1]):
-        if at - previous >= ISOLATION_QUIET_S:
-            return previous, index < len(routed)
-        previous = max(previous, at)
-    return None, False
+def _removal(stack: Stack, t0: float, t1: float) -> tuple[float | None, bool]:
+    """(when Envoy first took the faulty backend out of load balancing while it was
+    faulty, whether Envoy put it back before the heal: outlier ejection time running out)."""
+    out = None
+    for at, view in stack.views:
+        state = view.get(stack.faulty)
+        if state is None or not t0 <= at < t1:
+            continue
+        if out is None and not state[0]:
+            out = at
+        elif out is not None and state[0]:
+            return out, True
+    return out, False
+
+
+def _isolation(routed: list[float], t0: float, removed_at: float | None) -> float | None:
+    """When the last user request was routed to the faulty backend before Envoy took it
+    out (``t0`` if none was); None if Envoy never took it out. Requests logged within one
+    poll after the removal was seen still count (it happened between two polls)."""
+    if removed_at is None:
+        return None
+    return max([t0, *(at for at in routed if at <= removed_at + POLL_S)])
 
 
 def _envoy_timeline(stack: Stack, t0: float, t1: float) -> tuple[float | None, float | None]:
@@ -791,10 +804,12 @@ def describe(args: argparse.Namespace, load: str, elapsed: float) -> str:
         f"Envoy checkers: interval 1 s, timeout 800 ms, unhealthy_threshold 2, "
         f"healthy_threshold 3 (llm-health's defaults). Outlier detection: "
         f"{json.dumps(OUTLIER)}, route timeout {OUTLIER_ROUTE_TIMEOUT} (real LLM routes "
-        f"need minutes; 5 s is generous to it). Isolation = the last user request Envoy "
-        f"routed to the faulty backend (access log), counted as isolated when none followed "
-        f"for {ISOLATION_QUIET_S:g} s before the heal. State changes: Envoy's view (routable, "
-        f"weight) of each backend polled every {POLL_S * 1000:g} ms.\n\n"
+        f"need minutes; 5 s is generous to it). Envoy's view of each backend (routable, "
+        f"weight) is polled every {POLL_S * 1000:g} ms. Isolation: Envoy took the faulty "
+        f"backend out of load balancing; the time given is that of the last user request "
+        f"it routed there until then (access log). Without isolation a backend can still "
+        f"get less traffic: LEAST_REQUEST avoids backends where requests pile up (share "
+        f"table). 're-admitted': Envoy put it back while still faulty.\n\n"
         f"Load average before the run: {load}. Wall time: {elapsed:.0f} s."
     )
 

@@ -158,7 +158,7 @@ def render_probe(rows: list[dict[str, Any]]) -> str:
 
 def render_fleet(measured: dict[int, float], prompt_tokens: int) -> str:
     lines = [
-        "| gateway replicas N | probes/s per backend: expected N / interval | measured | prompt tokens/s | generated tokens/s | = user requests/s (500 in + 200 out) |",
+        "| gateway replicas N | probes/s per backend: expected N / interval | measured | prompt tokens/s | generated tokens/s | tokens, as user requests/s of 500 in + 200 out |",
         "|---|---|---|---|---|---|",
     ]
     for n in sorted({1, 3, 10, 50, 100} | set(measured)):

@@ -206,7 +206,7 @@ def main() -> None:
     body = (
         f"`llm-health serve` as a subprocess, interval 1 s, timeout 800 ms, simulator TTFT 50 ms "
         f"({args.ports_per_sim} ports per simulator process, on the same 2 cores), no Envoy "
-        f"attached. {args.warmup:g} s warm-up after ready, then {args.duration:g} s measured; "
+        f"attached. {args.warmup:g} s warm-up after ready, then {args.duration:g} s measured. "
         f"Load average before: {load}, after: {load_average()}.\n\n" + table(rows, args.duration)
     )
     command = "python bench/serve_footprint.py " + " ".join(sys.argv[1:])

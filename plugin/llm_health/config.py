@@ -293,7 +293,7 @@ class HdsConfig(_Frozen):
     @model_validator(mode="after")
     def _consistent(self) -> HdsConfig:
         if self.body is not None and self.check != "http":
-            raise ValueError('body needs check: http (a tcp check sends nothing)')
+            raise ValueError("body needs check: http (a tcp check sends nothing)")
         if self.quorum is not None and self.quorum > self.checkers_per_endpoint:
             raise ValueError("quorum cannot exceed checkers_per_endpoint")
         if self.report_ttl <= self.report_interval:

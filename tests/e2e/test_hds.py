@@ -46,8 +46,8 @@ class Stack:
         self.sims: list[SimProcess] = []
         self.plugin: PluginProcess | None = None
 
-    def start(self, **hds: Any) -> PluginProcess:
-        for index in range(4):
+    def start(self, count: int = 4, **hds: Any) -> PluginProcess:
+        for index in range(count):
             sim = SimProcess(self.workdir, f"b{index}", *FAST)
             self.started.append(sim)
             self.sims.append(sim)
@@ -78,6 +78,14 @@ class Stack:
         envoy = EnvoyProcess(rendered, workdir=self.workdir / node_id)
         self.started.append(envoy)
         return envoy.start()
+
+    def wait_reported(self, nodes: dict[str, EnvoyProcess], timeout: float = 15) -> None:
+        """``all_reported`` for ``nodes``; on time-out the failure shows what each side saw."""
+        try:
+            wait_until(lambda: all_reported(self.hds(), set(nodes)), timeout, "reports")
+        except AssertionError as exc:
+            envoys = {n: e.stats(r"hds_delegate|health_check") for n, e in nodes.items()}
+            raise AssertionError(f"{exc}\nplugin: {self.hds()}\nenvoys: {envoys}") from None
 
     def hds(self) -> dict[str, Any]:
         assert self.plugin is not None
@@ -120,8 +128,11 @@ def eds_status(envoy: EnvoyProcess, address: str) -> str:
 
 
 def all_reported(hds: dict[str, Any], nodes: set[str], said: str = "healthy") -> bool:
-    """Every endpoint has a word from each of its checkers, all ``said``."""
-    return all(
+    """Exactly ``nodes`` joined (an Envoy is LIVE before its HDS stream is up), each has
+    sent a report (even one with nothing to check), and every endpoint has a word from
+    each of its checkers, all ``said``."""
+    joined = {n["node"] for n in hds["nodes"] if n["reports"] >= 1}
+    return joined == nodes and all(
         set(e["checkers"]) <= nodes
         and {r["node"] for r in e["reporters"] if r["said"] == said} >= set(e["checkers"])
         and e["checkers"]
@@ -134,7 +145,7 @@ def test_two_envoys_check_all_backends_and_an_unreachable_one_is_taken_out(
 ) -> None:
     stack.start(checkers_per_endpoint=2, timeout="500ms")
     gw1, gw2 = stack.envoy("gw-1"), stack.envoy("gw-2")
-    wait_until(lambda: all_reported(stack.hds(), {"gw-1", "gw-2"}), 15, "reports from both")
+    stack.wait_reported({"gw-1": gw1, "gw-2": gw2})
 
     hds = stack.hds()
     assert sorted(n["node"] for n in hds["nodes"]) == ["gw-1", "gw-2"]
@@ -196,7 +207,7 @@ def test_a_killed_envoys_checks_move_to_the_other_and_its_reports_expire(
     ttl_s = 3.0
     stack.start(checkers_per_endpoint=1, report_ttl=f"{ttl_s:g}s")
     envoys = {"gw-1": stack.envoy("gw-1"), "gw-2": stack.envoy("gw-2")}
-    wait_until(lambda: all_reported(stack.hds(), set(envoys)), 15, "reports on every backend")
+    stack.wait_reported(envoys)
     hds = stack.hds()
     for entry in hds["endpoints"]:
         assert len(entry["checkers"]) == 1, entry  # exactly checkers_per_endpoint
@@ -231,11 +242,6 @@ def test_a_killed_envoys_checks_move_to_the_other_and_its_reports_expire(
 
     wait_until(survivor_reports_the_moved_ones, 10, "the survivor to report the moved backends")
     moved_s = time.monotonic() - killed_at
-    print("DEBUG", moved_s, [ (r.get("ts"), r.get("msg"), r.get("node")) for r in stack.plugin.log_records() if "HDS" in str(r.get("msg"))])
-    print("DEBUG killed_at wall", time.time() - (time.monotonic() - killed_at), victim)
-    if moved_s > 2:
-        time.sleep(4)
-        print("DEBUG LOG", stack.plugin.log_path.read_text())
     assert moved_s <= REPORT_INTERVAL_S + 1.0, f"moved after {moved_s:.2f} s"
     assert [n["node"] for n in stack.hds()["nodes"]] == [survivor]
     assert envoys[survivor].stat(f"cluster.{HDS_CLUSTER}.health_check.healthy") == 4
@@ -251,3 +257,36 @@ def test_a_killed_envoys_checks_move_to_the_other_and_its_reports_expire(
     assert expired_s >= ttl_s - REPORT_INTERVAL_S - 0.5, expired_s  # kept until the TTL
     # Nothing was taken down on the way.
     assert {stack.endpoint(s.address)["state"] for s in stack.sims} == {"healthy"}
+
+
+def test_an_http_check_can_post_a_body(stack: Stack) -> None:
+    """``hds.body`` makes Envoy's check a POST carrying it (HttpHealthCheck.method + send):
+    here a 1-token completion the simulator answers (and counts as a non-probe request)."""
+    body = '{"model": "sim-model", "prompt": "hello-hds", "max_tokens": 1}'
+    stack.start(count=1, path="/v1/completions", body=body)
+    envoy = stack.envoy("gw-1")
+    stack.wait_reported({"gw-1": envoy})
+    sim = stack.sims[0]
+    posted = [r for r in sim.stats()["recent"] if r["prompt"] == "hello-hds"]
+    assert posted and all(not r["probe"] and r["path"] == "/v1/completions" for r in posted)
+    assert envoy.stat(f"cluster.{HDS_CLUSTER}.health_check.success") >= 1
+    assert envoy.stat(f"cluster.{HDS_CLUSTER}.health_check.failure", 0) == 0
+
+
+def test_an_envoy_with_nothing_to_check_keeps_reporting_and_stays_usable(stack: Stack) -> None:
+    """One backend, one checker, two Envoys: one of them is handed an empty specifier.
+    Envoy then reports a message with neither field set every interval; that must count
+    as a report, or the idle Envoy would go stale after report_ttl and not be there to
+    take over."""
+    stack.start(count=1, checkers_per_endpoint=1, report_ttl="2s")
+    envoys = {"gw-1": stack.envoy("gw-1"), "gw-2": stack.envoy("gw-2")}
+    stack.wait_reported(envoys)
+    updates = {node: envoy.stat("hds_delegate.updates") for node, envoy in envoys.items()}
+    time.sleep(3.5)  # longer than report_ttl
+    nodes = {n["node"]: n for n in stack.hds()["nodes"]}
+    (idle,) = [n for n in nodes.values() if n["assigned_endpoints"] == 0]
+    assert idle["usable"] and idle["reports"] >= 3
+    assert idle["last_seen_s_ago"] < 1.5
+    # Nothing moved meanwhile: no Envoy was sent a new specifier.
+    assert {node: e.stat("hds_delegate.updates") for node, e in envoys.items()} == updates
+    assert stack.hds()["stats"]["empty_reports"] >= 3

@@ -91,18 +91,26 @@ def test_post_health_check_sends_a_completion(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("routed", "want"),
+    ("routed", "removed_at", "want"),
     [
-        ([], (100.0, False)),  # nothing routed there after the fault: isolated at once
-        ([100.5, 101.0], (101.0, False)),
-        ([100.5, 101.0, 104.0], (101.0, True)),  # a gap, then back in (re-admitted)
-        ([100.5, 102.0, 103.5, 105.0, 106.5, 108.0, 109.5, 111.0], (None, False)),  # no gap
-        ([110.5], (100.0, True)),  # none for 10 s after the fault, then routed again
-        ([100.5, 102.0, 110.5], (102.0, True)),
+        ([100.5, 101.0, 104.0], None, None),  # Envoy never took it out: not isolated
+        ([], 103.0, 100.0),  # none routed there after the fault
+        ([100.5, 101.0, 102.95, 109.0], 102.9, 102.95),  # within one poll of the removal
+        ([100.5, 101.0, 104.0], 102.0, 101.0),  # routed again after a re-admission
     ],
 )
-def test_isolation_gap(routed: list[float], want: tuple[float | None, bool]) -> None:
-    assert detection._isolation(routed, 100.0, 112.0) == want
+def test_isolation(routed: list[float], removed_at: float | None, want: float | None) -> None:
+    assert detection._isolation(routed, 100.0, removed_at) == want
+
+
+def test_removal_and_readmission() -> None:
+    a = "127.0.0.1:1"
+    stack = detection.Stack("outlier", [], Path())
+    stack.sims = [type("S", (), {"address": a})()]  # type: ignore[list-item]
+    stack.views = [(t, {a: (t < 3 or t > 5, 1)}) for t in (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0)]
+    assert detection._removal(stack, 1.5, 7.0) == (3.0, True)
+    assert detection._removal(stack, 1.5, 5.5) == (3.0, False)
+    assert detection._removal(stack, 6.0, 9.0) == (None, False)
 
 
 def test_view_changes_and_timeline() -> None:

@@ -18,9 +18,14 @@ import pytest
 from envoy.config.core.v3 import health_check_pb2
 from envoy.service.health.v3 import hds_pb2, hds_pb2_grpc
 
+from llm_health.app.hds import endpoints_of
+from llm_health.app.runtime import Runtime
 from llm_health.config import parse_config
+from llm_health.hds.fleet import ReportEntry
+from llm_health.hds.ledger import Said
 from llm_health.hds.service import HdsService
 from llm_health.hds.settings import HdsSettings
+from llm_health.model.board import ClusterSpec
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.states import State
 from llm_health.servers.hds import add_hds_servicer
@@ -82,6 +87,7 @@ class Stream:
     def __init__(self, open_call: Callable[[AsyncIterator[Any]], Any]) -> None:
         self._requests: asyncio.Queue[Any] = asyncio.Queue()
         self.responses: asyncio.Queue[Any] = asyncio.Queue()
+        self.last: Any = None  # the latest response: what an Envoy would hold now
         self.call = open_call(self._outgoing())
         self._reader = asyncio.create_task(self._read())
 
@@ -91,6 +97,7 @@ class Stream:
 
     async def _read(self) -> None:
         async for response in self.call:
+            self.last = response
             await self.responses.put(response)
 
     def send(self, request: Any) -> None:
@@ -189,19 +196,12 @@ async def test_a_node_with_nothing_assigned_gets_an_empty_specifier(plugin: Plug
     streams = [plugin.stream() for _ in range(3)]
     for index, stream in enumerate(streams):
         stream.send(hello(f"gw-{index}"))
-    got = []
-    for stream in streams:
-        specifier = await stream.recv()
-        while not stream.responses.empty():
-            specifier = await stream.recv()  # the latest one is what Envoy keeps
-        got.append(specifier)
+        await stream.recv()  # everyone is answered at once
+    await wait_until(lambda: len(plugin.service.fleet.nodes()) == 3)
     await asyncio.sleep(SILENCE_S)
-    got = [
-        s if streams[i].responses.empty() else await streams[i].recv() for i, s in enumerate(got)
-    ]
-    sizes = sorted(len(targets(s)) for s in got)
-    assert sizes == [0, 0, 1]
-    assert all(s.interval.ToMilliseconds() == 1000 for s in got)
+    latest = [stream.last for stream in streams]
+    assert sorted(len(targets(s)) for s in latest) == [0, 0, 1]
+    assert all(s.interval.ToMilliseconds() == 1000 for s in latest)
     for stream in streams:
         await stream.close()
 
@@ -254,6 +254,27 @@ async def test_bad_messages_never_end_the_stream_or_corrupt_state(plugin: Plugin
     # Still serving: a healthy report lifts it.
     stream.send(report(("10.0.0.3", 8000, UP)))
     await wait_until(lambda: plugin.service.decisions()[("llama", "10.0.0.3:8000")] is None)
+    await stream.close()
+
+
+async def test_an_empty_message_after_the_request_is_envoys_empty_report(
+    plugin: Plugin,
+) -> None:
+    """Envoy with nothing to check reports a message with neither field set; it must
+    count as a report and keep the node from going stale."""
+    stream = plugin.stream()
+    stream.send(hello("gw-1"))
+    await stream.recv()
+    for _ in range(3):
+        plugin.clock.now += 2  # 6 s in all: more than report_ttl (5 s) since the request
+        stream.send(hds_pb2.HealthCheckRequestOrEndpointHealthResponse())
+        await wait_until(lambda: plugin.service.stats.empty_reports >= 1)
+        plugin.service.tick()
+    await wait_until(lambda: plugin.service.stats.empty_reports == 3)
+    (node,) = plugin.service.fleet.nodes()
+    assert node.reports == 3 and plugin.service.fleet.usable(node)
+    assert plugin.service.stats.empty_messages == 0
+    await stream.silent()  # still assigned the same: nothing re-sent
     await stream.close()
 
 
@@ -369,8 +390,6 @@ clusters:
 
 
 async def test_component_sets_and_clears_the_boards_hds_signal() -> None:
-    from llm_health.app.runtime import Runtime
-
     clock = Clock()
     runtime = Runtime(parse_config(CONFIG, "x.yaml", {}), clock=clock)
     (component,) = [c for c in runtime.components if c.name == "hds"]
@@ -386,9 +405,6 @@ async def test_component_sets_and_clears_the_boards_hds_signal() -> None:
     fleet = component.service.fleet  # type: ignore[attr-defined]
     fleet.open_stream(1, "gw-1", ["TCP"], clock.now)
     clock.now += 10
-    from llm_health.hds.fleet import ReportEntry
-    from llm_health.hds.ledger import Said
-
     fleet.report(1, [ReportEntry("llama", "10.0.0.1", 8000, Said.UNHEALTHY)], clock.now)
     await component.sync()  # type: ignore[attr-defined]
     endpoint = runtime.hub.current().clusters["llama"].endpoints[0]
@@ -409,3 +425,74 @@ async def test_component_sets_and_clears_the_boards_hds_signal() -> None:
         runtime.board.record("llama", "10.0.0.1:8000", fast, clock.now)
     assert runtime.board.health("llama", "10.0.0.1:8000").state is State.HEALTHY
     assert component.status()["nodes"][0]["node"] == "gw-1"
+
+
+# --------------------------------------------------------------------------- engine
+
+
+async def scripted(
+    *messages: hds_pb2.HealthCheckRequestOrEndpointHealthResponse, end: asyncio.Event
+) -> AsyncIterator[hds_pb2.HealthCheckRequestOrEndpointHealthResponse]:
+    for message in messages:
+        yield message
+    await end.wait()  # the peer vanishes when ``end`` is set
+
+
+async def test_a_vanished_peer_leaves_even_if_the_stream_is_never_resumed() -> None:
+    """Seen with a SIGKILLed Envoy under CPU load: gRPC dropped the response generator
+    while it was suspended, so its ``finally`` did not run; the node must leave when the
+    request side ends, not when (or if) the generator is finalised."""
+    service = HdsService(HdsSettings(), endpoints=ENDPOINTS)
+    end = asyncio.Event()
+    stream = service.stream(scripted(hello("gw-1"), end=end))
+    await anext(stream)  # the first specifier; the generator now sits at its yield
+    assert [n.node_id for n in service.fleet.nodes()] == ["gw-1"]
+    end.set()
+    await wait_until(lambda: service.fleet.nodes() == ())
+    assert service.stats.streams_open == 0
+    await stream.aclose()  # finalising later is harmless (idempotent)
+    assert service.stats.streams_open == 0
+
+
+async def test_a_second_cancellation_cannot_skip_leaving() -> None:
+    service = HdsService(HdsSettings(), endpoints=ENDPOINTS)
+    end = asyncio.Event()
+
+    async def consume() -> None:
+        async for _ in service.stream(scripted(hello("gw-1"), end=end)):
+            pass
+
+    task = asyncio.create_task(consume())
+    await wait_until(lambda: len(service.fleet.nodes()) == 1)
+    task.cancel()
+    await asyncio.sleep(0)
+    task.cancel()
+    await asyncio.wait([task])
+    assert service.fleet.nodes() == ()
+    assert service.stats.streams_open == 0
+
+
+async def test_endpoint_changes_are_sent_once(plugin: Plugin) -> None:
+    stream = plugin.stream()
+    stream.send(hello("gw-1"))
+    assert targets(await stream.recv()) == ALL
+    fewer = {k: v for k, v in ENDPOINTS.items() if k[1] != "10.0.0.4:8000"}
+    plugin.service.set_endpoints(fewer)
+    assert targets(await stream.recv()) == ALL - {("hds_llama", "10.0.0.4", 8000)}
+    plugin.service.set_endpoints(dict(fewer))  # the same set again: nothing to send
+    await stream.silent()
+    await stream.close()
+
+
+def test_endpoints_being_removed_by_a_reload_are_not_checked() -> None:
+    runtime = Runtime(parse_config(CONFIG, "x.yaml", {}))
+    assert set(endpoints_of(runtime.board.snapshot())) == {
+        ("llama", "10.0.0.1:8000"),
+        ("llama", "10.0.0.2:8000"),
+    }
+    (spec,) = runtime.board.snapshot().clusters.values()
+    kept = ClusterSpec("llama", runtime.board.policy("llama"), (spec.endpoints[0].spec,))
+    runtime.board.apply_specs([kept], now=1.0)
+    assert endpoints_of(runtime.board.snapshot()) == {
+        ("llama", "10.0.0.1:8000"): ("10.0.0.1", 8000)
+    }

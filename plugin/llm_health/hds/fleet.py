@@ -96,6 +96,7 @@ class Fleet:
         self.generation = 0
         self._nodes: dict[str, NodeInfo] = {}
         self._stream_node: dict[int, str] = {}
+        self._given: dict[EndpointKey, Target] | None = None
         self._endpoints: dict[EndpointKey, Target] = {}
         self._by_target: dict[Target, list[EndpointKey]] = {}
         self.set_endpoints(endpoints or {}, now)
@@ -130,7 +131,11 @@ class Fleet:
         return tuple(self._nodes[n] for n in sorted(self._nodes))
 
     def set_endpoints(self, endpoints: Mapping[EndpointKey, Target], now: float) -> bool:
-        """The endpoints to check (from the board). True when the set changed."""
+        """The endpoints to check (from the board). True when the set changed. Called on
+        every published snapshot: an unchanged mapping returns before any parsing."""
+        if endpoints == self._given:
+            return False
+        self._given = dict(endpoints)
         wanted = {key: (_canonical(host), port) for key, (host, port) in endpoints.items()}
         if wanted == self._endpoints:
             return False

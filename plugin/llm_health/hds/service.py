@@ -9,10 +9,11 @@ changed). Nothing else is sent. Both end when the client goes away or the caller
 iterating; the node leaves the fleet with its last stream.
 
 Bad input never ends a stream (only bytes that are not protobuf at all do: the engine
-raises ``ProtocolError``, which the servicer answers with INVALID_ARGUMENT): a message
-with neither field set, a report before the
-stream identified itself, entries without an address, for unknown endpoints or for
-clusters we never sent are counted (``HdsStats``) and ignored.
+raises ``ProtocolError``, which the servicer answers with INVALID_ARGUMENT). A message
+with neither field set before the stream identified itself (after it, that is how Envoy
+sends an empty report), a report before the stream identified itself, entries without
+an address, for unknown endpoints or for clusters we never sent are counted
+(``HdsStats``) and ignored.
 
 One event loop; ``on_change`` is called (synchronously, must not raise) after anything
 that may change an endpoint's HDS verdict, so the owner can re-read ``decisions()``.
@@ -126,9 +127,11 @@ class HdsService:
             if session.error is not None:
                 raise ProtocolError(session.error)
         finally:
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
+            # Leave the fleet before any await: a second cancellation of this task (gRPC
+            # may deliver more than one when a peer vanishes) must not skip it.
             self._end(session)
+            reader.cancel()
+            await asyncio.wait([reader])
 
     async def _due(self, session: _Session) -> NodePlan | None:
         """Wait until a specifier is due on ``session`` (None: the stream is over)."""
@@ -156,6 +159,7 @@ class HdsService:
         finally:
             session.done = True
             session.wake.set()
+            self._end(session)  # the client is gone: leave now, not when the generator is
 
     def _dispatch(self, session: _Session, message: Request) -> None:
         kind = message.WhichOneof("request_type")
@@ -163,6 +167,11 @@ class HdsService:
             self._identify(session, message.health_check_request)
         elif kind == "endpoint_health_response":
             self._report(session, message.endpoint_health_response)
+        elif session.node is not None:
+            # Envoy with nothing to check sends its periodic report with neither field set
+            # (sendResponse only creates endpoint_health_response per HDS cluster): that
+            # is an empty report, and the sign of life that keeps the node usable.
+            self._report(session, hds_pb2.EndpointHealthResponse())
         else:
             self.stats.empty_messages += 1
 
@@ -194,7 +203,9 @@ class HdsService:
         self.stats.entries.add(tally)
 
     def _end(self, session: _Session) -> None:
-        del self._sessions[session.stream]
+        """Idempotent: called by whichever of reader and generator finishes first."""
+        if self._sessions.pop(session.stream, None) is None:
+            return
         self.stats.streams_open -= 1
         self._mutate(lambda now: self.fleet.close_stream(session.stream, now))
         if session.node is not None:

@@ -5,7 +5,8 @@ health_discovery_service.cc, checked against the real binary in tests/e2e/test_h
 
 - A stream starts with one ``HealthCheckRequest`` (node + ``Capability``: HTTP and TCP).
   Envoy reports only after it received a ``HealthCheckSpecifier``, then every
-  ``HealthCheckSpecifier.interval`` (default 1 s), even with nothing to check.
+  ``HealthCheckSpecifier.interval`` (default 1 s), even with nothing to check: then the
+  message has neither ``health_check_request`` nor ``endpoint_health_response`` set.
 - A specifier identical to the previous one on the stream is ignored; a changed one
   updates the HDS clusters *by name* in place (hosts kept keep their health); hosts new
   to a cluster start failed and are reported UNHEALTHY until their first check ran.
