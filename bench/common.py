@@ -12,8 +12,12 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def free_port_block(count: int, start: int = 20000, end: int = 60000) -> int:
-    """First port of ``count`` consecutive free loopback ports."""
+def free_port_block(count: int, start: int = 61000, end: int = 65536) -> int:
+    """First port of ``count`` consecutive free loopback ports.
+
+    Searched above both the kernel's ephemeral range (32768-60999 here) and the range
+    ``free_port()`` picks from (20000-32000), so no other port the benchmark (or a test
+    running meanwhile) picks can land inside a block before the simulators bind it."""
     port = start
     while port + count < end:
         if all(_free(p) for p in range(port, port + count)):

@@ -313,7 +313,7 @@ def test_invariants_for_any_request(
     else:
         assert json.loads(decision.body)["error"]["code"] == decision.status
         assert decision.status != 403 or ("x-llm-probe" in headers and mode == "deny")
-        assert decision.status != 429 or headers.get("x-llm-priority", "").strip() == "low"
+        assert decision.status != 429 or headers.get("x-llm-priority", "").strip().lower() == "low"
 
 
 # --------------------------------------------------------------------------- gate
