@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import json
 import math
+import shutil
 import statistics
 import sys
 import tempfile
@@ -777,6 +778,8 @@ async def main_async(args: argparse.Namespace) -> int:
         for stack in stacks:
             for sim in stack.sims:
                 sim.stop()
+        if not args.keep:
+            shutil.rmtree(workroot, ignore_errors=True)
     scs = {s.name: s for s in chosen}
     table = render(results, scs, methods)
     print(table)
@@ -842,6 +845,7 @@ def main() -> int:
     parser.add_argument("--lead", type=float, default=3.0, help="seconds before the fault")
     parser.add_argument("--fault-seconds", type=float, default=12.0)
     parser.add_argument("--heal-seconds", type=float, default=10.0)
+    parser.add_argument("--keep", action="store_true", help="keep Envoy/plugin logs in /tmp")
     return asyncio.run(main_async(parser.parse_args()))
 
 

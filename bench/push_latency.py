@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import statistics
 import sys
 import tempfile
@@ -159,6 +160,7 @@ async def measure(
         await probe.stop()
         await envoy.astop()
         await server.stop(0)
+        shutil.rmtree(workdir, ignore_errors=True)
     return _latencies(changes, records)
 
 
