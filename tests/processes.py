@@ -6,6 +6,7 @@ by the test that started it (context manager, or ``stop()``/``kill()`` in a fina
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -180,3 +182,16 @@ class PluginProcess(_Process):
             except ValueError:
                 continue
         return records
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll ``predicate`` every 50 ms until it returns something truthy (returned), or fail
+    the test after ``timeout`` s naming ``what``. Transient errors while a process starts
+    (connection refused, missing keys, half-written JSON) count as "not yet"."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, KeyError, ValueError, http.client.HTTPException):
+            if result := predicate():
+                return result
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")

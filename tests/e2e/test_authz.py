@@ -27,7 +27,7 @@ import pytest
 from envoy.service.auth.v3 import external_auth_pb2, external_auth_pb2_grpc
 
 from tests.envoy_harness import EnvoyProcess, eds_clusters, free_port, render_config
-from tests.processes import PluginProcess, SimProcess
+from tests.processes import PluginProcess, SimProcess, wait_until
 
 pytestmark = pytest.mark.envoy
 
@@ -102,16 +102,6 @@ class Gateway:
 
     def envoy_authz_stat(self, name: str) -> int:
         return self.envoy.stat(f"http.llm_ingress.ext_authz.llm_health.{name}", 0)
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError, KeyError):
-            if predicate():
-                return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.envoy_harness import EnvoyProcess, eds_clusters, free_port, render_config
-from tests.processes import PluginProcess, SimProcess
+from tests.processes import PluginProcess, SimProcess, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "envoy-configs"
@@ -108,16 +108,6 @@ def envoy_view(envoy: EnvoyProcess) -> dict[str, tuple[str, int]]:
     return {
         a: (h["eds_health_status"], h["weight"]) for a, h in envoy.host_statuses(CLUSTER).items()
     }
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError, KeyError):
-            if predicate():
-                return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 # --------------------------------------------------------------------------- tests

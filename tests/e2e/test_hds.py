@@ -19,14 +19,14 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.envoy_harness import EnvoyProcess, free_port, render_config
-from tests.processes import PluginProcess, SimProcess
+from tests.processes import PluginProcess, SimProcess, wait_until
 
 pytestmark = [pytest.mark.envoy, pytest.mark.timeout(120)]
 
@@ -111,16 +111,6 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         yield running
     finally:
         running.stop()
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError, KeyError, ValueError):
-            if result := predicate():
-                return result
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def eds_status(envoy: EnvoyProcess, address: str) -> str:
