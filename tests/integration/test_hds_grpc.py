@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import grpc
 import pytest
@@ -30,6 +29,7 @@ from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.states import State
 from llm_health.servers.hds import add_hds_servicer
 from llm_health.servers.xds import start_grpc_server
+from tests.grpc_stream import ScriptedStream
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -81,41 +81,10 @@ async def plugin() -> AsyncIterator[Plugin]:
         yield running
 
 
-class Stream:
-    """One client stream: ``send`` messages, ``recv`` specifiers, ``silent`` = none came."""
+class Stream(ScriptedStream):
+    """One client stream of HDS messages (see ScriptedStream)."""
 
-    def __init__(self, open_call: Callable[[AsyncIterator[Any]], Any]) -> None:
-        self._requests: asyncio.Queue[Any] = asyncio.Queue()
-        self.responses: asyncio.Queue[Any] = asyncio.Queue()
-        self.last: Any = None  # the latest response: what an Envoy would hold now
-        self.call = open_call(self._outgoing())
-        self._reader = asyncio.create_task(self._read())
-
-    async def _outgoing(self) -> AsyncIterator[Any]:
-        while (request := await self._requests.get()) is not None:
-            yield request
-
-    async def _read(self) -> None:
-        async for response in self.call:
-            self.last = response
-            await self.responses.put(response)
-
-    def send(self, request: Any) -> None:
-        self._requests.put_nowait(request)
-
-    async def recv(self, within_s: float = 3.0) -> hds_pb2.HealthCheckSpecifier:
-        response: hds_pb2.HealthCheckSpecifier = await asyncio.wait_for(
-            self.responses.get(), within_s
-        )
-        return response
-
-    async def silent(self, window: float = SILENCE_S) -> None:
-        await asyncio.sleep(window)
-        assert self.responses.empty(), f"unexpected specifier: {self.responses.get_nowait()}"
-
-    async def close(self) -> None:
-        self.call.cancel()
-        await asyncio.wait([self._reader])
+    silence_s = SILENCE_S
 
 
 def hello(node: str, *protocols: int) -> hds_pb2.HealthCheckRequestOrEndpointHealthResponse:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from llm_health.model.policy import Policy
 from llm_health.servers.xds import GrpcBindError, add_xds_servicers, start_grpc_server
 from llm_health.xds.resources import TYPE_URL
 from llm_health.xds.stream import XdsCounters, XdsStats
+from tests.grpc_stream import ScriptedStream
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -106,36 +107,10 @@ async def cold_plugin() -> AsyncIterator[Plugin]:
         yield running
 
 
-class Stream:
-    """One client stream: ``send`` requests, ``recv`` responses, ``silent`` = nothing came."""
+class Stream(ScriptedStream):
+    """One client xDS stream (see ScriptedStream)."""
 
-    def __init__(self, open_call: Callable[[AsyncIterator[Any]], Any]) -> None:
-        self._requests: asyncio.Queue[Any] = asyncio.Queue()
-        self.responses: asyncio.Queue[Any] = asyncio.Queue()
-        self.call = open_call(self._outgoing())
-        self._reader = asyncio.create_task(self._read())
-
-    async def _outgoing(self) -> AsyncIterator[Any]:
-        while (request := await self._requests.get()) is not None:
-            yield request
-
-    async def _read(self) -> None:
-        async for response in self.call:
-            await self.responses.put(response)
-
-    def send(self, request: Any) -> None:
-        self._requests.put_nowait(request)
-
-    async def recv(self, within_s: float = 3.0) -> Any:
-        return await asyncio.wait_for(self.responses.get(), within_s)
-
-    async def silent(self, window: float = SILENCE_S) -> None:
-        await asyncio.sleep(window)
-        assert self.responses.empty(), f"unexpected push: {self.responses.get_nowait()}"
-
-    async def close(self) -> None:
-        self.call.cancel()
-        await asyncio.wait([self._reader])
+    silence_s = SILENCE_S
 
 
 def sotw(
