@@ -23,7 +23,7 @@ from llm_health.model.outcome import ProbeResult
 from llm_health.probe.client import MicroProbe, new_session
 from llm_health.probe.lag import LoopLagMonitor
 from llm_health.probe.scheduler import Scheduler
-from llm_health.probe.target import ProbeTarget, target_for
+from llm_health.probe.target import ProbeTarget
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import free_port_block, wait_port, write_result
@@ -63,7 +63,7 @@ async def _probe_for(base: int, count: int, duration_s: float) -> dict[str, floa
     settings = ProbeSettings.model_validate(
         {"interval": "1s", "timeout": "800ms", "model": "sim-model"}
     )
-    targets = [target_for("bench", f"127.0.0.1:{base + i}", settings) for i in range(count)]
+    targets = [settings.to_target("bench", f"127.0.0.1:{base + i}") for i in range(count)]
     errors: list[float] = []
     lags: list[float] = []
     lag = LoopLagMonitor()

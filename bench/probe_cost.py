@@ -35,7 +35,7 @@ from llm_health.config import ProbeSettings  # noqa: E402
 from llm_health.model.outcome import ProbeResult  # noqa: E402
 from llm_health.probe.client import MicroProbe, new_session, probe_body  # noqa: E402
 from llm_health.probe.scheduler import Scheduler  # noqa: E402
-from llm_health.probe.target import ProbeTarget, target_for  # noqa: E402
+from llm_health.probe.target import ProbeTarget  # noqa: E402
 from tests.envoy_harness import free_port  # noqa: E402
 
 MODES = [
@@ -83,7 +83,7 @@ async def per_probe(sim: Sim) -> list[dict[str, Any]]:
             settings = ProbeSettings.model_validate(
                 {"model": "sim-model", "api": api, "cache_bust": bust}
             )
-            target = target_for("cost", sim.address, settings)
+            target = settings.to_target("cost", sim.address)
             await reset(control, sim)
             results = [await MicroProbe(session).probe(target) for _ in range(PROBES_PER_MODE)]
             await asyncio.sleep(0.2)  # the simulator notices the closed streams
@@ -112,7 +112,7 @@ async def per_probe(sim: Sim) -> list[dict[str, Any]]:
 async def fleet(sim: Sim, replicas: int, seconds: float) -> float:
     """Probes/s one backend receives from ``replicas`` independent probers."""
     settings = ProbeSettings.model_validate({"model": "sim-model", "interval": "1s"})
-    target = target_for("cost", sim.address, settings)
+    target = settings.to_target("cost", sim.address)
 
     async def ignore(_t: ProbeTarget, _r: ProbeResult) -> None:
         return None

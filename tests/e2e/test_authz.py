@@ -1,4 +1,4 @@
-"""ext_authz admission end to end (issue 5): simulators -> llm-health serve -> a real Envoy
+"""ext_authz admission end to end (docs/design.md §5.3): simulators -> llm-health serve -> a real Envoy
 started from the shipped envoy-configs/ext-authz.yaml -> user requests.
 
 What each test proves is what the user sees through Envoy: the status, Retry-After and JSON
@@ -27,7 +27,8 @@ import pytest
 from envoy.service.auth.v3 import external_auth_pb2, external_auth_pb2_grpc
 
 from tests.envoy_harness import EnvoyProcess, eds_clusters, free_port, render_config
-from tests.processes import PluginProcess, SimProcess, wait_until
+from tests.polling import wait_until
+from tests.processes import PluginProcess, SimProcess
 
 pytestmark = pytest.mark.envoy
 
@@ -93,8 +94,7 @@ class Gateway:
         return {s.address: s.user_requests() for s in self.sims}
 
     def envoy_view(self) -> dict[str, tuple[str, int]]:
-        hosts = self.envoy.host_statuses(CLUSTER)
-        return {a: (h["eds_health_status"], h["weight"]) for a, h in hosts.items()}
+        return self.envoy.view(CLUSTER)
 
     def authz_status(self) -> dict[str, Any]:
         status: dict[str, Any] = self.plugin.status()["authz"]

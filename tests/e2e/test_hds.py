@@ -26,7 +26,8 @@ from typing import Any
 import pytest
 
 from tests.envoy_harness import EnvoyProcess, free_port, render_config
-from tests.processes import PluginProcess, SimProcess, wait_until
+from tests.polling import WaitTimeout, wait_until
+from tests.processes import PluginProcess, SimProcess
 
 pytestmark = [pytest.mark.envoy, pytest.mark.timeout(120)]
 
@@ -83,7 +84,7 @@ class Stack:
         """``all_reported`` for ``nodes``; on time-out the failure shows what each side saw."""
         try:
             wait_until(lambda: all_reported(self.hds(), set(nodes)), timeout, "reports")
-        except AssertionError as exc:
+        except WaitTimeout as exc:
             envoys = {n: e.stats(r"hds_delegate|health_check") for n, e in nodes.items()}
             raise AssertionError(f"{exc}\nplugin: {self.hds()}\nenvoys: {envoys}") from None
 

@@ -19,12 +19,14 @@ from google.protobuf.duration_pb2 import Duration
 from llm_health.adminpb import admin_pb2 as pb
 from llm_health.adminpb import admin_pb2_grpc as pb_grpc
 from llm_health.app.admin import AdminComponent
+from llm_health.app.assemble import build_runtime
 from llm_health.app.runtime import Runtime
 from llm_health.app.status import status_document
 from llm_health.config import parse_config
 from llm_health.servers.admin_codec import result_from_pb, snapshot_from_pb
 from llm_health.xds.resources import TYPE_URL
 from tests.envoy_harness import free_port
+from tests.polling import wait_until_async
 from tests.processes import SimProcess
 
 pytestmark = pytest.mark.timeout(60)
@@ -73,12 +75,10 @@ async def start(
         grpc=free_port(), http=free_port(), interval=interval, admin=admin,
         a=sims[0].address, b=sims[1].address,
     )  # fmt: skip
-    runtime = Runtime(parse_config(text, "admin-test.yaml", {}))
+    runtime = build_runtime(parse_config(text, "admin-test.yaml", {}))
     stop = asyncio.Event()
     task = asyncio.create_task(runtime.run(stop))
-    deadline = time.monotonic() + 15
-    while runtime.ready_problems() and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    await wait_until_async(lambda: not runtime.ready_problems(), 15, "the runtime to be ready")
     assert not runtime.ready_problems(), runtime.ready_problems()
     return runtime, task, stop
 
@@ -121,7 +121,7 @@ async def test_drain_and_undrain(running: Running) -> None:
     back = await running.stub.Undrain(pb.EndpointRequest(**key(running.a)))
     assert back.changed and back.endpoint.state == pb.STATE_STARTING
     # the published snapshot (what xDS pushes) has it too
-    published = running.runtime.hub.current().clusters[CLUSTER].endpoints
+    published = running.runtime.control.published().clusters[CLUSTER].endpoints
     assert {e.spec.address: e.state.value for e in published}[running.a] == "starting"
     noop = await running.stub.Undrain(pb.EndpointRequest(**key(running.b)))
     assert not noop.changed and noop.endpoint.state == pb.STATE_HEALTHY
@@ -177,7 +177,7 @@ async def test_unknown_endpoint_is_not_found(running: Running, method: str) -> N
 
 
 async def test_probe_now_folds_in_and_never_overlaps(running: Running) -> None:
-    before = running.runtime.probes_total
+    before = running.runtime.stats.probes_total
     answers = await asyncio.gather(
         *(running.stub.ProbeNow(pb.EndpointRequest(**key(running.a))) for _ in range(4))
     )
@@ -185,11 +185,11 @@ async def test_probe_now_folds_in_and_never_overlaps(running: Running) -> None:
     assert all(
         r.outcome.value == "fast" and r.ttft_ms is not None and r.ttft_ms >= 15 for r in results
     )
-    assert running.runtime.probes_total == before + 4
+    assert running.runtime.stats.probes_total == before + 4
     for earlier, later in itertools.pairwise(results):
-        # one probe in flight per endpoint (DESIGN §2): the next starts after the last ended
+        # one probe in flight per endpoint (docs/design.md §2): the next starts after the last ended
         assert later.started_at >= earlier.started_at + earlier.total_ms / 1000 - 0.002
-    last = running.runtime.board.snapshot().clusters[CLUSTER].endpoints
+    last = running.runtime.control.board.snapshot().clusters[CLUSTER].endpoints
     newest = {e.spec.address: e.last for e in last}[running.a]
     assert newest is not None and newest.started_at == results[-1].started_at
 
@@ -247,7 +247,10 @@ async def test_token_required_for_every_method_but_not_for_xds(
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await stub.Drain(pb.DrainRequest(cluster=CLUSTER, address=address))
             assert caught.value.code() is grpc.StatusCode.UNAUTHENTICATED
-            assert runtime.board.snapshot().clusters[CLUSTER].endpoints[0].state.value == "healthy"
+            assert (
+                runtime.control.board.snapshot().clusters[CLUSTER].endpoints[0].state.value
+                == "healthy"
+            )
             good = (("authorization", f"Bearer {TOKEN}"),)
             answer = await stub.ListEndpoints(pb.ListEndpointsRequest(), metadata=good)
             assert len(answer.clusters) == 1
@@ -299,15 +302,32 @@ class _RecordingServer:
 
 
 def test_not_served_on_a_non_loopback_xds_server_without_token() -> None:
+    """Off loopback the config demands server.token (or mTLS); should a server still
+    authenticate nobody, the admin API without its own token is not put on it."""
     base = "clusters:\n  - name: a\n    endpoints: [{address: 127.0.0.1:8000}]\n"
-    exposed = parse_config("server: {grpc: 0.0.0.0:18000}\n" + base, "t.yaml", {})
-    component = AdminComponent(Runtime(exposed))
+    server_token = "s" * 24
+    exposed = parse_config(
+        f"server: {{grpc: 0.0.0.0:18000, token: {server_token}}}\n" + base, "t.yaml", {}
+    )
+    control = build_runtime(exposed).control
+    component = AdminComponent(exposed.admin, exposed.server.grpc, control)
     server = _RecordingServer()
     component.register(server)  # type: ignore[arg-type]
     assert server.added == [] and component.status()["grpc"] is None
-    with_token = parse_config(
-        f"server: {{grpc: 0.0.0.0:18000}}\nadmin: {{token: {TOKEN}}}\n" + base, "t.yaml", {}
+    component = AdminComponent(
+        exposed.admin, exposed.server.grpc, control, shared_authenticated=True
     )
-    component = AdminComponent(Runtime(with_token))
+    component.register(server)  # type: ignore[arg-type]
+    assert server.added and component.status()["grpc"] == "0.0.0.0:18000"
+    server.added.clear()
+    with_token = parse_config(
+        f"server: {{grpc: 0.0.0.0:18000, token: {server_token}}}\nadmin: {{token: {TOKEN}}}\n"
+        + base,
+        "t.yaml",
+        {},
+    )
+    component = AdminComponent(
+        with_token.admin, with_token.server.grpc, build_runtime(with_token).control
+    )
     component.register(server)  # type: ignore[arg-type]
     assert server.added and component.status()["grpc"] == "0.0.0.0:18000"

@@ -24,6 +24,7 @@ from llm_health.model.policy import Policy
 from llm_health.model.states import State
 from tests.alerts_receiver import Receiver
 from tests.envoy_harness import free_port
+from tests.polling import wait_until_async
 
 SECRET = "s3cr3t-token-value"
 POLICY = Policy(healthy_after=1, unhealthy_after=1)
@@ -68,7 +69,7 @@ class Endpoint:
         self.t += 1.0
         result = ProbeResult(outcome, started_at=1_700_000_000.0 + self.t, **more)
         transition = step(self.health, result, self.t, POLICY)
-        self.health = transition.health
+        self.health = transition.after
         if transition.changed or transition.alert:
             self.component.observe("llama-70b", self.address, transition, result)
         return transition
@@ -101,21 +102,13 @@ async def running(component: AlertsComponent) -> AsyncIterator[AlertsComponent]:
                 await job
 
 
-async def wait_for(predicate: Callable[[], bool], within_s: float, what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + within_s
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
 # --------------------------------------------------------------------------- acceptance
 
 
 async def test_receiver_failing_twice_gets_exactly_one_delivery_per_event(
     receivers: Callable[..., Awaitable[Receiver]],
 ) -> None:
-    """Issue 6 acceptance: 500, 500, then 200 for every event -> one delivery each."""
+    """Delivery with retries (docs/design.md §5.5): 500, 500, then 200 for every event -> one delivery each."""
     receiver = await receivers(fail_first=2, fail_status=500)
     component = AlertsComponent(settings(hook(receiver.url)))
     endpoint = Endpoint(component)
@@ -159,7 +152,7 @@ async def test_a_4xx_is_not_retried_but_429_is(
     async with running(component):
         Endpoint(component).probe(Outcome.FATAL, detail="Xid 79")
         await throttled.wait_accepted(1, within_s=10.0)
-        await wait_for(lambda: component.status()["failed"] == 1, 10.0, "the 400 to fail")
+        await wait_until_async(lambda: component.status()["failed"] == 1, 10.0, "the 400 to fail")
         await asyncio.sleep(0.3)
     assert len(bad_request.requests) == 1  # never retried
     assert [r.status for r in throttled.requests] == [429, 200]
@@ -178,7 +171,7 @@ async def test_unreachable_webhook_gives_up_after_max_attempts_and_never_logs_se
     caplog.set_level(logging.DEBUG, logger="llm_health")
     async with running(component):
         Endpoint(component).probe(Outcome.FATAL, detail="NCCL timeout")
-        await wait_for(lambda: component.status()["failed"] == 1, 10.0, "giving up")
+        await wait_until_async(lambda: component.status()["failed"] == 1, 10.0, "giving up")
     status = component.status()
     assert (status["sent"], status["retried"], status["failed"]) == (0, 2, 1)
     text = caplog.text + repr(status)
@@ -268,7 +261,7 @@ async def test_full_queue_drops_and_counts_and_observe_stays_instant(
     endpoints = [Endpoint(component, f"10.0.1.{i}:8000") for i in range(10)]
     async with running(component):
         endpoints[0].probe(Outcome.TIMEOUT)
-        await wait_for(lambda: len(hanging.requests) == 1, 5.0, "the first POST to hang")
+        await wait_until_async(lambda: len(hanging.requests) == 1, 5.0, "the first POST to hang")
         loop = asyncio.get_running_loop()
         started = loop.time()
         for endpoint in endpoints[1:]:

@@ -15,12 +15,12 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.auth.v3 import external_auth_pb2, external_auth_pb2_grpc
 
 from llm_health.authz import AuthzCounters, AuthzSettings, Gate, ProblemLog
-from llm_health.hub import SnapshotHub
+from llm_health.core.hub import SnapshotHub
 from llm_health.model.board import Board, ClusterSpec, EndpointSpec, HealthSnapshot
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.policy import Policy
 from llm_health.servers.authz import add_authz_servicer
-from llm_health.servers.xds import start_grpc_server
+from llm_health.servers.grpc import start_grpc_server
 
 pytestmark = pytest.mark.timeout(30)
 

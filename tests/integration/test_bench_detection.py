@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -60,15 +59,6 @@ def _host(envoy: EnvoyProcess, address: str) -> tuple[bool, int]:
     return detection.host_view(envoy.clusters_json())[address]
 
 
-def _wait(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
 def test_post_health_check_sends_a_completion(tmp_path: Path) -> None:
     sim = SimProcess(tmp_path, "hc", "--ttft", "20ms")
     envoy = None
@@ -76,14 +66,18 @@ def test_post_health_check_sends_a_completion(tmp_path: Path) -> None:
         sim.wait_up()
         envoy = EnvoyProcess(render(tmp_path, "hc-post", [sim.port]), workdir=tmp_path / "envoy")
         envoy.start()
-        _wait(lambda: _host(envoy, sim.address) == (True, 1), 10, "host healthy by POST check")
+        envoy.wait_until(
+            lambda: _host(envoy, sim.address) == (True, 1), 10, "host healthy by POST check"
+        )
         stats = sim.stats()
         assert stats["probe_requests"] >= 1 and stats["bad_requests"] == 0, stats
         last = stats["last_request"]
         assert (last["path"], last["max_tokens"], last["stream"]) == ("/v1/completions", 1, False)
         assert last["prompt"] == "hi" and last["probe"] is True
         sim.set_fault(fault="cuda_error")
-        _wait(lambda: _host(envoy, sim.address)[0] is False, 10, "CUDA error to fail the check")
+        envoy.wait_until(
+            lambda: _host(envoy, sim.address)[0] is False, 10, "CUDA error to fail the check"
+        )
     finally:
         if envoy is not None:
             envoy.stop()

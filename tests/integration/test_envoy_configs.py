@@ -2,7 +2,7 @@
 
 - every shipped file renders with test ports and passes ``envoy --mode validate``, and a
   deliberately broken render fails it (the check can fail);
-- the settings DESIGN §4 demands are set, to the intended values, and commented;
+- the settings docs/design.md §4 demands are set, to the intended values, and commented;
 - the harness starts a real Envoy, reads its admin API and always stops it;
 - with a minimal in-test xDS server (state-of-the-world ADS, standalone EDS, delta ADS):
   Envoy takes health status and weight from EDS, NACKs a weight of 0 and keeps its last
@@ -50,9 +50,8 @@ from tests.envoy_harness import (
     shipped_configs,
     static_clusters,
     validate_config,
-    wait_for,
-    wait_for_async,
 )
+from tests.polling import wait_until, wait_until_async
 
 pytestmark = pytest.mark.envoy
 
@@ -189,7 +188,7 @@ def _xds_endpoint(config: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("breakage", "expected"),
     [
-        # Envoy's proto validation: load_balancing_weight must be >= 1 (DESIGN §4).
+        # Envoy's proto validation: load_balancing_weight must be >= 1 (docs/design.md §4).
         (lambda c: _xds_endpoint(c).update(load_balancing_weight=0), "LoadBalancingWeight"),
         (lambda c: eds_clusters(c)[0].update(no_such_field=1), "no_such_field"),
     ],
@@ -347,9 +346,9 @@ async def test_async_start_keeps_the_event_loop_running(tmp_path: Path) -> None:
     try:
         async with EnvoyProcess(config, workdir=tmp_path / "envoy") as envoy:
             assert ticks >= 5  # ~1 s of initial_fetch_timeout passed with the loop free
-            state = await envoy.wait_for_async(envoy.server_state, 5)
+            state = await envoy.wait_until_async(envoy.server_state, 5, "the server state")
             assert state == "LIVE"
-            assert await wait_for_async(lambda: asyncio.sleep(0, result=envoy.pid), 1)
+            assert await wait_until_async(lambda: asyncio.sleep(0, result=envoy.pid), 1, "pid")
         assert not envoy.running
     finally:
         ticker.cancel()
@@ -538,13 +537,6 @@ def fake_xds() -> Iterator[FakeXds]:
         server.stop()
 
 
-def _view(envoy: EnvoyProcess, cluster: str) -> dict[str, tuple[str, int]]:
-    return {
-        address: (host["eds_health_status"], host["weight"])
-        for address, host in envoy.host_statuses(cluster).items()
-    }
-
-
 @pytest.mark.parametrize("src", SHIPPED, ids=SHIPPED_IDS)
 def test_envoy_takes_health_and_weight_from_eds_and_keeps_last_good_data(
     src: Path,
@@ -565,7 +557,7 @@ def test_envoy_takes_health_and_weight_from_eds_and_keeps_last_good_data(
         "127.0.0.1:18103": ("UNHEALTHY", 100),
         "127.0.0.1:18104": ("DRAINING", 100),
     }
-    assert _view(envoy, DEFAULT_EDS_CLUSTER) == expected
+    assert envoy.view(DEFAULT_EDS_CLUSTER) == expected
     prefix = f"cluster.{DEFAULT_EDS_CLUSTER}."
     assert envoy.stat(prefix + "update_success") >= 1
     assert envoy.stat(prefix + "update_rejected") == 0
@@ -579,15 +571,17 @@ def test_envoy_takes_health_and_weight_from_eds_and_keeps_last_good_data(
 
     # A weight of 0 is NACKed; Envoy keeps the last accepted assignment.
     fake_xds.publish(_assignment(DEFAULT_EDS_CLUSTER, [(18101, "HEALTHY", 0)]))
-    envoy.wait_for(lambda: envoy.stat(prefix + "update_rejected") == 1, 10)
-    wait_for(lambda: fake_xds.nacks, 5)
+    envoy.wait_until(lambda: envoy.stat(prefix + "update_rejected") == 1, 10, "the NACK in Envoy")
+    wait_until(lambda: fake_xds.nacks, 5, "the NACK at the xDS server")
     assert "LoadBalancingWeight" in fake_xds.nacks[0]
-    assert _view(envoy, DEFAULT_EDS_CLUSTER) == expected
+    assert envoy.view(DEFAULT_EDS_CLUSTER) == expected
 
-    # The xDS server goes away: Envoy keeps routing with what it has (DESIGN §7).
+    # The xDS server goes away: Envoy keeps routing with what it has (docs/design.md §7).
     fake_xds.stop()
-    envoy.wait_for(lambda: not envoy.xds_connected(DEFAULT_EDS_CLUSTER), 10)
-    assert _view(envoy, DEFAULT_EDS_CLUSTER) == expected
+    envoy.wait_until(
+        lambda: not envoy.xds_connected(DEFAULT_EDS_CLUSTER), 10, "the xDS stream to drop"
+    )
+    assert envoy.view(DEFAULT_EDS_CLUSTER) == expected
 
 
 def test_panic_threshold_zero_answers_503_instead_of_trying_dead_hosts(

@@ -10,15 +10,15 @@ verdicts become the board's "hds" signal, and go away again.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
 from envoy.config.core.v3 import health_check_pb2
 from envoy.service.health.v3 import hds_pb2, hds_pb2_grpc
 
+from llm_health.app.assemble import build_runtime
 from llm_health.app.hds import endpoints_of
-from llm_health.app.runtime import Runtime
 from llm_health.config import parse_config
 from llm_health.hds.fleet import ReportEntry
 from llm_health.hds.ledger import Said
@@ -27,13 +27,15 @@ from llm_health.hds.settings import HdsSettings
 from llm_health.model.board import ClusterSpec
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.states import State
+from llm_health.servers.grpc import start_grpc_server
 from llm_health.servers.hds import add_hds_servicer
-from llm_health.servers.xds import start_grpc_server
 from tests.grpc_stream import ScriptedStream
+from tests.polling import wait_until_async
 
 pytestmark = pytest.mark.timeout(30)
 
 SILENCE_S = 0.3
+WAIT_S = 3.0  # for the server to catch up with what a client stream did
 ENDPOINTS = {("llama", f"10.0.0.{i}:8000"): (f"10.0.0.{i}", 8000) for i in range(1, 5)}
 METHOD = "/envoy.service.health.v3.HealthDiscoveryService/StreamHealthCheck"
 
@@ -128,12 +130,6 @@ def targets(specifier: hds_pb2.HealthCheckSpecifier) -> set[tuple[str, str, int]
     }
 
 
-async def wait_until(predicate: Callable[[], bool], within_s: float = 3.0) -> None:
-    async with asyncio.timeout(within_s):
-        while not predicate():
-            await asyncio.sleep(0.01)
-
-
 ALL = {("hds_llama", f"10.0.0.{i}", 8000) for i in range(1, 5)}
 DOWN, UP = health_check_pb2.UNHEALTHY, health_check_pb2.HEALTHY
 
@@ -156,7 +152,11 @@ async def test_each_node_gets_its_share_and_the_rest_when_the_other_leaves(
     await two.close()
     assert targets(await one.recv()) == ALL
     await one.close()
-    await wait_until(lambda: plugin.service.stats.streams_open == 0)
+    await wait_until_async(
+        lambda: plugin.service.stats.streams_open == 0,
+        WAIT_S,
+        "stats.streams_open == 0",
+    )
     assert plugin.service.fleet.nodes() == ()
 
 
@@ -166,7 +166,11 @@ async def test_a_node_with_nothing_assigned_gets_an_empty_specifier(plugin: Plug
     for index, stream in enumerate(streams):
         stream.send(hello(f"gw-{index}"))
         await stream.recv()  # everyone is answered at once
-    await wait_until(lambda: len(plugin.service.fleet.nodes()) == 3)
+    await wait_until_async(
+        lambda: len(plugin.service.fleet.nodes()) == 3,
+        WAIT_S,
+        "len(plugin.service.fleet.nodes()) == 3",
+    )
     await asyncio.sleep(SILENCE_S)
     latest = [stream.last for stream in streams]
     assert sorted(len(targets(s)) for s in latest) == [0, 0, 1]
@@ -209,7 +213,7 @@ async def test_bad_messages_never_end_the_stream_or_corrupt_state(plugin: Plugin
     stream.send(bad)
     stream.send(report())  # empty: a sign of life, nothing else
     stream.send(report(("10.0.0.3", 8000, DOWN), cluster=None))  # flat form only
-    await wait_until(lambda: stats.reports == 3)
+    await wait_until_async(lambda: stats.reports == 3, WAIT_S, "stats.reports == 3")
     assert stats.empty_messages == 1
     assert stats.reports_before_request == 1
     assert stats.empty_reports == 1
@@ -222,7 +226,11 @@ async def test_bad_messages_never_end_the_stream_or_corrupt_state(plugin: Plugin
     assert [k for k, v in decisions.items() if v] == [("llama", "10.0.0.3:8000")]
     # Still serving: a healthy report lifts it.
     stream.send(report(("10.0.0.3", 8000, UP)))
-    await wait_until(lambda: plugin.service.decisions()[("llama", "10.0.0.3:8000")] is None)
+    await wait_until_async(
+        lambda: plugin.service.decisions()[("llama", "10.0.0.3:8000")] is None,
+        WAIT_S,
+        "decisions()[('llama', '10.0.0.3:8000')] is None",
+    )
     await stream.close()
 
 
@@ -237,9 +245,17 @@ async def test_an_empty_message_after_the_request_is_envoys_empty_report(
     for _ in range(3):
         plugin.clock.now += 2  # 6 s in all: more than report_ttl (5 s) since the request
         stream.send(hds_pb2.HealthCheckRequestOrEndpointHealthResponse())
-        await wait_until(lambda: plugin.service.stats.empty_reports >= 1)
+        await wait_until_async(
+            lambda: plugin.service.stats.empty_reports >= 1,
+            WAIT_S,
+            "stats.empty_reports >= 1",
+        )
         plugin.service.tick()
-    await wait_until(lambda: plugin.service.stats.empty_reports == 3)
+    await wait_until_async(
+        lambda: plugin.service.stats.empty_reports == 3,
+        WAIT_S,
+        "stats.empty_reports == 3",
+    )
     (node,) = plugin.service.fleet.nodes()
     assert node.reports == 3 and plugin.service.fleet.usable(node)
     assert plugin.service.stats.empty_messages == 0
@@ -279,12 +295,16 @@ async def test_a_node_that_reconnects_at_once_keeps_its_assignment(plugin: Plugi
     assert mine | theirs == ALL
     plugin.clock.now += 10
     old.send(report(*[(h, p, DOWN) for _, h, p in sorted(mine)]))
-    await wait_until(lambda: plugin.service.stats.reports == 1)
+    await wait_until_async(lambda: plugin.service.stats.reports == 1, WAIT_S, "stats.reports == 1")
     new = plugin.stream()  # same node id, before the old stream is gone
     new.send(hello("gw-1"))
     assert targets(await new.recv()) == mine
     await old.close()
-    await wait_until(lambda: plugin.service.stats.streams_open == 2)
+    await wait_until_async(
+        lambda: plugin.service.stats.streams_open == 2,
+        WAIT_S,
+        "stats.streams_open == 2",
+    )
     await other.silent()  # nothing moved: gw-1 never left
     await new.silent()
     (node,) = [n for n in plugin.service.fleet.nodes() if n.node_id == "gw-1"]
@@ -312,15 +332,23 @@ async def test_reports_of_a_node_that_went_away_expire(pair_plugin: Plugin) -> N
     plugin.clock.now += 10
     one.send(report(("10.0.0.1", 8000, DOWN)))
     two.send(report(("10.0.0.1", 8000, UP)))
-    await wait_until(lambda: plugin.service.stats.reports == 2)
+    await wait_until_async(lambda: plugin.service.stats.reports == 2, WAIT_S, "stats.reports == 2")
     assert plugin.service.decisions()[key] is None  # 1 of 2: no majority
     await two.close()
-    await wait_until(lambda: plugin.service.stats.streams_open == 1)
+    await wait_until_async(
+        lambda: plugin.service.stats.streams_open == 1,
+        WAIT_S,
+        "stats.streams_open == 1",
+    )
     for second in range(1, 7):  # gw-1 goes on reporting every second, as Envoy does
         plugin.clock.now += 1
         plugin.service.tick()
         one.send(report(("10.0.0.1", 8000, DOWN)))
-        await wait_until(lambda expected=2 + second: plugin.service.stats.reports == expected)
+        await wait_until_async(
+            lambda expected=2 + second: plugin.service.stats.reports == expected,
+            WAIT_S,
+            f"stats.reports == {2 + second}",
+        )
         verdict = plugin.service.decisions()[key]
         if second <= 5:
             assert verdict is None, second  # gw-2's last word (UP) still counts
@@ -360,39 +388,39 @@ clusters:
 
 async def test_component_sets_and_clears_the_boards_hds_signal() -> None:
     clock = Clock()
-    runtime = Runtime(parse_config(CONFIG, "x.yaml", {}), clock=clock)
+    runtime = build_runtime(parse_config(CONFIG, "x.yaml", {}), clock=clock)
     (component,) = [c for c in runtime.components if c.name == "hds"]
     seen: list[tuple[str, str, str]] = []
-    runtime.transition_observers.append(
-        lambda cluster, address, t, _r: seen.append((address, t.before.value, t.health.reason))
+    runtime.control.on_transition(
+        lambda cluster, address, t, _r: seen.append((address, t.from_state.value, t.after.reason))
     )
     fast = ProbeResult(Outcome.FAST, 0.0, ttft_ms=10)
     for address in ("10.0.0.1:8000", "10.0.0.2:8000"):
-        runtime.board.record("llama", address, fast, clock.now)
-    assert runtime.board.health("llama", "10.0.0.1:8000").state is State.HEALTHY
+        runtime.control.board.record("llama", address, fast, clock.now)
+    assert runtime.control.board.health("llama", "10.0.0.1:8000").state is State.HEALTHY
 
     fleet = component.service.fleet  # type: ignore[attr-defined]
     fleet.open_stream(1, "gw-1", ["TCP"], clock.now)
     clock.now += 10
     fleet.report(1, [ReportEntry("llama", "10.0.0.1", 8000, Said.UNHEALTHY)], clock.now)
     await component.sync()  # type: ignore[attr-defined]
-    endpoint = runtime.hub.current().clusters["llama"].endpoints[0]
+    endpoint = runtime.control.published().clusters["llama"].endpoints[0]
     assert endpoint.state is State.UNHEALTHY
     assert endpoint.reason == "unreachable from gw-1"
     assert dict(endpoint.signals) == {"hds": "unreachable from gw-1"}
     assert seen == [("10.0.0.1:8000", "healthy", "unreachable from gw-1")]
-    revision = runtime.hub.current().revision
+    revision = runtime.control.published().revision
     await component.sync()  # nothing changed: no board write, no publish
-    assert runtime.hub.current().revision == revision
+    assert runtime.control.published().revision == revision
 
     fleet.report(1, [ReportEntry("llama", "10.0.0.1", 8000, Said.HEALTHY)], clock.now)
     await component.sync()
-    endpoint = runtime.hub.current().clusters["llama"].endpoints[0]
+    endpoint = runtime.control.published().clusters["llama"].endpoints[0]
     assert dict(endpoint.signals) == {}
     assert endpoint.state is State.UNHEALTHY  # recovery goes through probe hysteresis
     for _ in range(3):  # healthy_after = 3 FAST probes
-        runtime.board.record("llama", "10.0.0.1:8000", fast, clock.now)
-    assert runtime.board.health("llama", "10.0.0.1:8000").state is State.HEALTHY
+        runtime.control.board.record("llama", "10.0.0.1:8000", fast, clock.now)
+    assert runtime.control.board.health("llama", "10.0.0.1:8000").state is State.HEALTHY
     assert component.status()["nodes"][0]["node"] == "gw-1"
 
 
@@ -417,7 +445,9 @@ async def test_a_vanished_peer_leaves_even_if_the_stream_is_never_resumed() -> N
     await anext(stream)  # the first specifier; the generator now sits at its yield
     assert [n.node_id for n in service.fleet.nodes()] == ["gw-1"]
     end.set()
-    await wait_until(lambda: service.fleet.nodes() == ())
+    await wait_until_async(
+        lambda: service.fleet.nodes() == (), WAIT_S, "service.fleet.nodes() == ()"
+    )
     assert service.stats.streams_open == 0
     await stream.aclose()  # finalising later is harmless (idempotent)
     assert service.stats.streams_open == 0
@@ -432,7 +462,9 @@ async def test_a_second_cancellation_cannot_skip_leaving() -> None:
             pass
 
     task = asyncio.create_task(consume())
-    await wait_until(lambda: len(service.fleet.nodes()) == 1)
+    await wait_until_async(
+        lambda: len(service.fleet.nodes()) == 1, WAIT_S, "len(service.fleet.nodes()) == 1"
+    )
     task.cancel()
     await asyncio.sleep(0)
     task.cancel()
@@ -454,14 +486,14 @@ async def test_endpoint_changes_are_sent_once(plugin: Plugin) -> None:
 
 
 def test_endpoints_being_removed_by_a_reload_are_not_checked() -> None:
-    runtime = Runtime(parse_config(CONFIG, "x.yaml", {}))
-    assert set(endpoints_of(runtime.board.snapshot())) == {
+    runtime = build_runtime(parse_config(CONFIG, "x.yaml", {}))
+    assert set(endpoints_of(runtime.control.board.snapshot())) == {
         ("llama", "10.0.0.1:8000"),
         ("llama", "10.0.0.2:8000"),
     }
-    (spec,) = runtime.board.snapshot().clusters.values()
-    kept = ClusterSpec("llama", runtime.board.policy("llama"), (spec.endpoints[0].spec,))
-    runtime.board.apply_specs([kept], now=1.0)
-    assert endpoints_of(runtime.board.snapshot()) == {
+    (spec,) = runtime.control.board.snapshot().clusters.values()
+    kept = ClusterSpec("llama", runtime.control.board.policy("llama"), (spec.endpoints[0].spec,))
+    runtime.control.board.apply_specs([kept], now=1.0)
+    assert endpoints_of(runtime.control.board.snapshot()) == {
         ("llama", "10.0.0.1:8000"): ("10.0.0.1", 8000)
     }

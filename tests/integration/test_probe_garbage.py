@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from llm_health.config import ProbeSettings
 from llm_health.model.outcome import Outcome
 from llm_health.probe.client import MAX_BYTES_BEFORE_TOKEN, MicroProbe, new_session
-from llm_health.probe.target import target_for
 
 Body = Callable[[web.StreamResponse], object]
 
@@ -52,7 +51,7 @@ async def raw() -> AsyncIterator[tuple[RawServer, MicroProbe, str]]:
 
 def target(address: str):  # type: ignore[no-untyped-def]
     settings = ProbeSettings.model_validate({"timeout": "800ms", "healthy_ttft": "200ms"})
-    return target_for("c", address, settings)
+    return settings.to_target("c", address)
 
 
 EDGE_CASES = {

@@ -1,4 +1,4 @@
-"""The micro-probe against the simulator over real loopback sockets (DESIGN §2)."""
+"""The micro-probe against the simulator over real loopback sockets (docs/design.md §2)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import pytest
 from llm_health.config import ProbeSettings
 from llm_health.model.outcome import Outcome
 from llm_health.probe.client import MicroProbe, new_session
-from llm_health.probe.target import ProbeTarget, target_for
+from llm_health.probe.target import ProbeTarget
 from llm_health.sim.faults import FaultSpec
 from llm_health.sim.server import SimHandle, SimSettings, running_sim
+from tests.polling import wait_until_async
 
 TIMEOUT_S = 0.8
 HANG_SLACK_S = 0.05  # acceptance: every hang is reported within timeout + 50 ms
@@ -25,7 +26,7 @@ def make_target(sim: SimHandle | str, **probe: object) -> ProbeTarget:
     settings = ProbeSettings.model_validate(
         {"model": "sim-model", "timeout": "800ms", "healthy_ttft": "200ms", **probe}
     )
-    return target_for("c", address, settings)
+    return settings.to_target("c", address)
 
 
 @pytest.fixture
@@ -128,9 +129,9 @@ async def test_fast_probe_aborts_generation(sim: SimHandle, prober: MicroProbe) 
     before = sim.state.stats()
     result = await prober.probe(make_target(sim))
     assert result.outcome is Outcome.FAST
-    deadline = time.monotonic() + 1.0
-    while sim.state.stats()["aborted"] == before["aborted"] and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
+    await wait_until_async(
+        lambda: sim.state.stats()["aborted"] != before["aborted"], 1.0, "the sim to see the abort"
+    )
     after = sim.state.stats()
     assert after["aborted"] == before["aborted"] + 1
     assert after["completed"] == before["completed"]

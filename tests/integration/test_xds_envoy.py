@@ -4,7 +4,7 @@ For each of ADS SotW (sidecar-ads.yaml), ADS delta (delta-ads.yaml), standalone 
 (eds-standalone.yaml) and standalone EDS delta (eds-standalone.yaml with
 ``api_type: DELTA_GRPC``): the plugin's own gRPC server (in this test's event loop) serves
 a Board with a HEALTHY, a DEGRADED, an UNHEALTHY, a DRAINING and a STARTING endpoint, and
-Envoy's admin API must show the DESIGN §4 health and weights, accept every update
+Envoy's admin API must show the docs/design.md §4 health and weights, accept every update
 (``update_rejected`` 0), follow state changes, and NACK-proof: an update Envoy rejects is
 counted by the plugin with Envoy's message and never resent in a loop. Plus: Envoy's
 HTTP/2 keepalive pings never make the plugin's gRPC server drop an idle xDS stream.
@@ -22,17 +22,17 @@ from typing import Any
 
 import pytest
 
-from llm_health.hub import SnapshotHub
+from llm_health.core.hub import SnapshotHub
 from llm_health.model.board import Board, ClusterSpec, EndpointSpec, HealthSnapshot
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.policy import Policy
-from llm_health.servers.xds import add_xds_servicers, start_grpc_server
+from llm_health.servers.grpc import start_grpc_server
+from llm_health.servers.xds import add_xds_servicers
 from llm_health.xds.stream import XdsCounters, XdsStats
 from tests.envoy_harness import (
     ENVOY_CONFIGS_DIR,
     XDS_CLUSTER,
     EnvoyProcess,
-    HostStatus,
     eds_clusters,
     free_port,
     render_config,
@@ -45,7 +45,7 @@ HEALTHY, DEGRADED, UNHEALTHY, DRAINING, STARTING = (
     EndpointSpec(f"127.0.0.1:{port}", "127.0.0.1", port, weight)
     for port, weight in ((9001, 100), (9002, 100), (9003, 100), (9004, 80), (9005, 50))
 )
-#: DESIGN §4, as Envoy's /clusters reports it: address -> (eds_health_status, weight).
+#: docs/design.md §4, as Envoy's /clusters reports it: address -> (eds_health_status, weight).
 EXPECTED = {
     HEALTHY.address: ("HEALTHY", 100),
     DEGRADED.address: ("HEALTHY", 30),  # max(1, round(100 x 0.3))
@@ -80,7 +80,7 @@ def probe(outcome: Outcome) -> ProbeResult:
 
 
 def make_board() -> Board:
-    """One endpoint per DESIGN §4 row. STARTING never gets a probe; mark_warm lets the
+    """One endpoint per docs/design.md §4 row. STARTING never gets a probe; mark_warm lets the
     cluster be pushed anyway (as the warm-start timeout would)."""
     spec = ClusterSpec(CLUSTER, Policy(), (HEALTHY, DEGRADED, UNHEALTHY, DRAINING, STARTING))
     board = Board([spec], now=0.0, wall_offset=0.0)
@@ -104,8 +104,7 @@ class Rig:
         await self.hub.publish(self.board.snapshot())
 
     async def hosts(self) -> dict[str, tuple[str, int]]:
-        statuses: dict[str, HostStatus] = await asyncio.to_thread(self.envoy.host_statuses, CLUSTER)
-        return {a: (h["eds_health_status"], h["weight"]) for a, h in statuses.items()}
+        return await asyncio.to_thread(self.envoy.view, CLUSTER)
 
     async def stat(self, name: str) -> int:
         return await asyncio.to_thread(self.envoy.stat, f"cluster.{CLUSTER}.{name}", 0)
@@ -124,7 +123,7 @@ class Rig:
         async def matches() -> bool:
             return await self.hosts() == expected
 
-        await self.envoy.wait_for_async(matches, 10.0, message=f"Envoy hosts == {expected}")
+        await self.envoy.wait_until_async(matches, 10.0, f"Envoy hosts == {expected}")
 
 
 def _labels(assignment: dict[str, Any]) -> dict[int, str | None]:
@@ -215,7 +214,7 @@ async def test_rejected_update_is_counted_and_not_resent(rig: Rig) -> None:
     async def nacked() -> bool:
         return rig.counters.nacks == 1 and await rig.stat("update_rejected") == 1
 
-    await rig.envoy.wait_for_async(nacked, 10.0, message="plugin and Envoy saw one NACK")
+    await rig.envoy.wait_until_async(nacked, 10.0, "plugin and Envoy saw one NACK")
     assert rig.counters.last_nack and "vllm-0.invalid" in rig.counters.last_nack
     pushes = rig.counters.pushes
     await asyncio.sleep(1.0)  # a resend loop would show here

@@ -18,14 +18,16 @@ from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from envoy.service.endpoint.v3 import eds_pb2_grpc
 from google.rpc import status_pb2
 
-from llm_health.hub import SnapshotHub
+from llm_health.core.hub import SnapshotHub
 from llm_health.model.board import Board, ClusterSpec, EndpointSpec, HealthSnapshot
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.policy import Policy
-from llm_health.servers.xds import GrpcBindError, add_xds_servicers, start_grpc_server
+from llm_health.servers.grpc import GrpcBindError, start_grpc_server
+from llm_health.servers.xds import add_xds_servicers
 from llm_health.xds.resources import TYPE_URL
 from llm_health.xds.stream import XdsCounters, XdsStats
 from tests.grpc_stream import ScriptedStream
+from tests.polling import wait_until_async
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -182,11 +184,7 @@ def names_of(response: Any) -> list[str]:
 
 async def all_closed(stats: XdsCounters, within_s: float = 2.0) -> None:
     """The server notices a cancelled stream a moment after the client does."""
-    for _ in range(int(within_s / 0.01)):
-        if stats.streams_open == 0:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{stats.streams_open} streams still open")
+    await wait_until_async(lambda: stats.streams_open == 0, within_s, "every stream closed")
 
 
 def counters(stats: XdsCounters) -> dict[str, Any]:

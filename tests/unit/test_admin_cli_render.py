@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from llm_health.app.admin_cli import change_line, render_table, status_json
 from llm_health.app.status import status_document
+from llm_health.cli.admin import change_line, render_table, status_json
 from llm_health.model.board import Board, ClusterSpec, EndpointSpec
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.policy import Policy

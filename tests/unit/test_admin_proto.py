@@ -37,7 +37,7 @@ def test_staleness_is_detected(tmp_path: Path) -> None:
     fake_root = tmp_path / "repo"
     (fake_root / "proto" / "llm_health" / "v1").mkdir(parents=True)
     (fake_root / "proto" / "generate.py").write_text((ROOT / "proto" / "generate.py").read_text())
-    changed = proto.replace("bool removing = 16;", "bool removing = 16;\n  string extra = 17;")
+    changed = proto.replace("bool removing = 16;", "bool removing = 16;\n  string extra = 99;")
     assert changed != proto
     (fake_root / "proto" / "llm_health" / "v1" / "admin.proto").write_text(changed)
     out = tmp_path / "out"

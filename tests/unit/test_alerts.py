@@ -22,6 +22,7 @@ from llm_health.alerts import (
     payload,
 )
 from llm_health.alerts.ratelimit import MAX_SUMMARY_ENDPOINTS
+from llm_health.model.causes import Cause, outcome_cause
 from llm_health.model.machine import Transition, drain, force_unhealthy, initial_health, step
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.policy import Policy
@@ -75,6 +76,8 @@ def moved(before: State, after: State, *, alert: bool = False) -> Transition:
     ],
 )
 def test_classify(transition: Transition, outcome: Outcome, kinds: set[AlertKind]) -> None:
+    # The machine sets the cause from the probe outcome where it writes the reason.
+    transition = replace(transition, cause=outcome_cause(outcome))
     assert classify(transition, result(outcome)) == frozenset(kinds)
 
 
@@ -88,7 +91,7 @@ def test_classify_follows_the_real_state_machine() -> None:
         probe = result(outcome)
         transition = step(h, probe, float(t), policy)
         seen.append(classify(transition, probe))
-        h = transition.health
+        h = transition.after
     assert seen == [frozenset(), {U}, frozenset(), frozenset(), {R}]
     fatal = result(Outcome.FATAL, detail="CUDA error: an illegal memory access")
     assert classify(step(h, fatal, 9.0, policy), fatal) == {U, F}
@@ -115,6 +118,7 @@ def test_payload_carries_what_the_issue_asks_for() -> None:
         health(State.UNHEALTHY, reason="2 consecutive timeouts (>800 ms)"),
         changed=True,
         alert=True,
+        cause=Cause.TIMEOUT,
     )
     event = alert_event("id-1", "llama-70b", "10.0.0.11:8000", transition, probe, 1_700_000_001.5)
     assert event is not None
@@ -129,6 +133,7 @@ def test_payload_carries_what_the_issue_asks_for() -> None:
         "state": "unhealthy",
         "previous": "healthy",
         "reason": "2 consecutive timeouts (>800 ms)",
+        "cause": "timeout",
         "time": "2023-11-14T22:13:21.500Z",
         "timings": {
             "outcome": "timeout",

@@ -177,7 +177,7 @@ def test_shed_below_zero_never_sheds() -> None:
 
 def test_cold_cluster_is_allowed_untouched_even_with_nothing_routable() -> None:
     """Just after a plugin restart nothing is probed yet: Envoy still has the last
-    endpoints it was sent, so the plugin must not turn users away (DESIGN §7)."""
+    endpoints it was sent, so the plugin must not turn users away (docs/design.md §7)."""
     decision = run(req({"x-llm-priority": "low"}), U, U, warm=False)
     assert (decision.rule, decision.allowed, decision.set_headers) == (Rule.COLD, True, ())
 

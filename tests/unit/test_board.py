@@ -39,7 +39,7 @@ def healthy_board() -> Board:
 def test_signal_down_forces_unhealthy_and_holds_until_cleared() -> None:
     board = healthy_board()
     t = board.set_signal("c", A, "hds", "unreachable from gw-2, gw-3", now=5.0)
-    assert t.changed and t.health.state is State.UNHEALTHY
+    assert t.changed and t.after.state is State.UNHEALTHY
     assert endpoint(board, "c", A).reason == "unreachable from gw-2, gw-3"
     assert endpoint(board, "c", A).signals == {"hds": "unreachable from gw-2, gw-3"}
     fast(board, "c", A, 6.0, times=5)  # probes fine, but held down
@@ -124,7 +124,7 @@ def timeout(board: Board, cluster: str, address: str, now: float) -> None:
 
 
 def test_most_of_a_cluster_failing_at_once_is_not_all_ejected() -> None:
-    """DESIGN §7: 3 of 4 endpoints time out together -> max_ejection_percent 50 lets 2
+    """docs/design.md §7: 3 of 4 endpoints time out together -> max_ejection_percent 50 lets 2
     go out; the third stays routed (DEGRADED) with a reason that names the suspicion."""
     addresses = [f"10.0.0.{i}:80" for i in range(1, 5)]
     board = Board([spec("c", *addresses)], now=0.0, wall_offset=0.0)

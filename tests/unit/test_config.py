@@ -1,4 +1,4 @@
-"""Configuration loading and validation (DESIGN §6).
+"""Configuration loading and validation (docs/design.md §6).
 
 Every bad config must raise ConfigError whose message starts with "file.yaml:LINE path:",
 LINE being computed here from the YAML text itself (``line_of``), never from the code.
@@ -402,7 +402,7 @@ def test_bad_config_names_line_and_path(text: str, needle: str, path: str, detai
 
 
 def test_bad_duration_exact_message() -> None:
-    """The DESIGN/docstring example, to the letter."""
+    """The docs/design.md §6.1 example, to the letter."""
     text = with_("timeout: 1s", 'timeout: "80x"')
     line = line_of(text, '"80x"')
     assert one_message(text, {}) == (
@@ -689,7 +689,7 @@ def test_cli_validate_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 def test_env_values_are_not_echoed_in_errors() -> None:
-    text = with_("healthy_after: 3", "healthy_after: 3\n  timeout: ${KEY}")
+    text = with_("timeout: 800ms", "timeout: ${KEY}")  # (once: a duplicate key is an error)
     message = one_message(text, {"KEY": "sk-VERYSECRET"})
     assert "sk-VERYSECRET" not in message
     assert "${KEY}" in message and "probe.timeout" in message

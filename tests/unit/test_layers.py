@@ -1,11 +1,22 @@
 """Import direction between layers, checked statically with ``ast`` (no module is imported).
 
-    model (pure domain)  <-  probe, xds, hds, authz  <-  servers  <-  app, cli
+    rank 0  llm_health (version), errors, model        the pure domain
+    rank 1  core                                        the seam: hub, BoardControl
+    rank 2  probe | xds | hds | authz | alerts | sim   features, never each other
+    rank 3  config | bootstrap                          the file's words -> features' types
+    rank 4  servers                                     thin gRPC adapters
+    rank 5  app                                         wiring and lifecycle
+    rank 6  cli | demo                                  entry points
 
-- ``llm_health.model`` is pure: no grpc/protobuf/envoy/aiohttp/..., and nothing of
-  llm_health outside ``model`` and ``errors``.
-- ``probe``, ``xds``, ``hds``, ``authz`` never reach up into ``servers``, ``app`` or ``cli``.
-- ``servers`` never reaches up into ``app`` or ``cli``.
+Rules (``violations``):
+- every module of the package belongs to exactly one unit above (a new top-level module
+  must be placed in a layer before it can land);
+- imports point down: never to a higher rank;
+- never sideways between two units of the same rank (features, config/bootstrap,
+  cli/demo);
+- ``model`` is pure: no grpc/protobuf/envoy/aiohttp/..., nothing of llm_health outside
+  ``model`` and ``errors``; ``probe`` depends on ``model`` (and ``errors``) only;
+- no import cycle between modules (``cycles``).
 
 Every import counts: top level, inside functions, under ``if TYPE_CHECKING``, and
 ``importlib.import_module("...")`` / ``__import__("...")`` with a literal name.
@@ -22,6 +33,7 @@ import pytest
 
 PLUGIN = Path(__file__).resolve().parents[2] / "plugin"
 PACKAGE = PLUGIN / "llm_health"
+ROOT = "llm_health"
 GENERATED = ("llm_health.adminpb",)  # protoc output: not hand-written, not layered
 
 MODEL_FORBIDDEN_THIRD_PARTY = (
@@ -37,8 +49,25 @@ MODEL_FORBIDDEN_THIRD_PARTY = (
     "prometheus_client",
 )
 MODEL_ALLOWED_OWN = ("llm_health.model", "llm_health.errors")
-UPPER = ("llm_health.servers", "llm_health.app", "llm_health.cli")
-MIDDLE = ("llm_health.probe", "llm_health.xds", "llm_health.hds", "llm_health.authz")
+PROBE_ALLOWED_OWN = ("llm_health.probe", "llm_health.model", "llm_health.errors")
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("llm_health.errors", "llm_health.model"),
+    ("llm_health.core",),
+    (
+        "llm_health.probe",
+        "llm_health.xds",
+        "llm_health.hds",
+        "llm_health.authz",
+        "llm_health.alerts",
+        "llm_health.sim",
+        "llm_health.adminpb",
+    ),
+    ("llm_health.config", "llm_health.bootstrap"),
+    ("llm_health.servers",),
+    ("llm_health.app",),
+    ("llm_health.cli", "llm_health.demo"),
+)
+SIDEWAYS_FORBIDDEN_RANKS = (2, 3, 6)  # rank 0: model's own rule; ranks 1, 4, 5: one unit
 
 
 @dataclass(frozen=True)
@@ -99,34 +128,124 @@ def under(name: str, prefixes: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
-def all_imports() -> list[Import]:
-    found = []
+def sources() -> dict[str, tuple[str, bool]]:
+    """Every hand-written module: name -> (source, is a package)."""
+    found = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         name = module_name(path)
-        if under(name, GENERATED):
-            continue
-        found.extend(imports_of(path.read_text(encoding="utf-8"), name, is_package(path)))
+        if not under(name, GENERATED):
+            found[name] = (path.read_text(encoding="utf-8"), is_package(path))
     return found
 
 
-def violations(imports: list[Import]) -> list[Import]:
-    bad = []
+def all_imports(modules: dict[str, tuple[str, bool]] | None = None) -> list[Import]:
+    found = []
+    for name, (source, package) in (sources() if modules is None else modules).items():
+        found.extend(imports_of(source, name, package))
+    return found
+
+
+def unit_of(name: str) -> tuple[int, str] | None:
+    """(rank, unit) of a module of ours; None for third-party names and the bare root."""
+    for rank, units in enumerate(LAYERS):
+        for unit in units:
+            if under(name, (unit,)):
+                return rank, unit
+    return None
+
+
+def _own(name: str) -> bool:
+    """A module of ours, beyond the bare root package (which only holds the version)."""
+    return under(name, (ROOT,)) and name != ROOT and not name.startswith(f"{ROOT}.__")
+
+
+def violations(imports: list[Import], modules: set[str] | None = None) -> list[Import]:
+    """Layer, sideways and purity violations; a module in no layer is reported as
+    importing itself ("<module>:<module>")."""
+    bad = [Import(m, m, 0) for m in sorted(modules or ()) if _own(m) and unit_of(m) is None]
     for imp in imports:
-        if under(imp.module, ("llm_health.model",)):
-            # The bare package is imported by any submodule import: only what follows counts.
-            own = under(imp.target, ("llm_health",)) and imp.target != "llm_health"
-            if under(imp.target, MODEL_FORBIDDEN_THIRD_PARTY) or (
-                own and not under(imp.target, MODEL_ALLOWED_OWN)
-            ):
-                bad.append(imp)
-        elif under(imp.module, MIDDLE):
-            if under(imp.target, UPPER):
-                bad.append(imp)
-        elif under(imp.module, ("llm_health.servers",)) and under(
-            imp.target, ("llm_health.app", "llm_health.cli")
-        ):
+        if _broken(imp):
             bad.append(imp)
     return bad
+
+
+def _broken(imp: Import) -> bool:
+    if under(imp.module, ("llm_health.model",)) and (
+        under(imp.target, MODEL_FORBIDDEN_THIRD_PARTY)
+        or (_own(imp.target) and not under(imp.target, MODEL_ALLOWED_OWN))
+    ):
+        return True
+    if under(imp.module, ("llm_health.probe",)) and _own(imp.target):
+        return not under(imp.target, PROBE_ALLOWED_OWN)
+    source, target = unit_of(imp.module), unit_of(imp.target)
+    if source is None or target is None or not _own(imp.target):
+        return False
+    if target[0] > source[0]:
+        return True  # upward
+    return target[0] == source[0] in SIDEWAYS_FORBIDDEN_RANKS and target[1] != source[1]
+
+
+def cycles(imports: list[Import], modules: set[str]) -> list[list[str]]:
+    """Import cycles between modules (strongly connected components of two or more, or a
+    module importing itself). A name resolves to the longest module it starts with;
+    importing one's own parent package does not count (it is already initialising)."""
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for imp in imports:
+        target = _resolve(imp.target, modules)
+        if target is None or imp.module.startswith(target + "."):
+            continue
+        graph[imp.module].add(target)
+    return [c for c in _components(graph) if len(c) > 1 or c[0] in graph[c[0]]]
+
+
+def _resolve(name: str, modules: set[str]) -> str | None:
+    while name:
+        if name in modules:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _components(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm, iterative (no recursion limit on a deep chain)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                found.append(sorted(component))
+    return found
 
 
 def report(bad: list[Import]) -> str:
@@ -145,11 +264,19 @@ def test_packages_exist() -> None:
     names = {i.module for i in all_imports()}
     assert "llm_health.model.machine" in names
     assert "llm_health.probe.scheduler" in names
+    assert "llm_health.app.runtime" in names
 
 
 def test_import_layers() -> None:
-    bad = violations(all_imports())
+    modules = sources()
+    bad = violations(all_imports(modules), set(modules))
     assert not bad, report(bad)
+
+
+def test_no_import_cycles() -> None:
+    modules = sources()
+    found = cycles(all_imports(modules), set(modules))
+    assert not found, f"import cycles: {found}"
 
 
 # --- the checker itself can fail ----------------------------------------------------------
@@ -164,7 +291,7 @@ def test_import_layers() -> None:
         ("llm_health.model.x", False, "from envoy.config.core.v3 import base_pb2\n", "envoy"),
         ("llm_health.model.x", False, "from llm_health.config import Config\n", "config"),
         ("llm_health.model.x", False, "from ..probe import sse\n", "llm_health.probe"),
-        ("llm_health.model.x", False, "from .. import hub\n", "llm_health.hub"),
+        ("llm_health.model.x", False, "from ..core import hub\n", "llm_health.core"),
         ("llm_health.model", True, "from ..app import status\n", "llm_health.app"),
         (
             "llm_health.model.x",
@@ -180,11 +307,21 @@ def test_import_layers() -> None:
         ),
         ("llm_health.probe.client", False, "from llm_health.servers import xds\n", "servers"),
         ("llm_health.probe.client", False, "from llm_health import app\n", "llm_health.app"),
+        ("llm_health.probe.target", False, "from llm_health.config import X\n", "config"),
+        ("llm_health.probe.target", False, "from llm_health.core.hub import X\n", "core"),
         ("llm_health.xds.stream", False, "from ..cli import main\n", "llm_health.cli"),
         ("llm_health.hds.service", False, "import llm_health.app.runtime\n", "app.runtime"),
         ("llm_health.authz", True, "from llm_health.servers.grpc import x\n", "servers"),
         ("llm_health.servers.xds", False, "from llm_health.app import runtime\n", "app"),
         ("llm_health.servers.xds", False, "from ..cli import build_parser\n", "llm_health.cli"),
+        # sideways between features, and from a lower layer up to config
+        ("llm_health.hds.service", False, "from llm_health.xds import stream\n", "xds"),
+        ("llm_health.authz.view", False, "from ..alerts import events\n", "llm_health.alerts"),
+        ("llm_health.sim.app", False, "from llm_health.probe.sse import X\n", "probe"),
+        ("llm_health.xds.stream", False, "from llm_health.config import Config\n", "config"),
+        ("llm_health.core.hub", False, "from llm_health.xds import stream\n", "xds"),
+        ("llm_health.config.schema", False, "from llm_health.bootstrap import x\n", "bootstrap"),
+        ("llm_health.demo", False, "from llm_health.cli import main\n", "llm_health.cli"),
     ],
 )
 def test_checker_catches(module: str, package: bool, source: str, target: str) -> None:
@@ -204,10 +341,46 @@ def test_checker_catches(module: str, package: bool, source: str, target: str) -
         ("llm_health.model.x", "from llm_health.model.outcome import Outcome\n"),
         ("llm_health.probe.client", "import aiohttp\nfrom llm_health.model import Policy\n"),
         ("llm_health.xds.resources", "from envoy.config.core.v3 import base_pb2\n"),
+        ("llm_health.xds.stream", "from llm_health.core.control import SnapshotSource\n"),
         ("llm_health.servers.xds", "from llm_health.xds.stream import Stream\n"),
+        ("llm_health.config.schema", "from llm_health.hds.settings import HdsSettings\n"),
         ("llm_health.app.runtime", "from llm_health.servers.xds import serve\n"),
-        ("llm_health.cli", "from llm_health.app.validate import register\n"),
+        ("llm_health.cli", "from llm_health.app.assemble import build_runtime\n"),
+        ("llm_health.cli.probe", "from llm_health.cli.argtypes import duration\n"),
     ],
 )
 def test_checker_allows(module: str, source: str) -> None:
     assert not violations(list(imports_of(source, module, False)))
+
+
+def test_a_module_outside_every_layer_is_reported() -> None:
+    bad = violations([], {"llm_health.model.x", "llm_health.helpers"})
+    assert [str(b) for b in bad] == ["llm_health.helpers:llm_health.helpers (line 0)"]
+
+
+@pytest.mark.parametrize(
+    ("modules", "expected"),
+    [
+        (
+            {
+                "llm_health.app.a": "from llm_health.app import b\n",
+                "llm_health.app.b": "from llm_health.app.c import X\n",
+                "llm_health.app.c": "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n    from llm_health.app.a import Y\n",
+            },
+            [["llm_health.app.a", "llm_health.app.b", "llm_health.app.c"]],
+        ),
+        ({"llm_health.app.a": "import llm_health.app.a\n"}, [["llm_health.app.a"]]),
+        (
+            {
+                "llm_health.app": "from llm_health.app.a import X\n",
+                "llm_health.app.a": "from llm_health.app import b\n",
+                "llm_health.app.b": "x = 1\n",
+            },
+            [],
+        ),
+    ],
+)
+def test_cycle_checker(modules: dict[str, str], expected: list[list[str]]) -> None:
+    parsed = {name: (text, name == "llm_health.app") for name, text in modules.items()}
+    assert cycles(all_imports(parsed), set(parsed)) == expected

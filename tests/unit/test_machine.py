@@ -1,4 +1,4 @@
-"""Table-driven tests of the per-endpoint state machine (DESIGN §3).
+"""Table-driven tests of the per-endpoint state machine (docs/design.md §3).
 
 Every row starts from a known state, feeds a sequence of probe outcomes through ``step``
 on a fake monotonic clock, and states the expected state after *each* probe. ``changed``
@@ -67,7 +67,7 @@ def start(kind: str, policy: Policy) -> EndpointHealth:
     if kind == "boot":
         return initial_health(T0, policy, known_at_boot=True)
     if kind == "dr":
-        return drain(fresh(State.HEALTHY), T0, "operator drain").health
+        return drain(fresh(State.HEALTHY), T0, "operator drain").after
     return fresh(STATE[kind])
 
 
@@ -85,7 +85,7 @@ def run(
     for code, now in zip(codes, clock, strict=True):
         transition = step(health, probe(code), now, policy)
         transitions.append(transition)
-        health = transition.health
+        health = transition.after
     return transitions
 
 
@@ -354,32 +354,32 @@ def test_transition_table(row: Row) -> None:
     clock = row.times or tuple(T0 + 1.0 * (i + 1) for i in range(len(row.codes)))
     transitions = run(health, row.codes, policy, clock)
 
-    got = [t.health.state for t in transitions]
+    got = [t.after.state for t in transitions]
     assert got == expected
     previous = health.state
     for index, (transition, want) in enumerate(zip(transitions, expected, strict=True)):
         where = f"probe #{index} ({row.codes[index]})"
-        assert transition.before is previous, where
+        assert transition.from_state is previous, where
         assert transition.changed is (want is not previous), where
         assert transition.alert is (index in row.alerts), where
         if transition.changed:
-            assert transition.health.reason.strip(), f"{where}: empty reason on a change"
-            assert transition.health.since == clock[index], f"{where}: since not updated"
+            assert transition.after.reason.strip(), f"{where}: empty reason on a change"
+            assert transition.after.since == clock[index], f"{where}: since not updated"
         previous = want
 
     if row.words:
         reason_of = last_change(transitions)
-        reason = (reason_of or transitions[-1]).health.reason
+        reason = (reason_of or transitions[-1]).after.reason
         for word in row.words:
             assert word in reason, f"{word!r} not in reason {reason!r}"
 
 
 def test_two_timeouts_reason_is_exact() -> None:
-    """The DESIGN §3 example, word for word, with the default policy."""
+    """The docs/design.md §3 example, word for word, with the default policy."""
     policy = Policy(unhealthy_after=2)
     transitions = run(fresh(State.HEALTHY), "TT", policy)
-    assert [t.health.state for t in transitions] == [State.DEGRADED, State.UNHEALTHY]
-    assert transitions[-1].health.reason == "2 consecutive timeouts (>800 ms)"
+    assert [t.after.state for t in transitions] == [State.DEGRADED, State.UNHEALTHY]
+    assert transitions[-1].after.reason == "2 consecutive timeouts (>800 ms)"
     assert transitions[-1].alert
 
 
@@ -390,39 +390,39 @@ def test_two_timeouts_reason_is_exact() -> None:
 )
 def test_fatal_from_every_routable_or_starting_state(start_kind: str, prefix: str) -> None:
     policy = Policy()
-    before = run(start(start_kind, policy), prefix, policy)[-1].health if prefix else None
+    before = run(start(start_kind, policy), prefix, policy)[-1].after if prefix else None
     health = before or start(start_kind, policy)
     state_before = health.state
     transition = step(health, probe("X"), T0 + 50, policy)
     assert state_before is not State.UNHEALTHY
-    assert transition.health.state is State.UNHEALTHY
+    assert transition.after.state is State.UNHEALTHY
     assert transition.changed and transition.alert
-    assert transition.health.since == T0 + 50
-    assert FATAL_DETAIL in transition.health.reason
+    assert transition.after.since == T0 + 50
+    assert FATAL_DETAIL in transition.after.reason
 
 
 def test_fatal_without_detail_still_explains() -> None:
     result = ProbeResult(Outcome.FATAL, started_at=0.0)
     transition = step(fresh(State.HEALTHY), result, T0 + 1, Policy())
-    assert transition.health.state is State.UNHEALTHY
-    assert "fatal" in transition.health.reason
+    assert transition.after.state is State.UNHEALTHY
+    assert "fatal" in transition.after.reason
 
 
 def test_fatal_in_unhealthy_keeps_since() -> None:
     health = fresh(State.UNHEALTHY, now=T0)
     transition = step(health, probe("X"), T0 + 30, Policy())
-    assert transition.health.state is State.UNHEALTHY
+    assert transition.after.state is State.UNHEALTHY
     assert not transition.changed
-    assert transition.health.since == T0
+    assert transition.after.since == T0
 
 
 def test_since_is_the_time_of_the_change() -> None:
     policy = Policy()
     times = (T0 + 1, T0 + 2, T0 + 7)
     transitions = run(fresh(State.HEALTHY), "FTT", policy, times)
-    assert transitions[0].health.since == T0  # no change: since kept
-    assert transitions[1].health.since == T0 + 2
-    assert transitions[2].health.since == T0 + 7
+    assert transitions[0].after.since == T0  # no change: since kept
+    assert transitions[1].after.since == T0 + 2
+    assert transitions[2].after.since == T0 + 7
 
 
 def test_initial_health() -> None:
@@ -442,49 +442,49 @@ def test_initial_health() -> None:
 @pytest.mark.parametrize("state", ["st", "h", "d", "u"])
 def test_drain_from_any_state(state: str) -> None:
     transition = drain(fresh(STATE[state]), T0 + 5, "removed by discovery")
-    assert transition.health.state is State.DRAINING
+    assert transition.after.state is State.DRAINING
     assert transition.changed
-    assert transition.before is STATE[state]
-    assert transition.health.reason == "removed by discovery"
-    assert transition.health.since == T0 + 5
+    assert transition.from_state is STATE[state]
+    assert transition.after.reason == "removed by discovery"
+    assert transition.after.since == T0 + 5
     assert not transition.alert
 
 
 def test_drain_when_draining_is_no_change() -> None:
-    drained = drain(fresh(State.HEALTHY), T0, "operator").health
+    drained = drain(fresh(State.HEALTHY), T0, "operator").after
     again = drain(drained, T0 + 1, "operator again")
-    assert again.health.state is State.DRAINING
+    assert again.after.state is State.DRAINING
     assert not again.changed
 
 
 def test_undrain_requires_qualifying_like_a_new_endpoint() -> None:
     policy = Policy(healthy_after=3)
-    drained = drain(fresh(State.HEALTHY), T0, "operator").health
+    drained = drain(fresh(State.HEALTHY), T0, "operator").after
     back = undrain(drained, T0 + 10, policy)
-    assert back.health.state is State.STARTING
-    assert back.changed and back.before is State.DRAINING
-    assert back.health.reason
-    assert back.health.since == T0 + 10
-    transitions = run(back.health, "FFF", policy, (T0 + 11, T0 + 12, T0 + 13))
-    assert [t.health.state for t in transitions] == [State.STARTING, State.STARTING, State.HEALTHY]
+    assert back.after.state is State.STARTING
+    assert back.changed and back.from_state is State.DRAINING
+    assert back.after.reason
+    assert back.after.since == T0 + 10
+    transitions = run(back.after, "FFF", policy, (T0 + 11, T0 + 12, T0 + 13))
+    assert [t.after.state for t in transitions] == [State.STARTING, State.STARTING, State.HEALTHY]
 
 
 def test_undrain_discards_counters_gathered_while_draining() -> None:
     policy = Policy(healthy_after=3)
-    drained = drain(fresh(State.HEALTHY), T0, "operator").health
-    drained = run(drained, "FFFFF", policy)[-1].health
-    back = undrain(drained, T0 + 10, policy).health
+    drained = drain(fresh(State.HEALTHY), T0, "operator").after
+    drained = run(drained, "FFFFF", policy)[-1].after
+    back = undrain(drained, T0 + 10, policy).after
     transitions = run(back, "F", policy, (T0 + 11,))
-    assert transitions[0].health.state is State.STARTING
+    assert transitions[0].after.state is State.STARTING
 
 
 def test_undrain_restarts_startup_grace() -> None:
     policy = Policy(startup_grace_s=600.0)
-    drained = drain(initial_health(T0, policy), T0 + 1, "operator").health
-    back = undrain(drained, T0 + 5000, policy).health
+    drained = drain(initial_health(T0, policy), T0 + 1, "operator").after
+    back = undrain(drained, T0 + 5000, policy).after
     # Long after the original first_seen, but only 10 s after the undrain: tolerated.
     tolerated = step(back, probe("T"), T0 + 5010, policy)
-    assert tolerated.health.state is State.STARTING and not tolerated.alert
-    expired = step(tolerated.health, probe("T"), T0 + 5600, policy)
-    assert expired.health.state is State.UNHEALTHY
-    assert "startup_grace" in expired.health.reason
+    assert tolerated.after.state is State.STARTING and not tolerated.alert
+    expired = step(tolerated.after, probe("T"), T0 + 5600, policy)
+    assert expired.after.state is State.UNHEALTHY
+    assert "startup_grace" in expired.after.reason

@@ -1,9 +1,9 @@
-"""Property tests of the state machine and the Envoy view (DESIGN §3, §4).
+"""Property tests of the state machine and the Envoy view (docs/design.md §3, §4).
 
 The machine is driven by random policies and random operation sequences (probe outcomes
 with random time gaps, plus the odd drain/undrain). The test keeps its own history of
 what happened (outcomes, when the endpoint was first seen, how many successes it needs
-to qualify) and checks every transition against rules written from DESIGN §3, never
+to qualify) and checks every transition against rules written from docs/design.md §3, never
 against the machine's own counters.
 """
 
@@ -101,7 +101,7 @@ def drive(
         trace.records.append(
             Record(op, outcome, now, transition, list(history), first_seen, qualify_after, boot)
         )
-        health = transition.health
+        health = transition.after
     return trace
 
 
@@ -156,7 +156,7 @@ def check_unhealthy_entries(trace: Trace) -> None:
     policy = trace.policy
     for rec in trace.records:
         t = rec.transition
-        if t.health.state is not State.UNHEALTHY or t.before is State.UNHEALTHY:
+        if t.after.state is not State.UNHEALTHY or t.from_state is State.UNHEALTHY:
             continue
         assert rec.op == "probe", f"{rec.op} moved the endpoint to UNHEALTHY"
         assert t.alert, "a new UNHEALTHY must alert"
@@ -164,12 +164,12 @@ def check_unhealthy_entries(trace: Trace) -> None:
             continue
         last = tail(rec.history, policy.unhealthy_after)
         failure_run = bool(last) and all(o in FAILURE_KINDS for o in last)
-        if t.before in (State.HEALTHY, State.DEGRADED):
+        if t.from_state in (State.HEALTHY, State.DEGRADED):
             assert failure_run, (
-                f"{t.before.value} -> unhealthy after {rec.history[-policy.unhealthy_after :]}"
+                f"{t.from_state.value} -> unhealthy after {rec.history[-policy.unhealthy_after :]}"
                 f" (unhealthy_after={policy.unhealthy_after})"
             )
-        elif t.before is State.STARTING:
+        elif t.from_state is State.STARTING:
             assert rec.outcome not in SUCCESS_KINDS, "a success ejected a starting endpoint"
             grace_over = rec.now - rec.first_seen >= policy.startup_grace_s
             assert grace_over or (rec.boot and failure_run), (
@@ -178,7 +178,7 @@ def check_unhealthy_entries(trace: Trace) -> None:
                 f"last outcomes {rec.history[-policy.unhealthy_after :]}"
             )
         else:
-            raise AssertionError(f"UNHEALTHY entered from {t.before.value}")
+            raise AssertionError(f"UNHEALTHY entered from {t.from_state.value}")
 
 
 def check_failures_do_eject(trace: Trace) -> None:
@@ -190,11 +190,11 @@ def check_failures_do_eject(trace: Trace) -> None:
         window = records[i : i + k]
         if not all(r.op == "probe" and r.outcome in FAILURE_KINDS for r in window):
             continue
-        before = window[0].transition.before
+        before = window[0].transition.from_state
         if before in (State.HEALTHY, State.DEGRADED) or (
             before is State.STARTING and window[0].boot
         ):
-            assert window[-1].transition.health.state is State.UNHEALTHY
+            assert window[-1].transition.after.state is State.UNHEALTHY
 
 
 def check_reasons(trace: Trace) -> None:
@@ -203,12 +203,12 @@ def check_reasons(trace: Trace) -> None:
     for rec in trace.records:
         t = rec.transition
         if previous is not None:
-            assert t.before is previous
-        assert t.changed is (t.health.state is not t.before)
+            assert t.from_state is previous
+        assert t.changed is (t.after.state is not t.from_state)
         if t.changed:
-            assert t.health.reason.strip(), f"empty reason for {t.before} -> {t.health.state}"
-            assert t.health.since == rec.now
-        previous = t.health.state
+            assert t.after.reason.strip(), f"empty reason for {t.from_state} -> {t.after.state}"
+            assert t.after.since == rec.now
+        previous = t.after.state
 
 
 def check_healthy_entries(trace: Trace) -> None:
@@ -216,14 +216,14 @@ def check_healthy_entries(trace: Trace) -> None:
     policy = trace.policy
     for rec in trace.records:
         t = rec.transition
-        if t.health.state is not State.HEALTHY or t.before is State.HEALTHY:
+        if t.after.state is not State.HEALTHY or t.from_state is State.HEALTHY:
             continue
         assert rec.op == "probe" and rec.outcome is Outcome.FAST, f"HEALTHY entered by {rec}"
-        assert t.before is not State.DRAINING
-        needed = rec.qualify_after if t.before is State.STARTING else policy.healthy_after
+        assert t.from_state is not State.DRAINING
+        needed = rec.qualify_after if t.from_state is State.STARTING else policy.healthy_after
         last = tail(rec.history, needed)
         assert last and all(o is Outcome.FAST for o in last), (
-            f"{t.before.value} -> healthy after {rec.history[-needed:]} (needed {needed} FAST)"
+            f"{t.from_state.value} -> healthy after {rec.history[-needed:]} (needed {needed} FAST)"
         )
 
 
@@ -234,7 +234,7 @@ def check_recovery_from_unhealthy(trace: Trace) -> None:
     records = trace.records
     for i in range(1, len(records) - n + 1):
         window = records[i : i + n]
-        if window[0].transition.before is not State.UNHEALTHY:
+        if window[0].transition.from_state is not State.UNHEALTHY:
             continue
         if records[i - 1].outcome in SUCCESS_KINDS:
             continue  # the streak began earlier
@@ -242,16 +242,16 @@ def check_recovery_from_unhealthy(trace: Trace) -> None:
             continue
         all_fast = all(r.outcome is Outcome.FAST for r in window)
         want = State.HEALTHY if all_fast else State.DEGRADED
-        assert [r.transition.health.state for r in window[:-1]] == [State.UNHEALTHY] * (n - 1)
-        assert window[-1].transition.health.state is want
+        assert [r.transition.after.state for r in window[:-1]] == [State.UNHEALTHY] * (n - 1)
+        assert window[-1].transition.after.state is want
 
 
 def check_draining_is_sticky(trace: Trace) -> None:
     """(f) `step` never leaves DRAINING; only undrain does."""
     for rec in trace.records:
         t = rec.transition
-        if t.before is State.DRAINING and rec.op == "probe":
-            assert t.health.state is State.DRAINING
+        if t.from_state is State.DRAINING and rec.op == "probe":
+            assert t.after.state is State.DRAINING
             assert not t.changed and not t.alert
 
 
@@ -261,8 +261,8 @@ def check_alerts(trace: Trace) -> None:
         t = rec.transition
         if t.alert:
             assert rec.outcome is Outcome.FATAL or (
-                t.changed and t.health.state is State.UNHEALTHY
-            ), f"unexpected alert: {t.before} -> {t.health.state} on {rec.outcome}"
+                t.changed and t.after.state is State.UNHEALTHY
+            ), f"unexpected alert: {t.from_state} -> {t.after.state} on {rec.outcome}"
 
 
 ALL_CHECKS = (
@@ -300,15 +300,15 @@ def test_random_outcome_runs(
 @given(policy=policies, pairs=runs)
 @PROPERTY_SETTINGS
 def test_draining_never_left_by_step(policy: Policy, pairs: list[tuple[Outcome, int]]) -> None:
-    health = drain(initial_health(0.0, policy), 0.0, "test").health
+    health = drain(initial_health(0.0, policy), 0.0, "test").after
     now = 0.0
     for outcome, count in pairs:
         for _ in range(count):
             now += 50.0  # far past any startup_grace
             transition = step(health, result(outcome), now, policy)
-            assert transition.health.state is State.DRAINING
+            assert transition.after.state is State.DRAINING
             assert not transition.changed and not transition.alert
-            health = transition.health
+            health = transition.after
 
 
 @given(policy=policies, pairs=runs)
@@ -324,6 +324,6 @@ def test_starting_within_grace_never_alerts(
     for i, outcome in enumerate(ops):
         now = budget * (i + 1) / (len(ops) + 1)
         transition = step(health, result(outcome), now, policy)
-        assert transition.health.state is State.STARTING
+        assert transition.after.state is State.STARTING
         assert not transition.alert and not transition.changed
-        health = transition.health
+        health = transition.after

@@ -7,9 +7,11 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from llm_health.app.assemble import build_runtime
 from llm_health.app.metrics import MAX_COMPONENT_SERIES, component_families
 from llm_health.app.runtime import Runtime
 from llm_health.config import parse_config
+from llm_health.model.causes import Cause
 from llm_health.model.machine import Transition
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.states import EndpointHealth, State
@@ -24,7 +26,7 @@ clusters:
 
 
 def runtime() -> Runtime:
-    return Runtime(parse_config(CONFIG, "t.yaml", {}))
+    return build_runtime(parse_config(CONFIG, "t.yaml", {}))
 
 
 def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -47,9 +49,9 @@ async def scrape(rt: Runtime) -> tuple[dict[Any, float], str]:
 
 
 def feed(rt: Runtime, address: str, result: ProbeResult) -> None:
+    """What the board control's probe observers receive for a trusted probe."""
     (target,) = [t for t in rt.targets if t.address == address]
-    for observe in rt.probe_observers:
-        observe(target, result)
+    rt.metrics.on_probe(target.cluster, target.address, result)
 
 
 async def test_probe_histograms_and_outcomes() -> None:
@@ -83,9 +85,11 @@ async def test_transitions_counted_by_reason_class() -> None:
     healthy = EndpointHealth(State.HEALTHY, 1.0, "ready", 0.0, 1)
     degraded = EndpointHealth(State.DEGRADED, 2.0, "timeout: no first token in 800 ms", 0.0, 1)
     timeout = ProbeResult(Outcome.TIMEOUT, 0.0)
-    rt.notify_transition("llama", A, Transition(State.HEALTHY, degraded, changed=True), timeout)
-    rt.notify_transition("llama", A, Transition(State.DEGRADED, degraded, changed=False), timeout)
-    rt.notify_transition("llama", A, Transition(State.DEGRADED, healthy, changed=True), None)
+    rt.control.notify(
+        "llama", A, Transition(State.HEALTHY, degraded, changed=True, cause=Cause.TIMEOUT), timeout
+    )
+    rt.control.notify("llama", A, Transition(State.DEGRADED, degraded, changed=False), timeout)
+    rt.control.notify("llama", A, Transition(State.DEGRADED, healthy, changed=True), None)
     found, text = await scrape(rt)
     labels = {"cluster": "llama", "endpoint": A}
     name = "llm_health_state_transitions_total"
@@ -107,7 +111,7 @@ async def test_state_weight_and_prober_series_read_the_board() -> None:
     rt = runtime()
     (target,) = [t for t in rt.targets if t.address == B]
     await rt.on_result(target, ProbeResult(Outcome.FAST, 0.0, ttft_ms=10.0))
-    rt.board.set_override("llama", A, State.DRAINING, until=1e12, reason="m")
+    rt.control.board.set_override("llama", A, State.DRAINING, until=1e12, reason="m")
     found, _ = await scrape(rt)
     a, b = {"cluster": "llama", "endpoint": A}, {"cluster": "llama", "endpoint": B}
     assert value(found, "llm_health_endpoint_state", **a, state="draining") == 1
@@ -130,8 +134,8 @@ async def test_series_of_removed_endpoints_are_dropped() -> None:
     found, _ = await scrape(rt)
     assert value(found, "llm_health_probe_ttft_seconds_count", cluster="llama", endpoint=B) == 1
     smaller = parse_config(CONFIG.replace(f', {{address: "{B}", weight: 50}}', ""), "t.yaml", {})
-    rt.board.apply_specs(smaller.cluster_specs(), now=0.0)
-    rt.board.expire(now=1e9)
+    rt.control.board.apply_specs(smaller.cluster_specs(), now=0.0)
+    rt.control.board.expire(now=1e9)
     found, text = await scrape(rt)
     assert B not in text
     assert value(found, "llm_health_endpoint_weight", cluster="llama", endpoint=A) == 100

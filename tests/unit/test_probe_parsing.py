@@ -1,4 +1,4 @@
-"""SSE decoding and stream-event interpretation (DESIGN §2: what counts as a first token)."""
+"""SSE decoding and stream-event interpretation (docs/design.md §2: what counts as a first token)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Probe scheduling, pure parts (DESIGN §2): even stable phases, no catch-up bursts."""
+"""Probe scheduling, pure parts (docs/design.md §2): even stable phases, no catch-up bursts."""
 
 from __future__ import annotations
 

@@ -15,18 +15,19 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from llm_health.sim.cli import register, settings_from_args
+from llm_health.cli.sim import register, settings_from_args
 from llm_health.sim.faults import FAULTS, FaultSpec
+from llm_health.sim.metrics import render_metrics
 from llm_health.sim.server import (
     STATE_KEY,
     SimHandle,
     SimSettings,
-    SimState,
     build_app,
-    render_metrics,
     running_sim,
     serve,
 )
+from llm_health.sim.state import SimState
+from tests.polling import wait_until_async
 
 HANG_TIMEOUT = aiohttp.ClientTimeout(total=0.4)
 PROBE_HEADERS = {"X-LLM-Probe": "true"}
@@ -82,14 +83,6 @@ def token_of(event: str) -> str | None:
     choice = choices[0]
     text = choice.get("text", choice.get("delta", {}).get("content"))
     return text or None
-
-
-async def eventually(check: Callable[[], bool], within: float = 1.0) -> None:
-    """Wait until ``check()`` holds, or fail after ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 def invariant_holds(state: SimState) -> bool:
@@ -270,14 +263,16 @@ async def test_hangs_keep_health_green_and_release_on_disconnect(
             await resp.content.readany()
 
     task = asyncio.create_task(hung_request())
-    await eventually(lambda: sim.state.in_flight == 1)
+    await wait_until_async(lambda: sim.state.in_flight == 1, 1.0, "sim.state.in_flight == 1")
     async with session.get(f"{sim.base_url}/health") as resp:
         assert resp.status == 200
     async with session.get(f"{sim.base_url}/metrics") as resp:
         assert 'vllm:num_requests_waiting{model_name="sim-model"} 1.0' in await resp.text()
     with pytest.raises(asyncio.TimeoutError):
         await task
-    await eventually(lambda: sim.state.counters.aborted == 1)
+    await wait_until_async(
+        lambda: sim.state.counters.aborted == 1, 1.0, "sim.state.counters.aborted == 1"
+    )
     assert sim.state.in_flight == 0
     assert invariant_holds(sim.state)
 
@@ -301,7 +296,9 @@ async def test_hang_after_role_chunk(sim: SimHandle, session: aiohttp.ClientSess
         async with session.post(url, json=completion(), timeout=HANG_TIMEOUT) as resp:
             assert resp.status == 200
             await resp.read()
-    await eventually(lambda: sim.state.counters.aborted == 2)
+    await wait_until_async(
+        lambda: sim.state.counters.aborted == 2, 1.0, "sim.state.counters.aborted == 2"
+    )
 
 
 async def test_hang_is_bounded_by_hang_max(sim: SimHandle, session: aiohttp.ClientSession) -> None:
@@ -433,7 +430,7 @@ async def test_slow_under_load_adds_ttft_per_in_flight_request(
 
         assert await ttft() < 0.15
         background = [asyncio.create_task(full_stream()) for _ in range(2)]
-        await eventually(lambda: sim.state.in_flight == 2)
+        await wait_until_async(lambda: sim.state.in_flight == 2, 1.0, "sim.state.in_flight == 2")
         assert await ttft() >= 0.39  # two others in flight: 2 x 200 ms
         await asyncio.gather(*background)
 
@@ -472,7 +469,9 @@ async def test_closing_after_first_token_counts_as_aborted(
             if raw.startswith(b"data: ") and token_of(raw[6:].decode().strip()):
                 break
         resp.close()
-    await eventually(lambda: sim.state.counters.aborted == 1, within=0.3)
+    await wait_until_async(
+        lambda: sim.state.counters.aborted == 1, 0.3, "sim.state.counters.aborted == 1"
+    )
     assert sim.state.counters.completed == 0
     assert sim.state.counters.probe_requests == 1
     assert invariant_holds(sim.state)
@@ -486,7 +485,9 @@ async def test_disconnect_during_ttft_wait_counts_as_aborted(
         with pytest.raises(asyncio.TimeoutError):
             async with session.post(url, json=completion(), timeout=HANG_TIMEOUT) as resp:
                 await resp.read()
-        await eventually(lambda: sim.state.counters.aborted == 1, within=0.5)
+        await wait_until_async(
+            lambda: sim.state.counters.aborted == 1, 0.5, "sim.state.counters.aborted == 1"
+        )
         assert sim.state.in_flight == 0
 
 
@@ -506,12 +507,16 @@ async def test_aborts_are_seen_without_handler_cancellation(
         with pytest.raises(asyncio.TimeoutError):  # gone during the TTFT wait
             async with session.post(url, json=completion(), timeout=HANG_TIMEOUT) as resp:
                 await resp.read()
-        await eventually(lambda: state.counters.aborted == 1, within=1.0)
+        await wait_until_async(
+            lambda: state.counters.aborted == 1, 1.0, "state.counters.aborted == 1"
+        )
         state.set_fault(FaultSpec(ttft=0.0, tpot=0.005))
         async with session.post(url, json=completion(max_tokens=1)) as resp:
             await resp.content.readline()  # the token event
             resp.close()
-        await eventually(lambda: state.counters.aborted == 2, within=0.3)
+        await wait_until_async(
+            lambda: state.counters.aborted == 2, 0.3, "state.counters.aborted == 2"
+        )
     finally:
         await runner.cleanup()
 
@@ -626,7 +631,7 @@ async def test_serve_runs_until_cancelled_even_with_a_hang(
     hung = asyncio.create_task(
         session.post(f"http://127.0.0.1:{ports[1]}/v1/completions", json=completion())
     )
-    await eventually(lambda: handle.state.in_flight == 1)
+    await wait_until_async(lambda: handle.state.in_flight == 1, 1.0, "handle.state.in_flight == 1")
     started = time.monotonic()
     server.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -702,7 +707,7 @@ def test_cli_refuses_ports_past_65535(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_every_fault_has_a_handler_and_is_a_cli_choice() -> None:
-    from llm_health.sim import server
+    from llm_health.sim import behaviours
 
-    handlers: dict[str, Callable[..., Awaitable[Any]]] = dict(server._FAULT_HANDLERS)
+    handlers: dict[str, Callable[..., Awaitable[Any]]] = dict(behaviours._FAULT_HANDLERS)
     assert set(handlers) == set(FAULTS)

@@ -1,4 +1,4 @@
-"""EDS mapping (DESIGN §4) and the built-resource cache (llm_health.xds.resources)."""
+"""EDS mapping (docs/design.md §4) and the built-resource cache (llm_health.xds.resources)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def probe(outcome: Outcome, ttft_ms: float | None = None) -> ProbeResult:
 
 
 def make_board() -> Board:
-    """One endpoint per DESIGN §4 row; TINY (base weight 1) is degraded too."""
+    """One endpoint per docs/design.md §4 row; TINY (base weight 1) is degraded too."""
     endpoints = (HEALTHY, DEGRADED, UNHEALTHY, DRAINING, STARTING, TINY)
     board = Board([ClusterSpec("llama-70b", Policy(), endpoints)], now=0.0, wall_offset=0.0)
     board.record("llama-70b", HEALTHY.address, probe(Outcome.FAST, 10), 1.0)

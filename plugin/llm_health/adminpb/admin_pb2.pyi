@@ -76,7 +76,7 @@ class ProbeResult(_message.Message):
     def __init__(self, outcome: _Optional[_Union[Outcome, str]] = ..., started_at: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., connect_ms: _Optional[float] = ..., headers_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., http_status: _Optional[int] = ..., detail: _Optional[str] = ..., loop_lag_ms: _Optional[float] = ...) -> None: ...
 
 class Endpoint(_message.Message):
-    __slots__ = ("cluster", "address", "host", "port", "base_weight", "state", "reason", "since", "envoy_health", "envoy_weight", "lb_label", "last_probe", "probe_state", "signals", "override_until", "removing")
+    __slots__ = ("cluster", "address", "host", "port", "base_weight", "state", "reason", "since", "envoy_health", "envoy_weight", "lb_label", "last_probe", "probe_state", "signals", "override_until", "removing", "cause")
     class SignalsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +100,7 @@ class Endpoint(_message.Message):
     SIGNALS_FIELD_NUMBER: _ClassVar[int]
     OVERRIDE_UNTIL_FIELD_NUMBER: _ClassVar[int]
     REMOVING_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     address: str
     host: str
@@ -116,7 +117,8 @@ class Endpoint(_message.Message):
     signals: _containers.ScalarMap[str, str]
     override_until: float
     removing: bool
-    def __init__(self, cluster: _Optional[str] = ..., address: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., base_weight: _Optional[int] = ..., state: _Optional[_Union[State, str]] = ..., reason: _Optional[str] = ..., since: _Optional[float] = ..., envoy_health: _Optional[_Union[EnvoyHealth, str]] = ..., envoy_weight: _Optional[int] = ..., lb_label: _Optional[str] = ..., last_probe: _Optional[_Union[ProbeResult, _Mapping]] = ..., probe_state: _Optional[_Union[State, str]] = ..., signals: _Optional[_Mapping[str, str]] = ..., override_until: _Optional[float] = ..., removing: _Optional[bool] = ...) -> None: ...
+    cause: str
+    def __init__(self, cluster: _Optional[str] = ..., address: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., base_weight: _Optional[int] = ..., state: _Optional[_Union[State, str]] = ..., reason: _Optional[str] = ..., since: _Optional[float] = ..., envoy_health: _Optional[_Union[EnvoyHealth, str]] = ..., envoy_weight: _Optional[int] = ..., lb_label: _Optional[str] = ..., last_probe: _Optional[_Union[ProbeResult, _Mapping]] = ..., probe_state: _Optional[_Union[State, str]] = ..., signals: _Optional[_Mapping[str, str]] = ..., override_until: _Optional[float] = ..., removing: _Optional[bool] = ..., cause: _Optional[str] = ...) -> None: ...
 
 class Cluster(_message.Message):
     __slots__ = ("name", "warm", "envoy_version", "endpoints")

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from llm_health.model.causes import Cause
 from llm_health.model.machine import Transition
-from llm_health.model.outcome import Outcome, ProbeResult
+from llm_health.model.outcome import ProbeResult, round_ms
 from llm_health.model.states import State
 
 
@@ -48,6 +49,7 @@ class AlertEvent:
     reason: str
     time: float
     result: ProbeResult | None = None
+    cause: Cause = Cause.OTHER
 
     @property
     def primary(self) -> AlertKind:
@@ -61,12 +63,12 @@ class AlertEvent:
 def classify(transition: Transition, result: ProbeResult | None) -> frozenset[AlertKind]:
     """The alert kinds of one transition (empty: not an alert)."""
     kinds: set[AlertKind] = set()
-    after = transition.health.state
-    if transition.changed and after is State.UNHEALTHY and transition.before is not after:
+    after = transition.after.state
+    if transition.changed and after is State.UNHEALTHY and transition.from_state is not after:
         kinds.add(AlertKind.UNHEALTHY)
-    if transition.changed and transition.before is State.UNHEALTHY and after in _ROUTED:
+    if transition.changed and transition.from_state is State.UNHEALTHY and after in _ROUTED:
         kinds.add(AlertKind.RECOVERED)
-    if transition.alert and result is not None and result.outcome is Outcome.FATAL:
+    if transition.alert and transition.cause is Cause.FATAL:
         kinds.add(AlertKind.FATAL)
     return frozenset(kinds)
 
@@ -83,17 +85,18 @@ def alert_event(
     kinds = classify(transition, result)
     if not kinds:
         return None
-    health = transition.health
+    health = transition.after
     return AlertEvent(
         event_id,
         kinds,
         cluster,
         endpoint,
         health.state,
-        transition.before,
+        transition.from_state,
         health.reason,
         wall_time,
         result,
+        transition.cause,
     )
 
 
@@ -109,6 +112,7 @@ def payload(event: AlertEvent) -> dict[str, Any]:
         "state": event.state.value,
         "previous": event.previous.value,
         "reason": event.reason,
+        "cause": event.cause.value,
         "time": iso_time(event.time),
         "timings": timings(event.result),
         "source": "llm-health",
@@ -122,11 +126,11 @@ def timings(result: ProbeResult | None) -> dict[str, Any] | None:
     return {
         "outcome": result.outcome.value,
         "started_at": iso_time(result.started_at),
-        "connect_ms": _ms(result.connect_ms),
-        "headers_ms": _ms(result.headers_ms),
-        "ttft_ms": _ms(result.ttft_ms),
-        "total_ms": _ms(result.total_ms),
-        "loop_lag_ms": _ms(result.loop_lag_ms),
+        "connect_ms": round_ms(result.connect_ms),
+        "headers_ms": round_ms(result.headers_ms),
+        "ttft_ms": round_ms(result.ttft_ms),
+        "total_ms": round_ms(result.total_ms),
+        "loop_lag_ms": round_ms(result.loop_lag_ms),
         "status": result.status,
         "detail": result.detail,
     }
@@ -136,7 +140,3 @@ def iso_time(wall_time: float) -> str:
     """ISO-8601 in UTC with milliseconds, e.g. ``2025-01-02T03:04:05.678Z``."""
     text = datetime.fromtimestamp(wall_time, UTC).isoformat(timespec="milliseconds")
     return text.replace("+00:00", "Z")
-
-
-def _ms(value: float | None) -> float | None:
-    return None if value is None else round(value, 2)

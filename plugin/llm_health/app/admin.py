@@ -11,8 +11,8 @@ Where it listens (``admin`` config, read once at start):
   component's task. A non-loopback ``admin.grpc`` without a token is a config error.
 With ``admin.token`` every call must carry ``authorization: Bearer <token>``.
 
-Board changes go through ``Runtime.update_board`` (which publishes to xDS and watchers);
-drain/undrain transitions are logged and observed via ``Runtime.notify_transition``.
+Board changes go through ``BoardControl.update`` (which publishes to xDS and watchers);
+drain/undrain transitions are logged and observed via ``BoardControl.notify``.
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 
-from llm_health.config import is_local_bind
-from llm_health.model.board import EndpointSnapshot, HealthSnapshot
+from llm_health.config import AdminConfig, is_local_bind
+from llm_health.core.control import BoardControl
+from llm_health.model.board import Board, EndpointSnapshot, HealthSnapshot
 from llm_health.model.machine import Transition
 from llm_health.model.states import State
 from llm_health.servers.admin import (
@@ -36,23 +37,31 @@ from llm_health.servers.admin import (
     Probed,
     add_admin_service,
 )
-from llm_health.servers.xds import bind_grpc, create_grpc_server
-
-if TYPE_CHECKING:
-    from llm_health.app.runtime import Runtime
+from llm_health.servers.grpc import bind_grpc, create_grpc_server
 
 STOP_GRACE_S = 0.5
 log = logging.getLogger("llm_health.admin")
 
 
 class AdminComponent:
-    """``Component`` (runtime.py) and ``AdminBackend`` (servers/admin.py) in one."""
+    """``Component`` (app/component.py) and ``AdminBackend`` (servers/admin.py) in one.
+    ``shared_grpc``: the main gRPC server's address (``server.grpc``);
+    ``shared_authenticated``: that server checks a token or client certificates on every
+    call (``server.token`` / ``server.tls.client_ca``), so the admin API may share it."""
 
     name = "admin"
 
-    def __init__(self, runtime: Runtime) -> None:
-        self._runtime = runtime
-        settings = runtime.config.admin
+    def __init__(
+        self,
+        settings: AdminConfig,
+        shared_grpc: str,
+        control: BoardControl,
+        *,
+        shared_authenticated: bool = False,
+    ) -> None:
+        self._control = control
+        self._shared = shared_grpc
+        self._shared_authenticated = shared_authenticated
         self._bind = settings.grpc
         self._token = settings.token.get_secret_value() if settings.token else None
         self._auth = AuthStats()
@@ -70,11 +79,12 @@ class AdminComponent:
             add_admin_service(self._own, servicer, self._token, self._auth)
             self.listen = self._bind
             return
-        shared = self._runtime.config.server.grpc
-        if self._token is None and not is_local_bind(shared):
+        shared = self._shared
+        if self._token is None and not (is_local_bind(shared) or self._shared_authenticated):
             log.warning(
-                "admin API not served: server.grpc is not loopback and admin.token is unset "
-                "(set admin.token, or admin.grpc to a loopback address)",
+                "admin API not served: server.grpc is not loopback, admin.token is unset and "
+                "the server authenticates nobody (set admin.token or server.token, or "
+                "admin.grpc to a loopback address)",
                 extra={"grpc": shared},
             )
             return
@@ -104,13 +114,13 @@ class AdminComponent:
     # --- AdminBackend ---------------------------------------------------------------------
 
     def snapshot(self) -> HealthSnapshot:
-        return self._runtime.board.snapshot()
+        return self._control.snapshot()
 
     def published(self) -> HealthSnapshot:
-        return self._runtime.hub.current()
+        return self._control.published()
 
     async def wait_newer(self, revision: int) -> HealthSnapshot:
-        return await self._runtime.hub.wait_newer(revision)
+        return await self._control.wait_newer(revision)
 
     async def drain(self, cluster: str, address: str, reason: str) -> Changed:
         return await self._transition(
@@ -129,7 +139,7 @@ class AdminComponent:
     ) -> Changed:
         before = self._endpoint(cluster, address)
         why = reason or f"forced {state.value} by operator"
-        await self._runtime.update_board(
+        await self._control.update(
             lambda board, now: board.set_override(cluster, address, state, now + duration_s, why)
         )
         after = self._endpoint(cluster, address)
@@ -148,9 +158,7 @@ class AdminComponent:
 
     async def clear_override(self, cluster: str, address: str) -> Changed:
         before = self._endpoint(cluster, address)
-        had = await self._runtime.update_board(
-            lambda board, _now: board.clear_override(cluster, address)
-        )
+        had = await self._control.update(lambda board, _now: board.clear_override(cluster, address))
         after = self._endpoint(cluster, address)
         if had:
             log.info(
@@ -168,7 +176,7 @@ class AdminComponent:
     async def probe_now(self, cluster: str, address: str) -> Probed:
         self._endpoint(cluster, address)  # KeyError first: unknown beats "not ready"
         try:
-            result, trusted = await self._runtime.probe_now(cluster, address)
+            result, trusted = await self._control.probe_now(cluster, address)
         except RuntimeError as exc:
             raise NotReady(str(exc)) from exc
         return Probed(result, self._endpoint(cluster, address), ignored=not trusted)
@@ -176,15 +184,15 @@ class AdminComponent:
     # --- helpers --------------------------------------------------------------------------
 
     async def _transition(
-        self, cluster: str, address: str, change: Callable[[Any, float], Transition]
+        self, cluster: str, address: str, change: Callable[[Board, float], Transition]
     ) -> Changed:
-        transition = await self._runtime.update_board(change)
+        transition = await self._control.update(change)
         if transition.changed:
-            self._runtime.notify_transition(cluster, address, transition, None)
+            self._control.notify(cluster, address, transition, None)
         return Changed(self._endpoint(cluster, address), transition.changed)
 
     def _endpoint(self, cluster: str, address: str) -> EndpointSnapshot:
-        snapshot = self._runtime.board.snapshot()
+        snapshot = self._control.snapshot()
         for endpoint in snapshot.clusters[cluster].endpoints:
             if endpoint.spec.address == address:
                 return endpoint

@@ -1,7 +1,7 @@
 """Webhook alerts: the runtime component that delivers ``llm_health.alerts`` events.
 
-Flow: the runtime calls ``observe`` synchronously on its loop for every transition
-(``Runtime.transition_observers``). ``observe`` only classifies, deduplicates,
+Flow: the board control calls ``observe`` synchronously on the runtime's loop for every
+transition (``BoardControl.on_transition``). ``observe`` only classifies, deduplicates,
 rate-limits and enqueues: O(webhooks), never blocks, never raises. One worker task per
 webhook drains that webhook's BOUNDED queue (full: the event is dropped and counted) and
 POSTs the JSON payload with aiohttp, one delivery at a time, so a slow or dead receiver
@@ -46,6 +46,7 @@ from tenacity import (
 
 from llm_health.alerts import Deduplicator, RateLimiter, alert_event, classify, payload
 from llm_health.config import AlertsConfig, WebhookConfig
+from llm_health.core.control import BoardControl
 from llm_health.model.machine import Transition
 from llm_health.model.outcome import ProbeResult
 
@@ -64,7 +65,6 @@ class DeliveryError(Exception):
 
 
 _STAT_NAMES = ("sent", "failed", "retried", "dropped", "rate_limited", "summaries")
-TransitionObserver = Callable[[str, str, Transition, ProbeResult | None], None]
 
 
 class _Retryable(DeliveryError):
@@ -161,7 +161,7 @@ class AlertsComponent:
     def observe(
         self, cluster: str, address: str, transition: Transition, result: ProbeResult | None
     ) -> None:
-        """A ``Runtime.transition_observers`` callback: enqueue only; never raises."""
+        """A ``BoardControl.on_transition`` observer: enqueue only; never raises."""
         try:
             self._observe(cluster, address, transition, result)
         except Exception:  # an alert bug must never break the prober
@@ -297,11 +297,11 @@ async def _post(session: aiohttp.ClientSession, hook: Webhook, message: _Message
     raise DeliveryError(f"HTTP {status} (not retried)", retryable=False)
 
 
-def attach(settings: AlertsConfig, observers: list[TransitionObserver]) -> AlertsComponent:
-    """Build the component and subscribe it to the runtime's transition observers."""
+def attach(settings: AlertsConfig, control: BoardControl) -> AlertsComponent:
+    """Build the component and subscribe it to every transition."""
     component = AlertsComponent(settings)
     if component.webhooks:
-        observers.append(component.observe)
+        control.on_transition(component.observe)
     return component
 
 

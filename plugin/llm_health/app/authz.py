@@ -1,7 +1,7 @@
 """The ext_authz component: registers ``Authorization/Check`` and reports its counters.
 
 Settings follow config reloads: the gate asks for them on every check and they are
-rebuilt only when ``runtime.config.authz`` is a new object. No background task.
+rebuilt only when the ``config`` getter returns a new object. No background task.
 """
 
 from __future__ import annotations
@@ -13,20 +13,20 @@ import grpc
 
 from llm_health.authz import AuthzCounters, AuthzSettings, Gate, ProblemLog
 from llm_health.config import AuthzConfig
-from llm_health.hub import SnapshotHub
+from llm_health.core.control import SnapshotSource
 from llm_health.servers.authz import add_authz_servicer
 
 
 class AuthzComponent:
     name = "authz"
 
-    def __init__(self, hub: SnapshotHub, config: Callable[[], AuthzConfig]) -> None:
+    def __init__(self, published: SnapshotSource, config: Callable[[], AuthzConfig]) -> None:
         self._config = config
         self._seen: AuthzConfig | None = None
         self._settings = AuthzSettings()
         self.counters = AuthzCounters()
         self.problems = ProblemLog()
-        self.gate = Gate(hub.current, self.settings)
+        self.gate = Gate(published.current, self.settings)
 
     def settings(self) -> AuthzSettings:
         config = self._config()

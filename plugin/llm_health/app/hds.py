@@ -1,5 +1,5 @@
 """The HDS component: serves ``HealthDiscoveryService`` and turns the Envoys' reports into
-the board's "hds" signal (DESIGN §5).
+the board's "hds" signal (docs/design.md §5).
 
 Three tasks on the runtime's loop:
 - follow endpoints: every published snapshot's endpoint set (endpoints being removed
@@ -7,9 +7,19 @@ Three tasks on the runtime's loop:
 - tick: expire old reports and silent Envoys (``report_ttl``) about twice a second;
 - apply: whenever the service says a verdict may have changed, compare its verdicts with
   the board's "hds" signals and set or clear the ones that differ, through
-  ``Runtime.update_board`` (one publish per batch). A verdict that takes an endpoint
+  ``BoardControl.update`` (one publish per batch). A verdict that takes an endpoint
   down is a state change logged and sent to the transition observers; clearing it lets
   the endpoint recover through the normal probe hysteresis (``Board.set_signal``).
+
+Who may eject (docs/design.md §7.6):
+- reports count only from node ids that also hold an open xDS stream (``xds_open``,
+  the xDS streams' registry, passed in by ``app.assemble``; see ``HdsService``);
+- unless the reporters are authenticated (``server.token`` or mutual TLS), "down"
+  verdicts are capped like probe failures (§7.3): one is applied only while the
+  cluster's endpoints out of service (held down by a signal, or UNHEALTHY by probe) stay
+  within ``max_ejection_percent`` (at least one endpoint). A held verdict is counted
+  (``hds.stats.held_verdicts``, ``held_now``), logged once, and re-checked on every
+  report, so it applies as soon as there is room.
 
 Settings are read once at start (``hds:`` changes apply after a restart).
 """
@@ -20,19 +30,19 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
-from llm_health.hds.assign import EndpointKey
+from llm_health.core.control import BoardControl
 from llm_health.hds.fleet import Target
 from llm_health.hds.service import HdsService
+from llm_health.hds.settings import HdsSettings
 from llm_health.model.board import Board, HealthSnapshot
 from llm_health.model.machine import Transition
+from llm_health.model.states import EndpointKey, State
 from llm_health.servers.hds import add_hds_servicer
-
-if TYPE_CHECKING:
-    from llm_health.app.runtime import Runtime
 
 SIGNAL = "hds"
 MAX_TICK_S = 0.5
@@ -60,16 +70,29 @@ def hds_signals(snapshot: HealthSnapshot) -> dict[EndpointKey, str | None]:
 class HdsComponent:
     name = "hds"
 
-    def __init__(self, runtime: Runtime, clock: Callable[[], float] = time.monotonic) -> None:
-        self._runtime = runtime
+    def __init__(
+        self,
+        settings: HdsSettings,
+        control: BoardControl,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        xds_open: Callable[[str], bool] | None = None,
+        authenticated: bool = False,
+    ) -> None:
+        """``xds_open``: is this node id holding an open xDS stream (None: trust every
+        reporter, for tests of the engine alone). ``authenticated``: the gRPC port
+        authenticates its clients (``server.token`` or mutual TLS): no ejection cap."""
+        self._control = control
         self._wake = asyncio.Event()
-        settings = runtime.config.hds.to_settings()
+        self._capped = not authenticated
+        self._held: set[EndpointKey] = set()
         self.tick_s = min(MAX_TICK_S, settings.report_interval_s / 2)
         self.service = HdsService(
             settings,
-            endpoints=endpoints_of(runtime.hub.current()),
+            endpoints=endpoints_of(control.published()),
             clock=clock,
             on_change=self._wake.set,
+            xds_open=xds_open,
         )
 
     def register(self, server: grpc.aio.Server) -> None:
@@ -81,12 +104,16 @@ class HdsComponent:
         return [self._follow_endpoints, self._tick, self._apply]
 
     def status(self) -> dict[str, Any]:
-        return self.service.status()
+        return {
+            **self.service.status(),
+            "ejection_cap": "max_ejection_percent" if self._capped else "none (authenticated)",
+            "held_now": len(self._held),
+        }
 
     async def _follow_endpoints(self) -> None:
-        revision = self._runtime.hub.current().revision
+        revision = self._control.published().revision
         while True:
-            snapshot = await self._runtime.hub.wait_newer(revision)
+            snapshot = await self._control.wait_newer(revision)
             revision = snapshot.revision
             self.service.set_endpoints(endpoints_of(snapshot))
 
@@ -103,28 +130,77 @@ class HdsComponent:
 
     async def sync(self) -> None:
         """Make the board's "hds" signals match the service's verdicts."""
-        current = hds_signals(self._runtime.board.snapshot())
+        current = hds_signals(self._control.snapshot())
         changes = {
             key: reason
             for key, reason in self.service.decisions().items()
             if key in current and current[key] != reason
         }
         if not changes:
+            self._note_held(set())
             return
-        transitions = await self._runtime.update_board(lambda board, now: _set(board, changes, now))
-        for (cluster, address), transition in transitions.items():
+        applied = await self._control.update(
+            lambda board, now: _set(board, changes, now, capped=self._capped),
+            publish_when=lambda result: bool(result.transitions),
+        )
+        self._note_held(applied.held)
+        for (cluster, address), transition in applied.transitions.items():
             reason = changes[(cluster, address)]
             fields = {"cluster": cluster, "endpoint": address, "reason": reason}
             log.info("HDS verdict: down" if reason else "HDS verdict: reachable", extra=fields)
             if transition.changed:
-                self._runtime.notify_transition(cluster, address, transition, None)
+                self._control.notify(cluster, address, transition, None)
+
+    def _note_held(self, held: set[EndpointKey]) -> None:
+        """Count and log each newly held verdict once; forget those no longer held."""
+        for cluster, address in sorted(held - self._held):
+            self.service.stats.held_verdicts += 1
+            log.warning(
+                "HDS verdict held: taking this endpoint out would exceed max_ejection_percent "
+                "and the HDS reporters are not authenticated (set server.token or mutual TLS)",
+                extra={"cluster": cluster, "endpoint": address},
+            )
+        self._held = held
+
+
+@dataclass(slots=True)
+class _Applied:
+    transitions: dict[EndpointKey, Transition] = field(default_factory=dict)
+    held: set[EndpointKey] = field(default_factory=set)
 
 
 def _set(
-    board: Board, changes: dict[EndpointKey, str | None], now: float
-) -> dict[EndpointKey, Transition]:
-    return {
-        (cluster, address): board.set_signal(cluster, address, SIGNAL, reason, now)
-        for (cluster, address), reason in changes.items()
-        if board.has_endpoint(cluster, address)
-    }
+    board: Board, changes: dict[EndpointKey, str | None], now: float, *, capped: bool
+) -> _Applied:
+    """Apply ``changes`` to the board: clears first (they free room), then "down"
+    verdicts, each within its cluster's ejection cap when ``capped``."""
+    applied = _Applied()
+    known = {key: r for key, r in changes.items() if board.has_endpoint(*key)}
+    out, room = _out_of_service(board) if capped else (set(), {})
+    for key, reason in sorted(known.items(), key=lambda item: (item[1] is not None, item[0])):
+        cluster, address = key
+        if reason is not None and capped and key not in out:
+            if room.get(cluster, 0) <= 0:
+                applied.held.add(key)
+                continue
+            room[cluster] -= 1
+        applied.transitions[key] = board.set_signal(cluster, address, SIGNAL, reason, now)
+    return applied
+
+
+def _out_of_service(board: Board) -> tuple[set[EndpointKey], dict[str, int]]:
+    """Endpoints out now (held down by any signal, or UNHEALTHY by probe), and per
+    cluster how many more may go out before max_ejection_percent (at least one endpoint)
+    is exceeded (docs/design.md §7.3)."""
+    out: set[EndpointKey] = set()
+    room: dict[str, int] = {}
+    for name, cluster in board.snapshot().clusters.items():
+        down = {
+            (name, e.spec.address)
+            for e in cluster.endpoints
+            if e.signals or e.probe_state is State.UNHEALTHY
+        }
+        out |= down
+        total = len(cluster.endpoints)
+        room[name] = max(1, total * board.policy(name).max_ejection_percent // 100) - len(down)
+    return out, room

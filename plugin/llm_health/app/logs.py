@@ -9,6 +9,8 @@ import sys
 import time
 from typing import Any
 
+from aiohttp.http_exceptions import HttpProcessingError
+
 _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
 
 
@@ -41,6 +43,37 @@ class TextFormatter(logging.Formatter):
         return text + (f"\n{self.formatException(record.exc_info)}" if record.exc_info else "")
 
 
+class PeerInputFilter(logging.Filter):
+    """On ``aiohttp.server``: a peer's malformed HTTP request (a 4xx ``HttpProcessingError``:
+    bad request line, oversized or invalid header ...) is answered 400 by aiohttp, which
+    then logs "Error handling request" with a traceback at ERROR. That is the peer's
+    problem, not ours: the record is downgraded to DEBUG (traceback kept there) and dropped
+    unless DEBUG is enabled, so nobody can fill the log by sending garbage."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if record.levelno <= logging.DEBUG or not _peer_error(exc):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+def _peer_error(exc: BaseException | None) -> bool:
+    if not isinstance(exc, HttpProcessingError):
+        return False
+    return 400 <= (exc.code or 400) < 500
+
+
+_PEER_FILTER = PeerInputFilter()
+
+
+def install_peer_input_filter() -> None:
+    """Install ``PeerInputFilter`` on ``aiohttp.server`` (idempotent)."""
+    logger = logging.getLogger("aiohttp.server")
+    if _PEER_FILTER not in logger.filters:
+        logger.addFilter(_PEER_FILTER)
+
+
 def setup_logging(fmt: str = "text", level: str = "info") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
@@ -48,3 +81,4 @@ def setup_logging(fmt: str = "text", level: str = "info") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    install_peer_input_filter()

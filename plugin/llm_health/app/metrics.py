@@ -1,17 +1,17 @@
-"""Prometheus metrics on ``/metrics``: ``llm_health_*`` (issue 6).
+"""Prometheus metrics on ``/metrics``: ``llm_health_*`` (docs/design.md §5).
 
 Two kinds of series, no double bookkeeping:
-- events, fed by the runtime's observers: probe TTFT / connect / header-time histograms
-  and an outcome counter per endpoint (probe observer), and a state-transition counter
-  (transition observer) labelled with a *reason class* (``model.reasons``), never the
-  free-text reason;
+- events, fed by the board control's observers: probe TTFT / connect / header-time
+  histograms and an outcome counter per endpoint (probe observer), and a state-transition
+  counter (transition observer) labelled with the transition's typed *cause*
+  (``model.causes``), never the free-text reason;
 - state, read at scrape time (``_ScrapeCollector``): every endpoint's state and Envoy
-  weight from ``board.snapshot()``, xDS counters from ``xds_stats``, the prober's loop lag
-  and counters, and every numeric field of each component's ``status()`` (HDS,
+  weight from the board snapshot, xDS counters, the prober's loop lag and counters
+  (``ProberStats``), and every numeric field of each component's ``status()`` (HDS,
   ext_authz, alerts, admin, ...) as ``llm_health_<component>_<key>``.
 
 Cardinality is bounded: labels are cluster and endpoint names from the config, enum
-values (state, outcome, reason class, xDS variant), nothing else (no salts, prompts or
+values (state, outcome, cause, xDS variant), nothing else (no salts, prompts or
 error strings). Series of endpoints that left the board (hot reload) are dropped at the
 next scrape. The registry is private to one runtime (tests run several).
 
@@ -25,9 +25,9 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -44,19 +44,16 @@ from llm_health import __version__
 from llm_health.app.metrics_text import (
     EndpointCounter,
     EndpointHistogram,
-    EndpointKey,
     endpoint_labels,
     header,
 )
+from llm_health.core.control import BoardControl, ProberStats
 from llm_health.model.board import EndpointSnapshot, HealthSnapshot
+from llm_health.model.causes import Cause
 from llm_health.model.machine import Transition
 from llm_health.model.outcome import ProbeResult
-from llm_health.model.reasons import reason_class
-from llm_health.model.states import State
-from llm_health.probe.target import ProbeTarget
-
-if TYPE_CHECKING:
-    from llm_health.app.runtime import Runtime
+from llm_health.model.states import EndpointKey, State
+from llm_health.xds.stream import XdsStats
 
 TTFT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.5, 3.0)
 HEADERS_BUCKETS_S = (0.005, 0.025, 0.1, 0.2, 0.5, 0.8)
@@ -86,7 +83,13 @@ def _probe_histogram(name: str, what: str, buckets: tuple[float, ...]) -> Endpoi
 class RuntimeMetrics:
     """All metrics of one runtime. Construct once, before the runtime starts."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(
+        self,
+        control: BoardControl,
+        stats: ProberStats,
+        xds: XdsStats,
+        components: Callable[[], Mapping[str, Mapping[str, Any]]],
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.ttft = _probe_histogram("ttft", "time to first token", TTFT_BUCKETS_S)
         self.connect = _probe_histogram("connect", "TCP connect time", CONNECT_BUCKETS_S)
@@ -99,8 +102,9 @@ class RuntimeMetrics:
         )
         self.transitions = Counter(
             "llm_health_state_transitions",
-            "State changes by from, to and reason class (startup, recovered, slow, overloaded, "
-            "timeout, error, fatal, startup_timeout, signal, drained, removed, undrained, other).",
+            "State changes by from, to and cause (reason label: "
+            + ", ".join(c.value for c in Cause)
+            + ").",
             ["cluster", "endpoint", "from", "to", "reason"],
             registry=self.registry,
         )
@@ -108,15 +112,15 @@ class RuntimeMetrics:
         self._scrape = _ScrapeCollector()
         self.registry.register(self._scrape)
         ProcessCollector(registry=self.registry)
-        self._runtime = runtime
+        self._control, self._stats, self._xds, self._components = control, stats, xds, components
         self._lock = asyncio.Lock()
-        runtime.probe_observers.append(self.on_probe)
-        runtime.transition_observers.append(self.on_transition)
+        control.on_probe(self.on_probe)
+        control.on_transition(self.on_transition)
 
     # --- observers (on the loop, O(1)) --------------------------------------------------
 
-    def on_probe(self, target: ProbeTarget, result: ProbeResult) -> None:
-        key = (target.cluster, target.address)
+    def on_probe(self, cluster: str, address: str, result: ProbeResult) -> None:
+        key = (cluster, address)
         self.outcomes.inc(key, result.outcome.value)
         if result.ttft_ms is not None:
             self.ttft.observe(key, result.ttft_ms / 1000)
@@ -130,10 +134,13 @@ class RuntimeMetrics:
     ) -> None:
         if not transition.changed:
             return
-        after = transition.health
-        outcome = None if result is None else result.outcome
-        why = reason_class(transition.before, after.state, after.reason, outcome)
-        labels = (cluster, address, transition.before.value, after.state.value, why)
+        labels = (
+            cluster,
+            address,
+            transition.from_state.value,
+            transition.to_state.value,
+            transition.cause.value,
+        )
         self._transition_labels.setdefault((cluster, address), set()).add(labels)
         self.transitions.labels(*labels).inc()
 
@@ -157,16 +164,15 @@ class RuntimeMetrics:
         return generate_latest(self.registry) + "".join(out).encode()
 
     def _gather(self) -> Scrape:
-        runtime = self._runtime
-        lag = runtime.lag
+        stats, lag = self._stats, self._stats.lag
         return Scrape(
-            snapshot=runtime.board.snapshot(),
-            xds={name: _xds_numbers(c) for name, c in runtime.xds_stats.by_variant().items()},
-            components={c.name: c.status() for c in runtime.components},
+            snapshot=self._control.snapshot(),
+            xds={name: _xds_numbers(c) for name, c in self._xds.by_variant().items()},
+            components=self._components(),
             loop_lag_s=lag.current_ms / 1000,
             loop_lag_max_s=lag.max_since(time.perf_counter() - LAG_WINDOW_S) / 1000,
-            probes_total=runtime.probes_total,
-            probes_ignored=runtime.probes_untrusted,
+            probes_total=stats.probes_total,
+            probes_ignored=stats.probes_ignored_loop_lag,
         )
 
     def _prune(self, alive: set[EndpointKey]) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 from prometheus_client.utils import floatToGoString
 
-EndpointKey = tuple[str, str]  # (cluster, address)
+from llm_health.model.states import EndpointKey
 
 
 def escape(value: str) -> str:

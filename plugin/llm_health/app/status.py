@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from llm_health.model.board import ClusterSnapshot, EndpointSnapshot, HealthSnapshot
+from llm_health.model.outcome import round_ms
 
 
 def status_document(
@@ -35,6 +36,7 @@ def _endpoint(endpoint: EndpointSnapshot) -> dict[str, Any]:
         "address": endpoint.spec.address,
         "state": endpoint.state.value,
         "reason": endpoint.reason,
+        "cause": endpoint.cause.value,
         "since": _iso(endpoint.since),
         "since_epoch": round(endpoint.since, 3),
         "base_weight": endpoint.spec.weight,
@@ -47,19 +49,15 @@ def _endpoint(endpoint: EndpointSnapshot) -> dict[str, Any]:
         if last is None
         else {
             "outcome": last.outcome.value,
-            "ttft_ms": _round(last.ttft_ms),
-            "connect_ms": _round(last.connect_ms),
-            "headers_ms": _round(last.headers_ms),
+            "ttft_ms": round_ms(last.ttft_ms),
+            "connect_ms": round_ms(last.connect_ms),
+            "headers_ms": round_ms(last.headers_ms),
             "status": last.status,
             "detail": last.detail,
-            "loop_lag_ms": _round(last.loop_lag_ms),
+            "loop_lag_ms": round_ms(last.loop_lag_ms),
             "at": _iso(last.started_at),
         },
     }
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 2)
 
 
 def _iso(epoch: float) -> str:

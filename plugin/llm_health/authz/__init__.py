@@ -1,4 +1,4 @@
-"""ext_authz admission (issue 5): decide from in-memory health whether Envoy lets a request
+"""ext_authz admission (docs/design.md §5.3): decide from in-memory health whether Envoy lets a request
 through, and how. Pure decisions, no grpc/protobuf here (``servers.authz`` translates).
 
     AdmissionRequest --decide(request, view, settings)--> Decision

@@ -1,4 +1,4 @@
-"""The admission rules (issue 5): a pure function of (request, view, settings).
+"""The admission rules (docs/design.md §5.3): a pure function of (request, view, settings).
 
 In order:
 1. ``enabled: false``: OK, nothing touched.
@@ -6,7 +6,7 @@ In order:
 3. The target cluster: ``context_extensions[cluster_key]`` (set per route in Envoy), else
    the ``cluster_header`` request header. None, or one not in the config: OK, and a
    problem to log. A cluster not fully probed since start: OK (the plugin just restarted
-   and knows nothing yet; Envoy still has the last pushed endpoints, DESIGN §7).
+   and knows nothing yet; Envoy still has the last pushed endpoints, docs/design.md §7).
 4. No HEALTHY or DEGRADED endpoint: 503 + Retry-After, at once.
 5. Capacity below ``shed_below`` and priority ``low``: 429 + Retry-After.
 6. Priority ``high`` and a HEALTHY endpoint exists: the routing header is set (Envoy

@@ -25,7 +25,7 @@ class Rule(enum.Enum):
     NO_CAPACITY = "no_capacity"  # 503: no HEALTHY or DEGRADED endpoint
     SHED = "shed"  # 429: low priority while capacity < shed_below
     PROBE_DENIED = "probe_denied"  # 403: client sent the probe header (mode deny)
-    COLD = "cold"  # allowed untouched: cluster not fully probed since start (DESIGN §7)
+    COLD = "cold"  # allowed untouched: cluster not fully probed since start (docs/design.md §7)
     UNKNOWN_CLUSTER = "unknown_cluster"  # allowed untouched: cluster not in the config
     NO_CLUSTER = "no_cluster"  # allowed untouched: no cluster named at all
     DISABLED = "disabled"  # allowed untouched: authz.enabled is false

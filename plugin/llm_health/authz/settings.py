@@ -24,7 +24,7 @@ class AuthzSettings:
     - ``enabled``: False answers every Check with a plain OK (no header touched).
     - ``cluster_key``: the per-route ``check_settings.context_extensions`` key naming the
       cluster (ExtAuthzPerRoute); ``cluster_header`` is the fallback request header.
-    - ``probe_header_name``: the probe marker (DESIGN §2); ``probe_header`` what to do with a
+    - ``probe_header_name``: the probe marker (docs/design.md §2); ``probe_header`` what to do with a
       client request carrying it: "strip" (headers_to_remove) or "deny" (403).
     - ``shed_below``: capacity (0..1) under which ``priority_header: low`` gets 429.
     - ``route_header``/``route_value``: set on ``priority_header: high`` requests while the

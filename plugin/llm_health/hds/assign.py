@@ -19,7 +19,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-EndpointKey = tuple[str, str]
+from llm_health.model.states import EndpointKey
+
 """(cluster name, endpoint address as written in the config)."""
 
 

@@ -21,9 +21,10 @@ import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from llm_health.hds.assign import Assignment, EndpointKey, assign
+from llm_health.hds.assign import Assignment, assign
 from llm_health.hds.ledger import Ledger, Reporter, Said
 from llm_health.hds.settings import HdsSettings
+from llm_health.model.states import EndpointKey
 
 Target = tuple[str, int]
 """Where an endpoint is checked: (IP literal, port)."""

@@ -1,6 +1,6 @@
 """Folding HDS reports into one verdict per endpoint: quorum, expiry, first-check grace.
 
-Rules (DESIGN §5, §7):
+Rules (docs/design.md §5, §7):
 - Each Envoy's latest word on an endpoint is kept with its time. It counts while it is
   younger than ``ttl_s``: an Envoy that went away or stopped reporting is *unknown*, not
   healthy, and after the TTL its old word no longer counts either way.
@@ -25,7 +25,8 @@ import enum
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from llm_health.hds.assign import EMPTY, Assignment, EndpointKey
+from llm_health.hds.assign import EMPTY, Assignment
+from llm_health.model.states import EndpointKey
 
 
 class Said(enum.Enum):

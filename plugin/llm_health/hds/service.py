@@ -4,7 +4,7 @@ Shape (a thin dispatcher, like ``llm_health.xds.stream``): one task reads the st
 messages into the shared ``Fleet`` (``HealthCheckRequest`` -> the node joins;
 ``EndpointHealthResponse`` -> its reports are folded in); the generator sends the node's
 specifier whenever it is due: after every ``HealthCheckRequest`` (so each new stream gets
-one, DESIGN §7) and whenever the node's plan changes (a node joined or left, endpoints
+one, docs/design.md §7) and whenever the node's plan changes (a node joined or left, endpoints
 changed). Nothing else is sent. Both end when the client goes away or the caller stops
 iterating; the node leaves the fleet with its last stream.
 
@@ -14,6 +14,12 @@ with neither field set before the stream identified itself (after it, that is ho
 sends an empty report), a report before the stream identified itself, entries without
 an address, for unknown endpoints or for clusters we never sent are counted
 (``HdsStats``) and ignored.
+
+Reports count only from nodes that take their endpoints from us: with ``xds_open`` (a
+``Callable[[str], bool]``, the xDS streams' registry of open node ids, passed in by the
+app) a report from a node id with no open xDS stream is ignored and counted
+(``reports_without_xds``), and logged once per node. A client that opens HDS streams
+under made-up node ids, and nothing else, then ejects nothing (docs/design.md §7.6).
 
 One event loop; ``on_change`` is called (synchronously, must not raise) after anything
 that may change an endpoint's HDS verdict, so the owner can re-read ``decisions()``.
@@ -34,11 +40,12 @@ from google.protobuf.message import DecodeError
 
 from llm_health.errors import ProtocolError
 from llm_health.hds import wire
-from llm_health.hds.assign import EndpointKey
 from llm_health.hds.fleet import Fleet, NodeInfo, NodePlan, ReportTally, Target
 from llm_health.hds.settings import HdsSettings
+from llm_health.model.states import EndpointKey
 
 _LOG = logging.getLogger("llm_health.hds")
+MAX_WARNED_NODES = 1024  # node ids remembered for "logged once": bounded memory
 
 Request: TypeAlias = hds_pb2.HealthCheckRequestOrEndpointHealthResponse
 Specifier: TypeAlias = hds_pb2.HealthCheckSpecifier
@@ -59,6 +66,8 @@ class HdsStats:
     reports_before_request: int = 0
     malformed_entries: int = 0
     specifiers_sent: int = 0
+    reports_without_xds: int = 0  # from a node id with no open xDS stream: ignored
+    held_verdicts: int = 0  # "down" verdicts held by the max_ejection_percent cap
     entries: ReportTally = field(default_factory=ReportTally)
 
     def as_dict(self) -> dict[str, Any]:
@@ -88,8 +97,11 @@ class HdsService:
         endpoints: Mapping[EndpointKey, Target] | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_change: Callable[[], None] = lambda: None,
+        xds_open: Callable[[str], bool] | None = None,
     ) -> None:
         self.settings = settings
+        self._xds_open = xds_open
+        self._warned_nodes: set[str] = set()
         self.stats = HdsStats()
         self.fleet = Fleet(settings, endpoints, clock())
         self._clock = clock
@@ -195,12 +207,31 @@ class HdsService:
         if session.node is None:
             self.stats.reports_before_request += 1
             return
+        if self._xds_open is not None and not self._xds_open(session.node):
+            self._without_xds(session)
+            return
         report = wire.read_report(response)
         self.stats.reports += 1
         self.stats.empty_reports += int(report.form == "empty")
         self.stats.malformed_entries += report.malformed
         tally = self._mutate(lambda now: self.fleet.report(session.stream, report.entries, now))
         self.stats.entries.add(tally)
+
+    def _without_xds(self, session: _Session) -> None:
+        """A report from a node with no open xDS stream: not counted, not even as a sign of
+        life (the node goes stale after ``report_ttl`` and loses its assignment)."""
+        self.stats.reports_without_xds += 1
+        node = session.node or "?"
+        if node in self._warned_nodes or len(self._warned_nodes) >= MAX_WARNED_NODES:
+            return
+        self._warned_nodes.add(node)
+        shown = repr(node[:200])  # the peer's text: cut and escaped for one log line
+        _LOG.warning(
+            "HDS reports of node %s ignored: it holds no xDS stream with this node id "
+            "(counted in hds.stats.reports_without_xds; logged once per node)",
+            shown,
+            extra={"node": shown, "peer": session.peer},
+        )
 
     def _end(self, session: _Session) -> None:
         """Idempotent: called by whichever of reader and generator finishes first."""

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
+from llm_health.model.causes import Cause
 from llm_health.model.envoy_view import EnvoyView, envoy_view
 from llm_health.model.machine import (
     Transition,
@@ -63,7 +64,8 @@ class Override:
 class EndpointSnapshot:
     """One endpoint as readers see it. ``since`` is wall-clock seconds (epoch).
 
-    ``state``/``reason``/``view`` are the effective ones (an override wins);
+    ``state``/``reason``/``view`` are the effective ones (an override wins); ``cause``: why
+    the state machine's verdict last changed (``Cause.OVERRIDE`` while an override holds);
     ``probe_state`` is the state machine's own verdict. ``signals``: outside sources that
     currently hold the endpoint down (e.g. {"hds": "unreachable from gw-2"}).
     ``override_until``: wall-clock end of a forced state, if any.
@@ -80,12 +82,13 @@ class EndpointSnapshot:
     signals: Mapping[str, str] = field(default_factory=dict)
     override_until: float | None = None
     removing: bool = False
+    cause: Cause = Cause.OTHER
 
 
 @dataclass(frozen=True, slots=True)
 class ClusterSnapshot:
     """``warm``: every endpoint has had a probe since boot (or the warm-up timed out):
-    only warm clusters may be pushed to Envoy (DESIGN §7)."""
+    only warm clusters may be pushed to Envoy (docs/design.md §7)."""
 
     name: str
     endpoints: tuple[EndpointSnapshot, ...]
@@ -166,8 +169,8 @@ class Board:
             transition = _held(entry, transition)
         elif _ejects_by_failure(transition, result):
             transition = self._cap_ejection(entry_cluster, entry, transition)
-        entry.health = transition.health
-        if transition.health.state is not State.UNHEALTHY:
+        entry.health = transition.after
+        if transition.after.state is not State.UNHEALTHY:
             entry.ejected_by_failure = False
         elif transition.changed:
             entry.ejected_by_failure = _ejects_by_failure(transition, result)
@@ -178,7 +181,7 @@ class Board:
         return transition
 
     def _cap_ejection(self, cluster: _Cluster, entry: _Entry, transition: Transition) -> Transition:
-        """DESIGN §7: if taking this endpoint out would put more than max_ejection_percent
+        """docs/design.md §7: if taking this endpoint out would put more than max_ejection_percent
         of the cluster out by probe failures, keep it routed (DEGRADED, reduced weight) and
         say why: many endpoints failing at once points at the prober's own network."""
         total = len(cluster.entries)
@@ -190,11 +193,12 @@ class Board:
         reason = (
             f"held: {ejected} of {total} endpoints already out for probe failures "
             f"(max_ejection_percent {pct}); suspect the prober's network. "
-            f"{transition.health.reason}"
+            f"{transition.after.reason}"
         )
-        kept = State.DEGRADED if transition.before is not State.STARTING else State.STARTING
-        held = replace(transition.health, state=kept, reason=reason)
-        return Transition(transition.before, held, changed=kept is not transition.before)
+        kept = State.DEGRADED if transition.from_state is not State.STARTING else State.STARTING
+        held = replace(transition.after, state=kept, reason=reason, cause=transition.cause)
+        changed = kept is not transition.from_state
+        return Transition(transition.from_state, held, changed=changed, cause=transition.cause)
 
     def drain(self, cluster: str, address: str, now: float, reason: str) -> Transition:
         return self._apply(cluster, address, lambda h: drain(h, now, reason))
@@ -213,7 +217,7 @@ class Board:
         if down is None:
             entry.signals.pop(source, None)
             self._touch()
-            return Transition(entry.health.state, entry.health, changed=False)
+            return Transition(entry.health.state, entry.health, changed=False, cause=Cause.SIGNAL)
         entry.signals[source] = down
         return self._apply(cluster, address, lambda h: force_unhealthy(h, now, down))
 
@@ -281,7 +285,7 @@ class Board:
     ) -> Transition:
         entry = self._clusters[cluster].entries[address]
         transition = change(entry.health)
-        entry.health = transition.health
+        entry.health = transition.after
         self._touch()
         return transition
 
@@ -345,8 +349,8 @@ class Board:
     def _retire(self, cluster: str, address: str, now: float) -> Change:
         entry = self._clusters[cluster].entries[address]
         entry.removing_at = now + self._clusters[cluster].spec.policy.drain_time_s
-        transition = drain(entry.health, now, "removed from config")
-        entry.health = transition.health
+        transition = drain(entry.health, now, "removed from config", Cause.REMOVED)
+        entry.health = transition.after
         return Change(cluster, address, transition, "endpoint removed from config")
 
     def _cluster_snapshot(self, name: str, cluster: _Cluster) -> ClusterSnapshot:
@@ -363,6 +367,7 @@ class Board:
             spec=entry.spec,
             state=state,
             reason=reason,
+            cause=Cause.OVERRIDE if override else health.cause,
             since=health.since + self._wall_offset,
             view=envoy_view(state, entry.spec.weight, share),
             last=entry.last,
@@ -375,10 +380,10 @@ class Board:
 
 def _ejects_by_failure(transition: Transition, result: ProbeResult) -> bool:
     """Taken out by TIMEOUT/ERROR probes (not FATAL, not a newcomer's expired grace)."""
-    newcomer = transition.before is State.STARTING and not transition.health.known_at_boot
+    newcomer = transition.from_state is State.STARTING and not transition.after.known_at_boot
     return (
         transition.changed
-        and transition.health.state is State.UNHEALTHY
+        and transition.after.state is State.UNHEALTHY
         and result.outcome in FAILURES
         and not newcomer
     )
@@ -388,15 +393,18 @@ def _held(entry: _Entry, transition: Transition) -> Transition:
     """Held down by an outside signal: probes are counted (failures, FATAL alerts) but no
     success streak builds up, so recovery starts only once every signal has cleared."""
     held = replace(
-        transition.health,
+        transition.after,
         state=State.UNHEALTHY,
         since=entry.health.since,
         reason="; ".join(entry.signals.values()),
+        cause=Cause.SIGNAL,
         successes=0,
         all_fast=True,
         fast_streak=0,
     )
-    return Transition(State.UNHEALTHY, held, changed=False, alert=transition.alert)
+    return Transition(
+        State.UNHEALTHY, held, changed=False, alert=transition.alert, cause=Cause.SIGNAL
+    )
 
 
 def _new_cluster(spec: ClusterSpec, now: float, *, known_at_boot: bool) -> _Cluster:

@@ -1,4 +1,4 @@
-"""What Envoy receives for each state (DESIGN §4), in domain words (no protobuf here)."""
+"""What Envoy receives for each state (docs/design.md §4), in domain words (no protobuf here)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def degraded_weight(base_weight: int, share: float) -> int:
 
 
 def envoy_view(state: State, base_weight: int, share: float) -> EnvoyView:
-    """The DESIGN §4 table. Envoy's own DEGRADED status is deliberately not used: it means
+    """The docs/design.md §4 table. Envoy's own DEGRADED status is deliberately not used: it means
     spill-over only (no traffic while enough hosts are healthy), not a reduced share."""
     base = max(1, base_weight)
     if state is State.HEALTHY:

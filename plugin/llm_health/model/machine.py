@@ -1,7 +1,8 @@
 """The health state machine: ``(health, probe result, now, policy) -> Transition``.
 
-Pure: no I/O, no clock of its own. Every state change carries a human-readable reason.
-Rules (DESIGN §3):
+Pure: no I/O, no clock of its own. Every state change carries a human-readable reason
+and, set in the same place, a typed ``Cause`` (what metrics, alerts and /status read).
+Rules (docs/design.md §3):
 - STARTING: failures tolerated until ``startup_grace`` is over, then UNHEALTHY;
   ``qualify_after`` consecutive successes -> HEALTHY if all FAST, else DEGRADED.
   Endpoints known at boot (see ``initial_health``) were probably serving before the
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from llm_health.model.causes import Cause, outcome_cause
 from llm_health.model.outcome import FAILURES, Outcome, ProbeResult
 from llm_health.model.policy import Policy
 from llm_health.model.states import EndpointHealth, State
@@ -26,13 +28,22 @@ from llm_health.model.states import EndpointHealth, State
 
 @dataclass(frozen=True, slots=True)
 class Transition:
-    """The machine's answer. ``changed``: the state differs from before.
-    ``alert``: an operator should hear of it (FATAL, or newly UNHEALTHY)."""
+    """The machine's answer: ``from_state`` -> ``after`` (the endpoint's new health).
 
-    before: State
-    health: EndpointHealth
+    ``changed``: the state differs from ``from_state``. ``alert``: an operator should hear
+    of it (FATAL, or newly UNHEALTHY). ``cause``: why, as a label (``after.reason`` says it
+    in words).
+    """
+
+    from_state: State
+    after: EndpointHealth
     changed: bool
     alert: bool = False
+    cause: Cause = Cause.OTHER
+
+    @property
+    def to_state(self) -> State:
+        return self.after.state
 
 
 def initial_health(now: float, policy: Policy, *, known_at_boot: bool = False) -> EndpointHealth:
@@ -41,7 +52,7 @@ def initial_health(now: float, policy: Policy, *, known_at_boot: bool = False) -
     ``known_at_boot``: the endpoint was in the config when the plugin (re)started. It is
     probably serving already; we are a new observer, not watching a new backend. One
     success then qualifies it, so a plugin restart never holds a healthy fleet out of
-    Envoy for ``healthy_after`` intervals (DESIGN §7, warm start).
+    Envoy for ``healthy_after`` intervals (docs/design.md §7, warm start).
     """
     qualify_after = 1 if known_at_boot else policy.healthy_after
     reason = "plugin started; awaiting first probe" if known_at_boot else "new endpoint"
@@ -52,28 +63,37 @@ def step(health: EndpointHealth, result: ProbeResult, now: float, policy: Policy
     """Fold one probe result into ``health``. Callers own ordering (one probe at a time)."""
     counted = _count(health, result.outcome)
     if health.state is State.DRAINING:
-        return Transition(health.state, counted, changed=False)
+        return Transition(health.state, counted, changed=False, cause=outcome_cause(result.outcome))
     if result.outcome is Outcome.FATAL:
         return _fatal(health, counted, result, now)
     decide = _DECIDERS[health.state]
     return decide(health, counted, result, now, policy)
 
 
-def drain(health: EndpointHealth, now: float, reason: str) -> Transition:
-    """Take an endpoint out of rotation (operator or discovery). No-op if draining."""
+def drain(
+    health: EndpointHealth, now: float, reason: str, cause: Cause = Cause.DRAINED
+) -> Transition:
+    """Take an endpoint out of rotation (operator: DRAINED; config removal: REMOVED).
+    No-op if draining."""
     if health.state is State.DRAINING:
-        return Transition(health.state, health, changed=False)
-    drained = replace(health, state=State.DRAINING, since=now, reason=reason or "drained")
-    return Transition(health.state, drained, changed=True)
+        return Transition(health.state, health, changed=False, cause=cause)
+    drained = replace(
+        health, state=State.DRAINING, since=now, reason=reason or "drained", cause=cause
+    )
+    return Transition(health.state, drained, changed=True, cause=cause)
 
 
 def undrain(health: EndpointHealth, now: float, policy: Policy) -> Transition:
     """Bring a drained endpoint back: it must qualify again like a new one.
     No-op for an endpoint that is not draining."""
     if health.state is not State.DRAINING:
-        return Transition(health.state, health, changed=False)
-    fresh = replace(initial_health(now, policy), reason="undrained; awaiting healthy probes")
-    return Transition(health.state, fresh, changed=True)
+        return Transition(health.state, health, changed=False, cause=Cause.UNDRAINED)
+    fresh = replace(
+        initial_health(now, policy),
+        reason="undrained; awaiting healthy probes",
+        cause=Cause.UNDRAINED,
+    )
+    return Transition(health.state, fresh, changed=True, cause=Cause.UNDRAINED)
 
 
 def _count(health: EndpointHealth, outcome: Outcome) -> EndpointHealth:
@@ -109,15 +129,20 @@ def _count(health: EndpointHealth, outcome: Outcome) -> EndpointHealth:
 
 
 def _move(
-    before: EndpointHealth, after: EndpointHealth, state: State, reason: str, now: float
+    before: EndpointHealth,
+    after: EndpointHealth,
+    state: State,
+    reason: str,
+    now: float,
+    cause: Cause,
 ) -> Transition:
-    moved = replace(after, state=state, since=now, reason=reason)
+    moved = replace(after, state=state, since=now, reason=reason, cause=cause)
     alert = state is State.UNHEALTHY
-    return Transition(before.state, moved, changed=True, alert=alert)
+    return Transition(before.state, moved, changed=True, alert=alert, cause=cause)
 
 
-def _stay(before: EndpointHealth, after: EndpointHealth) -> Transition:
-    return Transition(before.state, after, changed=False)
+def _stay(before: EndpointHealth, after: EndpointHealth, result: ProbeResult) -> Transition:
+    return Transition(before.state, after, changed=False, cause=outcome_cause(result.outcome))
 
 
 def _fatal(
@@ -127,8 +152,9 @@ def _fatal(
     if before.state is State.UNHEALTHY:
         # Already out of rotation; keep `since`, refresh the reason, alert only on a new FATAL.
         fresh = before.last_outcome is not Outcome.FATAL
-        return Transition(before.state, replace(after, reason=reason), changed=False, alert=fresh)
-    return _move(before, after, State.UNHEALTHY, reason, now)
+        refreshed = replace(after, reason=reason)
+        return Transition(before.state, refreshed, changed=False, alert=fresh, cause=Cause.FATAL)
+    return _move(before, after, State.UNHEALTHY, reason, now, Cause.FATAL)
 
 
 def _qualified(after: EndpointHealth, needed: int) -> tuple[State, str] | None:
@@ -153,20 +179,21 @@ def _decide_starting(
     ready = _qualified(after, before.qualify_after)
     if ready is not None and before.known_at_boot:
         kind = "fast" if ready[0] is State.HEALTHY else "slow"
-        return _move(before, after, ready[0], f"ready: first probe {kind}", now)
+        return _move(before, after, ready[0], f"ready: first probe {kind}", now, Cause.STARTUP)
     if ready is not None:
-        return _move(before, after, ready[0], f"ready: {ready[1]}", now)
+        return _move(before, after, ready[0], f"ready: {ready[1]}", now, Cause.STARTUP)
     if result.outcome in (Outcome.FAST, Outcome.SLOW):
-        return _stay(before, after)
+        return _stay(before, after, result)
     if before.known_at_boot and after.failures >= policy.unhealthy_after:
         reason = f"{_failure_reason(after, policy)} since the plugin started"
-        return _move(before, after, State.UNHEALTHY, reason, now)
+        cause = outcome_cause(result.outcome)
+        return _move(before, after, State.UNHEALTHY, reason, now, cause)
     if now - before.first_seen >= policy.startup_grace_s:
         grace = f"{policy.startup_grace_s:g}s"
         reason = f"never became ready within startup_grace ({grace}); last: {_describe(result)}"
-        return _move(before, after, State.UNHEALTHY, reason, now)
+        return _move(before, after, State.UNHEALTHY, reason, now, Cause.STARTUP_TIMEOUT)
     # Still starting: keep `since`, but say what the latest probe saw.
-    return _stay(before, replace(after, reason=f"not ready yet: {_describe(result)}"))
+    return _stay(before, replace(after, reason=f"not ready yet: {_describe(result)}"), result)
 
 
 def _decide_healthy(
@@ -177,10 +204,11 @@ def _decide_healthy(
     policy: Policy,
 ) -> Transition:
     if result.outcome is Outcome.FAST:
-        return _stay(before, after)
+        return _stay(before, after, result)
+    cause = outcome_cause(result.outcome)
     if result.outcome in FAILURES and after.failures >= policy.unhealthy_after:
-        return _move(before, after, State.UNHEALTHY, _failure_reason(after, policy), now)
-    return _move(before, after, State.DEGRADED, _describe(result), now)
+        return _move(before, after, State.UNHEALTHY, _failure_reason(after, policy), now, cause)
+    return _move(before, after, State.DEGRADED, _describe(result), now, cause)
 
 
 def _decide_degraded(
@@ -192,10 +220,11 @@ def _decide_degraded(
 ) -> Transition:
     if after.fast_streak >= policy.healthy_after:
         reason = f"recovered: {after.fast_streak} consecutive fast probes"
-        return _move(before, after, State.HEALTHY, reason, now)
+        return _move(before, after, State.HEALTHY, reason, now, Cause.RECOVERED)
     if result.outcome in FAILURES and after.failures >= policy.unhealthy_after:
-        return _move(before, after, State.UNHEALTHY, _failure_reason(after, policy), now)
-    return _stay(before, after)
+        reason = _failure_reason(after, policy)
+        return _move(before, after, State.UNHEALTHY, reason, now, outcome_cause(result.outcome))
+    return _stay(before, after, result)
 
 
 def _decide_unhealthy(
@@ -207,8 +236,8 @@ def _decide_unhealthy(
 ) -> Transition:
     ready = _qualified(after, policy.healthy_after)
     if ready is not None:
-        return _move(before, after, ready[0], f"recovered: {ready[1]}", now)
-    return _stay(before, after)
+        return _move(before, after, ready[0], f"recovered: {ready[1]}", now, Cause.RECOVERED)
+    return _stay(before, after, result)
 
 
 _DECIDERS = {
@@ -240,7 +269,7 @@ def _describe(result: ProbeResult) -> str:
 
 def trusted(result: ProbeResult, policy: Policy) -> bool:
     """False when a SLOW or TIMEOUT verdict may be the prober's fault: its own event loop
-    lagged more than ``max_loop_lag`` while the probe ran (DESIGN §7, measurement integrity).
+    lagged more than ``max_loop_lag`` while the probe ran (docs/design.md §7, measurement integrity).
     Such a probe must not degrade an endpoint. FAST, FATAL and ERROR are trusted: lag can
     only make a probe look slower, never faster, and cannot invent an engine error."""
     if result.outcome not in (Outcome.SLOW, Outcome.TIMEOUT):
@@ -253,8 +282,10 @@ def force_unhealthy(health: EndpointHealth, now: float, reason: str) -> Transiti
     out. Success streaks are reset, so recovery goes through the normal hysteresis
     (``healthy_after`` successes once the signal clears). DRAINING is left alone."""
     if health.state is State.DRAINING:
-        return Transition(health.state, health, changed=False)
-    reset = replace(health, successes=0, all_fast=True, fast_streak=0, reason=reason)
+        return Transition(health.state, health, changed=False, cause=Cause.SIGNAL)
+    reset = replace(
+        health, successes=0, all_fast=True, fast_streak=0, reason=reason, cause=Cause.SIGNAL
+    )
     if health.state is State.UNHEALTHY:
-        return Transition(health.state, reset, changed=False)
-    return _move(health, reset, State.UNHEALTHY, reason, now)
+        return Transition(health.state, reset, changed=False, cause=Cause.SIGNAL)
+    return _move(health, reset, State.UNHEALTHY, reason, now, Cause.SIGNAL)

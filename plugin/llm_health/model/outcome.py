@@ -1,4 +1,4 @@
-"""What one micro-probe found (DESIGN §2)."""
+"""What one micro-probe found (docs/design.md §2)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,11 @@ class Outcome(enum.Enum):
     ERROR = "error"  # anything else: refused, reset, other non-2xx, malformed, no token
 
 
+def round_ms(value: float | None) -> float | None:
+    """A timing for humans and JSON: 0.01 ms resolution (None stays None)."""
+    return None if value is None else round(value, 2)
+
+
 SUCCESSES = frozenset({Outcome.FAST, Outcome.SLOW})
 FAILURES = frozenset({Outcome.TIMEOUT, Outcome.ERROR})
 
@@ -27,7 +32,7 @@ class ProbeResult:
 
     ``connect_ms``/``headers_ms``/``ttft_ms`` are None when that phase was not reached.
     ``loop_lag_ms`` is the worst event-loop lag seen while the probe ran: when it is large
-    the timings are the prober's fault, not the engine's (DESIGN §7).
+    the timings are the prober's fault, not the engine's (docs/design.md §7).
     ``detail`` is a short human text (never a secret, never a whole body).
     """
 

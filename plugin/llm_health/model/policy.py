@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    """Per-cluster health policy (DESIGN §3). Built from config; frozen.
+    """Per-cluster health policy (docs/design.md §3). Built from config; frozen.
 
     Units: every ``*_s`` is seconds. ``degraded_weight`` is the share of the base weight a
     DEGRADED endpoint keeps (0 < x <= 1). ``max_loop_lag_s``: a SLOW or TIMEOUT probe that

@@ -1,11 +1,14 @@
-"""Per-endpoint health state (DESIGN §3)."""
+"""Per-endpoint health state (docs/design.md §3)."""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
 
+from llm_health.model.causes import Cause
 from llm_health.model.outcome import Outcome
+
+EndpointKey = tuple[str, str]  # (cluster, address): names one endpoint everywhere
 
 
 class State(enum.Enum):
@@ -26,7 +29,8 @@ class EndpointHealth:
     ``qualify_after``: successes needed to leave STARTING (healthy_after, or 1 for endpoints
     that were already known when the plugin booted: see ``initial_health``).
     ``known_at_boot``: in the config when the plugin started (probably already serving).
-    ``first_seen``/``since`` are seconds on the caller's clock.
+    ``first_seen``/``since`` are seconds on the caller's clock. ``cause``: why the state
+    last changed (the label of ``reason``).
     """
 
     state: State
@@ -41,3 +45,4 @@ class EndpointHealth:
     failures: int = 0
     failure_kinds: frozenset[Outcome] = frozenset()
     last_outcome: Outcome | None = None
+    cause: Cause = Cause.STARTUP

@@ -11,8 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from llm_health.model.board import EndpointSnapshot, HealthSnapshot
-
-EndpointKey = tuple[str, str]  # (cluster, address)
+from llm_health.model.states import EndpointKey
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""The micro-probe (DESIGN §2): one streamed, one-token request; TTFT on the first
+"""The micro-probe (docs/design.md §2): one streamed, one-token request; TTFT on the first
 token-bearing event; the stream closed right after it so the engine aborts the request.
 
 Never raises for anything the endpoint does: every failure becomes a ProbeResult.
@@ -18,12 +18,14 @@ import aiohttp
 
 from llm_health.errors import ProtocolError
 from llm_health.model.outcome import Outcome, ProbeResult
+from llm_health.model.redact import printable_line, redact_secrets
 from llm_health.probe.events import EventKind, error_message_from_body, interpret
 from llm_health.probe.lag import LoopLagMonitor
 from llm_health.probe.sse import SseDecoder
 from llm_health.probe.target import ProbeTarget
 
 MAX_ERROR_BODY = 64 * 1024
+MAX_DETAIL = 500  # characters of a result's detail (one printable line: logs, /status)
 MAX_BYTES_BEFORE_TOKEN = 1024 * 1024
 OVERLOAD_WORDS = ("overload", "too many", "capacity", "busy", "queue", "rate limit", "throttl")
 PROBE_HEADER = "X-LLM-Probe"
@@ -90,7 +92,7 @@ class MicroProbe:
             if response.status != 200:
                 return await _classify_status(response, target)
             outcome, detail = await _read_first_token(response, target, timing)
-            response.close()  # abort the stream: the engine stops decoding (DESIGN §2)
+            response.close()  # abort the stream: the engine stops decoding (docs/design.md §2)
             return outcome, 200, detail
 
     def _result(
@@ -103,8 +105,9 @@ class MicroProbe:
         detail: str,
     ) -> ProbeResult:
         ttft_ms = timing.ms(timing.first_token)
+        lag_ms = self._lag.max_since(timing.start) if self._lag else 0.0
         if outcome is Outcome.FAST and ttft_ms is not None:
-            outcome = Outcome.FAST if ttft_ms <= target.healthy_ttft_s * 1000 else Outcome.SLOW
+            outcome = _fast_or_slow(ttft_ms, lag_ms, target.healthy_ttft_s * 1000)
         return ProbeResult(
             outcome=outcome,
             started_at=wall,
@@ -113,9 +116,21 @@ class MicroProbe:
             headers_ms=timing.ms(timing.headers),
             total_ms=(time.perf_counter() - timing.start) * 1000,
             status=status,
-            detail=detail,
-            loop_lag_ms=self._lag.max_since(timing.start) if self._lag else 0.0,
+            detail=printable_line(redact_secrets(detail, target.secrets), MAX_DETAIL),
+            loop_lag_ms=lag_ms,
         )
+
+
+def _fast_or_slow(ttft_ms: float, lag_ms: float, healthy_ms: float) -> Outcome:
+    """SLOW only if the first token was late even without the prober's own lateness.
+
+    A starved event loop (another process burning the CPU, a GC pause) notices the token
+    late by up to the worst lag seen while the probe ran: that lateness is ours, not the
+    engine's (docs/design.md §7.4). Lag can only delay, never hasten, so the corrected
+    TTFT is a lower bound and a FAST verdict stays honest; a lag beyond max_loop_lag still
+    makes the board ignore SLOW and TIMEOUT verdicts altogether.
+    """
+    return Outcome.FAST if ttft_ms - lag_ms <= healthy_ms else Outcome.SLOW
 
 
 def probe_body(target: ProbeTarget) -> dict[str, Any]:
@@ -160,6 +175,8 @@ async def _read_first_token(
 
 def _verdict(payload: str, target: ProbeTarget, timing: _Timing) -> tuple[Outcome, str] | None:
     event = interpret(payload, target.api)
+    if event.kind is EventKind.ERROR or event.kind is EventKind.MALFORMED:
+        event = interpret(redact_secrets(payload, target.secrets), target.api)
     if event.kind is EventKind.TOKEN:
         timing.first_token = time.perf_counter()
         return Outcome.FAST, ""
@@ -177,7 +194,9 @@ async def _classify_status(
 ) -> tuple[Outcome, int, str]:
     """Non-200: FATAL on a fatal pattern, OVERLOADED on 429 or an overloaded 503, else ERROR."""
     raw = await response.content.read(MAX_ERROR_BODY)
-    message = error_message_from_body(raw.decode("utf-8", "replace"))
+    # Redact before anything clips the text: a clipped secret is a partial leak.
+    text = redact_secrets(raw.decode("utf-8", "replace"), target.secrets)
+    message = error_message_from_body(text)
     status = response.status
     outcome, detail = _classify_error_text(message, target, f"HTTP {status}")
     if outcome is Outcome.FATAL:

@@ -1,4 +1,4 @@
-"""What one streamed event means for TTFT (pure). DESIGN §2: only an event that carries a
+"""What one streamed event means for TTFT (pure). docs/design.md §2: only an event that carries a
 generated token (text, ``delta.content``, reasoning, a tool call, or a finish) counts; the
 chat ``{"role": "assistant"}`` delta that servers flush before any compute does not."""
 

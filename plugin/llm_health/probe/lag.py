@@ -1,4 +1,4 @@
-"""Event-loop lag monitor: how late the prober's own loop runs (DESIGN §7).
+"""Event-loop lag monitor: how late the prober's own loop runs (docs/design.md §7).
 
 A ticker sleeps ``tick_s`` and records how much later than asked it woke up. When the loop
 is starved (CPU, GC, a blocking call), every TTFT measured at that time includes the lag:

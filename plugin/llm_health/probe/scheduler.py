@@ -1,4 +1,4 @@
-"""Probe scheduling (DESIGN §2): one probe in flight per endpoint, never more; stable
+"""Probe scheduling (docs/design.md §2): one probe in flight per endpoint, never more; stable
 phases spread evenly over the interval; a quick confirm-probe after a new failure.
 
 ``phases`` and ``next_slot`` are pure; ``Scheduler`` runs one task per endpoint inside its
@@ -41,7 +41,7 @@ def phases(targets: Iterable[ProbeTarget]) -> dict[str, float]:
 def first_round(phase: float, interval: float, count: int) -> float:
     """Offset of an endpoint's first probe after start: its phase, compressed.
 
-    The first round decides when the plugin may push to Envoy (warm start, DESIGN §7), so
+    The first round decides when the plugin may push to Envoy (warm start, docs/design.md §7), so
     it runs as fast as the prober can keep measuring (FIRST_ROUND_SPACING_S apart, still
     in phase order, still one probe per endpoint) instead of taking a whole interval.
     """

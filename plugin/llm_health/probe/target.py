@@ -1,4 +1,5 @@
-"""ProbeTarget: everything needed to probe one endpoint, built once from config."""
+"""ProbeTarget: everything needed to probe one endpoint (built from the config by
+``config.ProbeSettings.to_target``; the probe package never reads the config itself)."""
 
 from __future__ import annotations
 
@@ -6,14 +7,26 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from llm_health.config import Config, ProbeSettings
-
+# Engine error text that means the GPU or engine is gone for good (FATAL: out at once).
+DEFAULT_FATAL_PATTERNS = (
+    "CUDA error",
+    "CUDA out of memory",
+    "illegal memory access",
+    "out of memory",
+    "NCCL",
+    "Xid",
+    "EngineDeadError",
+    "device-side assert",
+    "cuDNN error",
+)
 API_PATHS = {"openai-completions": "/v1/completions", "openai-chat": "/v1/chat/completions"}
 
 
 @dataclass(frozen=True, slots=True)
 class ProbeTarget:
     """One endpoint's probe. ``headers`` may hold secrets: repr hides them, never log them.
+    ``secrets``: every configured secret value (``model.redact.secret_forms``), removed
+    from whatever the backend answers before it becomes a result's ``detail``.
 
     Units: seconds. ``key`` ("cluster/address") identifies the endpoint everywhere.
     """
@@ -32,6 +45,7 @@ class ProbeTarget:
     unhealthy_after: int
     fatal_patterns: re.Pattern[str] | None
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    secrets: frozenset[str] = field(default=frozenset(), repr=False)
 
     @property
     def key(self) -> str:
@@ -47,32 +61,3 @@ def compile_fatal_patterns(patterns: tuple[str, ...] | list[str]) -> re.Pattern[
 
 def endpoint_url(scheme: str, address: str, api: str, path: str | None) -> str:
     return f"{scheme}://{address}{path or API_PATHS[api]}"
-
-
-def targets_from_config(config: Config) -> list[ProbeTarget]:
-    """One ProbeTarget per configured endpoint, with the cluster's effective settings."""
-    targets = []
-    for cluster in config.clusters:
-        settings = config.probe_for(cluster)
-        for endpoint in cluster.endpoints:
-            targets.append(target_for(cluster.name, endpoint.address, settings))
-    return targets
-
-
-def target_for(cluster: str, address: str, settings: ProbeSettings) -> ProbeTarget:
-    return ProbeTarget(
-        cluster=cluster,
-        address=address,
-        url=endpoint_url(settings.scheme, address, settings.api, settings.path),
-        api=settings.api,
-        model=settings.model,
-        prompt=settings.prompt,
-        cache_bust=settings.cache_bust,
-        timeout_s=settings.timeout,
-        healthy_ttft_s=settings.healthy_ttft,
-        interval_s=settings.interval,
-        confirm_delay_s=settings.confirm_delay,
-        unhealthy_after=settings.unhealthy_after,
-        fatal_patterns=compile_fatal_patterns(settings.fatal_patterns),
-        headers={k: v.get_secret_value() for k, v in settings.headers.items()},
-    )

@@ -25,6 +25,7 @@ from llm_health.adminpb import admin_pb2 as pb
 from llm_health.adminpb import admin_pb2_grpc as pb_grpc
 from llm_health.model.board import EndpointSnapshot, HealthSnapshot
 from llm_health.model.outcome import ProbeResult
+from llm_health.model.redact import printable_line
 from llm_health.model.states import State
 from llm_health.model.watch import diff
 from llm_health.servers.admin_codec import (
@@ -34,6 +35,7 @@ from llm_health.servers.admin_codec import (
     snapshot_to_pb,
     state_from_pb,
 )
+from llm_health.servers.decoding import rejecting_undecodable
 
 SERVICE = "llm_health.v1.Admin"
 MAX_FORCE_S = 7 * 24 * 3600.0
@@ -184,8 +186,9 @@ def _force_args(request: pb.ForceStateRequest) -> tuple[State, float]:
 
 
 def _text(value: str) -> str:
-    """An operator's free text, bounded and on one line (it reaches logs and /status)."""
-    return " ".join(value.split())[:MAX_TEXT]
+    """An operator's free text, bounded, printable and on one line (it reaches logs,
+    terminals and /status): an ANSI escape in a drain reason is dropped."""
+    return printable_line(value, MAX_TEXT)
 
 
 async def _mapped(context: grpc.aio.ServicerContext, call: Callable[[], Awaitable[T]]) -> T:
@@ -218,7 +221,9 @@ def add_admin_service(
     """Register the Admin service on ``server`` (before it starts). With ``token``, calls
     must carry ``authorization: Bearer <token>``; others end UNAUTHENTICATED."""
     guarded = _GuardedServer(server, token, stats)
-    pb_grpc.add_AdminServicer_to_server(servicer, guarded)  # type: ignore[no-untyped-call]
+    # The token is checked first, then undecodable bytes answer INVALID_ARGUMENT.
+    lenient = rejecting_undecodable(guarded)
+    pb_grpc.add_AdminServicer_to_server(servicer, lenient)  # type: ignore[no-untyped-call]
 
 
 class _GuardedServer:

@@ -17,6 +17,7 @@ from llm_health.model.board import (
     EndpointSpec,
     HealthSnapshot,
 )
+from llm_health.model.causes import Cause
 from llm_health.model.envoy_view import EnvoyHealth, EnvoyView
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.states import State
@@ -97,6 +98,7 @@ def endpoint_to_pb(endpoint: EndpointSnapshot) -> pb.Endpoint:
         base_weight=spec.weight,
         state=_STATES[endpoint.state],
         reason=endpoint.reason,
+        cause=endpoint.cause.value,
         since=endpoint.since,
         envoy_health=_HEALTH[view.health],
         envoy_weight=view.weight,
@@ -129,6 +131,7 @@ def endpoint_from_pb(message: pb.Endpoint) -> EndpointSnapshot:
         signals=MappingProxyType(dict(message.signals)),
         override_until=_optional(message, "override_until"),
         removing=message.removing,
+        cause=_cause(message.cause),
     )
 
 
@@ -173,3 +176,11 @@ def _set_optional(message: object, name: str, value: float | int | None) -> None
 def _optional(message: object, name: str) -> float | None:
     has: bool = message.HasField(name)  # type: ignore[attr-defined]
     return float(getattr(message, name)) if has else None
+
+
+def _cause(text: str) -> Cause:
+    """A peer's cause label; one this version does not know reads as OTHER."""
+    try:
+        return Cause(text)
+    except ValueError:
+        return Cause.OTHER

@@ -23,6 +23,7 @@ from envoy.type.v3 import http_status_pb2
 from google.rpc import code_pb2, status_pb2  # type: ignore[import-untyped]
 
 from llm_health.authz import AdmissionRequest, AuthzCounters, Decision, Gate, ProblemLog
+from llm_health.servers.decoding import rejecting_undecodable
 
 log = logging.getLogger("llm_health.authz")
 
@@ -105,4 +106,5 @@ def add_authz_servicer(
 ) -> None:
     """Register ``envoy.service.auth.v3.Authorization`` on ``server`` (before it starts)."""
     servicer = AuthorizationServicer(gate, counters, problems)
-    external_auth_pb2_grpc.add_AuthorizationServicer_to_server(servicer, server)
+    lenient = rejecting_undecodable(server)  # undecodable bytes: INVALID_ARGUMENT
+    external_auth_pb2_grpc.add_AuthorizationServicer_to_server(servicer, lenient)

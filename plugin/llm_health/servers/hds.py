@@ -17,6 +17,7 @@ from envoy.service.health.v3 import hds_pb2, hds_pb2_grpc
 
 from llm_health.errors import ProtocolError
 from llm_health.hds.service import HdsService
+from llm_health.servers.decoding import rejecting_undecodable
 
 Requests = AsyncIterator[hds_pb2.HealthCheckRequestOrEndpointHealthResponse]
 Specifiers = AsyncIterator[hds_pb2.HealthCheckSpecifier]
@@ -53,6 +54,7 @@ class HealthDiscoveryServicer:
 
 def add_hds_servicer(server: grpc.aio.Server, service: HdsService) -> None:
     """Register HDS on ``server`` (before it starts)."""
+    # Undecodable bytes reach the engine as a DecodeError: counted, INVALID_ARGUMENT.
     hds_pb2_grpc.add_HealthDiscoveryServiceServicer_to_server(
-        HealthDiscoveryServicer(service), server
+        HealthDiscoveryServicer(service), rejecting_undecodable(server)
     )

@@ -31,6 +31,7 @@ FAULTS: Mapping[str, str] = {
     "hang_after_headers": "send 200 + headers, then nothing",
     "hang_after_role_chunk": "chat streams: send the role delta, then nothing",
     "http_500": "answer 500 with a generic error JSON",
+    "http_500_echo": "answer 500 quoting every request header (a proxy that echoes secrets)",
     "cuda_error": "answer 500 with a vLLM CUDA illegal-memory-access / EngineDeadError body",
     "error_mid_stream": "200 SSE, then an error event carrying a CUDA error, then [DONE]",
     "overloaded": "answer 429 (or 503, see overload_status) with an overload message",

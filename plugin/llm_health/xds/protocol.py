@@ -13,7 +13,7 @@ References are to the xDS REST and gRPC protocol spec (envoy ``api-docs/xds_prot
 - "Deleting Resources": only delta can delete (``removed_resources``); SotW EDS cannot.
 
 A NACKed version is remembered and never resent until the state changes (the
-go-control-plane weak spot, STYLE.md). Versions are opaque strings compared for equality;
+go-control-plane weak spot). Versions are opaque strings compared for equality;
 nonces are a per-stream counter. Each state object belongs to one stream (one task).
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -30,6 +30,10 @@ from llm_health.model.board import ClusterSnapshot, HealthSnapshot
 WILDCARD = "*"
 MAX_PENDING_RESPONSES = 64
 """Delta responses remembered for ACK/NACK pairing (Envoy answers each one at once)."""
+MAX_UNKNOWN_NAMES = 1000
+"""Requested names the snapshot does not have, kept per stream and type (so a cluster a
+reload adds later is still sent to an Envoy that asked for it). Further unknown names are
+ignored and only counted: a request naming 300,000 clusters costs no state."""
 
 
 class RequestKind(enum.Enum):
@@ -102,7 +106,7 @@ def delta_subscription(
 @dataclass(frozen=True, slots=True)
 class Selection:
     """Which requested clusters can be sent now. ``ready``: known and warm (sorted by name);
-    ``cold``: known but not warm yet (held, DESIGN §7); ``missing``: not in the snapshot."""
+    ``cold``: known but not warm yet (held, docs/design.md §7); ``missing``: not in the snapshot."""
 
     ready: tuple[ClusterSnapshot, ...]
     cold: tuple[str, ...]
@@ -148,10 +152,80 @@ def sotw_needs_push(version: str, *, client: str, sent: str, nacked: str) -> boo
 
 
 def new_unknown(missing: Iterable[str], reported: set[str]) -> tuple[str, ...]:
-    """Names in ``missing`` not reported before; marks them reported (log once per stream)."""
+    """Names in ``missing`` not reported before; marks them reported (log once per stream).
+    ``reported`` is bounded: past ``2 * MAX_UNKNOWN_NAMES`` it starts over."""
     fresh = tuple(name for name in missing if name not in reported)
+    if len(reported) + len(fresh) > 2 * MAX_UNKNOWN_NAMES:
+        reported.clear()
     reported.update(fresh)
     return fresh
+
+
+class NameScreen:
+    """Bounds what one request adds to a stream's state: names in ``known`` (the current
+    snapshot's clusters, plus ``"*"``) are always kept, at most ``room`` others are kept,
+    the rest are dropped. ``unknown`` counts the names not in ``known`` (kept or dropped),
+    ``samples`` holds the first few of them (for the log), ``kept_unknown`` the kept ones.
+
+    Fed in chunks (``feed``) so a huge request can be screened between other work; every
+    name is looked at once, and nothing is kept per dropped name.
+    """
+
+    __slots__ = (
+        "_max_samples",
+        "dropped",
+        "kept_unknown",
+        "known",
+        "names",
+        "room",
+        "samples",
+        "unknown",
+    )
+
+    def __init__(self, known: Container[str], room: int, *, samples: int = 3) -> None:
+        self.known = known
+        self.room = max(room, 0)
+        self.names: dict[str, None] = {}  # kept, in request order, each once
+        self.kept_unknown: list[str] = []
+        self.unknown = 0
+        self.dropped = 0
+        self.samples: list[str] = []
+        self._max_samples = samples
+
+    @property
+    def kept(self) -> list[str]:
+        return list(self.names)
+
+    def feed(self, names: Iterable[str]) -> None:
+        known, kept = self.known, self.names
+        for name in names:
+            if name in kept:
+                continue
+            if name in known or name == WILDCARD:
+                kept[name] = None
+                continue
+            self.unknown += 1
+            if len(self.samples) < self._max_samples:
+                self.samples.append(name)
+            if self.room > 0:
+                self.room -= 1
+                kept[name] = None
+                self.kept_unknown.append(name)
+            else:
+                self.dropped += 1
+
+
+def sotw_room() -> int:
+    """Unknown names a SotW request may keep: its list replaces the subscription."""
+    return MAX_UNKNOWN_NAMES
+
+
+def delta_room(state: DeltaState, known: Container[str]) -> int:
+    """Unknown names a delta request may still add: subscriptions accumulate, so the
+    unknown names already kept (subscribed or declared in ``initial_resource_versions``)
+    use up the room."""
+    kept = state.subscription.names | state.known.keys()
+    return MAX_UNKNOWN_NAMES - sum(1 for name in kept if name not in known)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +306,10 @@ class SotwState:
             return RequestOutcome(kind)
         self.nacked_version = self.sent_version
         return RequestOutcome(kind, error or "", f"version {self.sent_version}")
+
+    def note_reported(self, names: Iterable[str]) -> None:
+        """``names`` were reported unknown already (when the request was screened)."""
+        new_unknown(names, self._reported)
 
     def plan(self, snapshot: HealthSnapshot) -> Plan[SotwPush]:
         """The response to send now, if any; records it as sent."""
@@ -343,6 +421,10 @@ class DeltaState:
                 _restore(self.known, name, before)
         self.nacked.update(rejected)
         return rejected
+
+    def note_reported(self, names: Iterable[str]) -> None:
+        """``names`` were reported unknown already (when the request was screened)."""
+        new_unknown(names, self._reported)
 
     def plan(self, snapshot: HealthSnapshot) -> Plan[DeltaPush]:
         """Changed clusters and removals to send now, if any; records them as sent."""

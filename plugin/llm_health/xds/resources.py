@@ -1,4 +1,4 @@
-"""EDS resources: a ``ClusterSnapshot`` as Envoy's ``ClusterLoadAssignment`` (DESIGN §4).
+"""EDS resources: a ``ClusterSnapshot`` as Envoy's ``ClusterLoadAssignment`` (docs/design.md §4).
 
 The only module that turns domain objects into endpoint protobufs. Built resources are
 cached per ``(cluster name, envoy_version)``: ``envoy_version`` is a content hash of exactly
@@ -34,7 +34,7 @@ _HEALTH = {
 
 def cluster_load_assignment(cluster: ClusterSnapshot) -> endpoint_pb2.ClusterLoadAssignment:
     """One locality holding every endpoint of ``cluster``, UNHEALTHY ones included
-    (DESIGN §4: Envoy's view stays complete; Envoy routes only to HEALTHY hosts)."""
+    (docs/design.md §4: Envoy's view stays complete; Envoy routes only to HEALTHY hosts)."""
     locality = endpoint_components_pb2.LocalityLbEndpoints(
         lb_endpoints=[lb_endpoint(e) for e in cluster.endpoints]
     )

@@ -1,35 +1,51 @@
 """The xDS stream engines: SotW and delta EDS over any request iterator (no gRPC here).
 
-Shape (a thin dispatcher, STYLE.md): one task reads requests into the stream's pure state
-(``protocol.SotwState`` / ``DeltaState``), one task waits on ``SnapshotHub.wait_newer``;
+Shape (a thin dispatcher): one task reads requests into the stream's pure state
+(``protocol.SotwState`` / ``DeltaState``), one task waits on ``SnapshotSource.wait_newer``;
 either wakes the generator, which waits ``coalesce_s`` (a burst of board changes becomes
 one push), then asks the state what to send and yields it. Both tasks are cancelled and
 awaited in ``finally`` when the client goes away or the caller stops iterating.
 
 Only the EDS type URL is served. Requests for other types (possible on ADS) are counted,
-logged once per type per stream, and ignored; the stream keeps working (spec "Aggregated
-Discovery Service": each type URL is an independent request/response sequence).
+logged, and ignored; the stream keeps working (spec "Aggregated Discovery Service": each
+type URL is an independent request/response sequence).
+
+Logs stay bounded whatever a peer sends: one line per kind of problem per stream (other
+type URLs, unknown cluster names) with a running count and at most ``MAX_SAMPLES`` names,
+repeated at most every ``REPEAT_LOG_S`` while the count grows. Peer-supplied text is cut
+to ``MAX_LOGGED_CHARS`` and escaped. A request's names are screened in chunks of
+``SCREEN_CHUNK`` (``protocol.NameScreen``) with a yield to the event loop between chunks,
+so a request naming 300,000 clusters neither stalls the loop nor grows the stream's state.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
+from itertools import islice
 from typing import Protocol, TypeAlias, TypeVar
 
 from envoy.service.discovery.v3 import discovery_pb2
 
-from llm_health.hub import SnapshotHub
+from llm_health.core.control import SnapshotSource
 from llm_health.model.board import HealthSnapshot
+from llm_health.model.redact import printable
 from llm_health.xds import protocol
+from llm_health.xds.nodes import OpenNodes
 from llm_health.xds.protocol import DeltaPush, RequestKind, RequestOutcome, SotwPush
 from llm_health.xds.resources import RESOURCES, TYPE_URL
 
 DEFAULT_COALESCE_S = 0.02
 MAX_ERROR_CHARS = 2000
-MAX_LOGGED_TYPES = 16  # per stream: a client cycling type URLs cannot grow memory or logs
+MAX_LOGGED_CHARS = 200  # any other peer-supplied text in a log line (names, node, type URL)
+MAX_SAMPLES = 3  # names quoted in one log line
+REPEAT_LOG_S = 60.0  # a kind of problem already logged on a stream: again at most this often
+SCREEN_CHUNK = 4096  # names screened between two yields to the event loop
+KIND_TYPES = "requests for other types ignored (only EDS)"
+KIND_UNKNOWN = "unknown clusters ignored"
 _LOG = logging.getLogger("llm_health.xds")
 
 SotwRequest: TypeAlias = discovery_pb2.DiscoveryRequest
@@ -71,44 +87,140 @@ class XdsStats:
         return {name: asdict(counters) for name, counters in self.by_variant().items()}
 
 
+def quoted(text: str, limit: int = MAX_LOGGED_CHARS) -> str:
+    """A peer-supplied name in a list: ``'ghost'`` (cut, escaped by ``repr``)."""
+    return repr(text[:limit]) + ("..." if len(text) > limit else "")
+
+
+@dataclass(slots=True)
+class _Tally:
+    count: int = 0  # running total on this stream
+    unlogged: int = 0  # added since the last line
+    samples: list[str] = field(default_factory=list)  # the first MAX_SAMPLES seen
+    logged_at: float | None = None
+
+
+class ProblemLog:
+    """One stream's bounded log of peer protocol problems: per kind a count and a few
+    samples; a line when a kind is first seen, then at most every ``REPEAT_LOG_S`` while
+    its count grows. Memory is O(kinds x MAX_SAMPLES), whatever the peer sends."""
+
+    def __init__(
+        self,
+        log: logging.Logger,
+        label: Callable[[], str],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._log, self._label, self._clock = log, label, clock
+        self._tallies: dict[str, _Tally] = {}
+
+    def add(self, kind: str, count: int, samples: Iterable[str] = ()) -> None:
+        """Count ``count`` occurrences; only the first few ``samples`` are looked at."""
+        if count <= 0:
+            return
+        tally = self._tallies.setdefault(kind, _Tally())
+        tally.count += count
+        tally.unlogged += count
+        room = MAX_SAMPLES - len(tally.samples)
+        if room > 0:
+            tally.samples.extend(s for s in islice(samples, room) if s not in tally.samples)
+
+    def flush(self) -> None:
+        """Log every kind that is due."""
+        now = self._clock()
+        for kind, tally in self._tallies.items():
+            if not tally.unlogged:
+                continue
+            if tally.logged_at is not None and now - tally.logged_at < REPEAT_LOG_S:
+                continue
+            tally.logged_at, tally.unlogged = now, 0
+            more = ", ..." if tally.count > len(tally.samples) else ""
+            self._log.warning(
+                "%s: %s: %d (first: %s%s)",
+                self._label(),
+                kind,
+                tally.count,
+                ", ".join(quoted(s) for s in tally.samples),
+                more,
+            )
+
+
+async def _screen(screen: protocol.NameScreen, names: Sequence[str]) -> list[str]:
+    """Feed ``names`` (a protobuf repeated field: sliceable) to ``screen`` chunk by chunk,
+    yielding to the event loop between chunks."""
+    for start in range(0, len(names), SCREEN_CHUNK):
+        if start:
+            await asyncio.sleep(0)
+        screen.feed(names[start : start + SCREEN_CHUNK])
+    return screen.kept
+
+
+async def _screen_keys(screen: protocol.NameScreen, keys: Iterator[str]) -> list[str]:
+    """``_screen`` for the keys of a protobuf map (iterable, not sliceable)."""
+    while chunk := list(islice(keys, SCREEN_CHUNK)):
+        screen.feed(chunk)
+        if len(chunk) == SCREEN_CHUNK:
+            await asyncio.sleep(0)
+    return screen.kept
+
+
 ReqT = TypeVar("ReqT", contravariant=True)
 RespT = TypeVar("RespT", covariant=True)
 
 
 class _Session(Protocol[ReqT, RespT]):
-    def on_request(self, request: ReqT) -> None: ...
+    async def on_request(self, request: ReqT) -> None: ...
 
     def plan(self, snapshot: HealthSnapshot) -> RespT | None: ...
+
+    def release(self) -> None: ...
 
 
 class _Base:
     """What both sessions share: type filtering, stats, and log lines."""
 
     def __init__(
-        self, type_url: str, stats: XdsCounters, log: logging.Logger, flavour: str
+        self,
+        type_url: str,
+        stats: XdsCounters,
+        log: logging.Logger,
+        flavour: str,
+        known: Callable[[], Collection[str]],
     ) -> None:
         self.type_url = type_url
         self.stats = stats
         self.log = log
         self.flavour = flavour
         self.node = "?"
-        self._unknown_types: set[str] = set()
+        self.known = known  # the current snapshot's cluster names
+        self.problems = ProblemLog(log, self.label)
+        self.nodes: OpenNodes | None = None  # registered in once the node is known
 
     def accept(self, type_url: str, node_id: str) -> bool:
-        """Count the request; False (and log once per type) if it is not our type URL.
+        """Count the request; False (counted and logged) if it is not our type URL.
         An empty type URL is ours: it is implicit on non-aggregated streams."""
         self.stats.requests += 1
         if node_id and self.node == "?":
             self.node = node_id
+            if self.nodes is not None:
+                self.nodes.add(node_id)
         if type_url in ("", self.type_url):
             return True
         self.stats.unknown_type_requests += 1
-        if type_url not in self._unknown_types and len(self._unknown_types) < MAX_LOGGED_TYPES:
-            self._unknown_types.add(type_url)
-            self.log.warning(
-                "%s %s: ignoring type %s (only EDS)", self.node, self.flavour, type_url
-            )
+        self.problems.add(KIND_TYPES, 1, (type_url,))
+        self.problems.flush()
         return False
+
+    def label(self) -> str:
+        """``node flavour`` for log lines (the node id is the peer's: made printable)."""
+        return f"{printable(self.node, MAX_LOGGED_CHARS)} {self.flavour}"
+
+    def release(self) -> None:
+        """The stream is over: its node id leaves the open-node registry."""
+        if self.nodes is not None and self.node != "?":
+            self.nodes.remove(self.node)
+            self.nodes = None
 
     def count(self, outcome: RequestOutcome) -> None:
         """Stats and logs for one classified request; a NACK is an ERROR with Envoy's text."""
@@ -120,23 +232,30 @@ class _Base:
         elif kind is RequestKind.NACK:
             self.stats.nacks += 1
             self.stats.last_nack = outcome.error
+            rejected = printable(outcome.rejected, MAX_ERROR_CHARS)
+            error = printable(outcome.error, MAX_ERROR_CHARS)
             self.log.error(
-                "%s %s NACK of %s (not resent until it changes): %s",
-                self.node,
-                self.flavour,
-                outcome.rejected,
-                outcome.error,
+                "%s NACK of %s (not resent until it changes): %s",
+                self.label(),
+                rejected,
+                error,
                 extra={
-                    "node": self.node,
+                    "node": printable(self.node, MAX_LOGGED_CHARS),
                     "flavour": self.flavour,
-                    "rejected": outcome.rejected,
-                    "error_detail": outcome.error,
+                    "rejected": rejected,
+                    "error_detail": error,
                 },
             )
 
+    def screened(self, screen: protocol.NameScreen) -> list[str]:
+        """Count a request's unknown names (logged with the next plan); the kept ones
+        are returned, for the state not to report them again."""
+        self.problems.add(KIND_UNKNOWN, screen.unknown, screen.samples)
+        return screen.kept_unknown
+
     def report(self, plan: protocol.Plan[object]) -> None:
-        for name in plan.unknown:
-            self.log.warning("%s %s: unknown cluster %r ignored", self.node, self.flavour, name)
+        self.problems.add(KIND_UNKNOWN, len(plan.unknown), plan.unknown)
+        self.problems.flush()
         if plan.push is not None:
             self.stats.pushes += 1
 
@@ -152,17 +271,26 @@ def _error(request: SotwRequest | DeltaRequest) -> str | None:
 
 
 class _SotwSession(_Base):
-    def __init__(self, type_url: str, stats: XdsCounters, log: logging.Logger) -> None:
-        super().__init__(type_url, stats, log, "sotw")
+    def __init__(
+        self,
+        type_url: str,
+        stats: XdsCounters,
+        log: logging.Logger,
+        known: Callable[[], Collection[str]],
+    ) -> None:
+        super().__init__(type_url, stats, log, "sotw", known)
         self.state = protocol.SotwState()
 
-    def on_request(self, request: SotwRequest) -> None:
+    async def on_request(self, request: SotwRequest) -> None:
         if not self.accept(request.type_url, request.node.id):
             return
+        screen = protocol.NameScreen(self.known(), protocol.sotw_room())
+        names = await _screen(screen, request.resource_names)
+        self.state.note_reported(self.screened(screen))
         self.count(
             self.state.on_request(
                 version_info=request.version_info,
-                resource_names=request.resource_names,
+                resource_names=names,
                 response_nonce=request.response_nonce,
                 error=_error(request),
             )
@@ -184,18 +312,39 @@ class _SotwSession(_Base):
 
 
 class _DeltaSession(_Base):
-    def __init__(self, type_url: str, stats: XdsCounters, log: logging.Logger) -> None:
-        super().__init__(type_url, stats, log, "delta")
+    def __init__(
+        self,
+        type_url: str,
+        stats: XdsCounters,
+        log: logging.Logger,
+        known: Callable[[], Collection[str]],
+    ) -> None:
+        super().__init__(type_url, stats, log, "delta", known)
         self.state = protocol.DeltaState()
 
-    def on_request(self, request: DeltaRequest) -> None:
+    async def on_request(self, request: DeltaRequest) -> None:
         if not self.accept(request.type_url, request.node.id):
             return
+        state, known = self.state, set(self.known())
+        screen = protocol.NameScreen(known, protocol.delta_room(state, known))
+        subscribe = await _screen(screen, request.resource_names_subscribe)
+        initial: dict[str, str] = {}
+        if not state.started:  # initial_resource_versions only count on the first request
+            versions = request.initial_resource_versions
+            declared = protocol.NameScreen(known | screen.names.keys(), screen.room)
+            initial = {n: versions[n] for n in await _screen_keys(declared, iter(versions))}
+            self.state.note_reported(self.screened(declared))
+        self.state.note_reported(self.screened(screen))
+        # Unsubscribing a name this stream does not hold changes nothing: skip those.
+        held = state.subscription.names | state.known.keys() | screen.names.keys()
+        unsubscribe = await _screen(
+            protocol.NameScreen(held, 0), request.resource_names_unsubscribe
+        )
         self.count(
-            self.state.on_request(
-                subscribe=request.resource_names_subscribe,
-                unsubscribe=request.resource_names_unsubscribe,
-                initial_versions=request.initial_resource_versions,
+            state.on_request(
+                subscribe=subscribe,
+                unsubscribe=unsubscribe,
+                initial_versions=initial,
                 response_nonce=request.response_nonce,
                 error=_error(request),
             )
@@ -219,31 +368,36 @@ class _DeltaSession(_Base):
 
 async def sotw_stream(
     requests: AsyncIterator[SotwRequest],
-    hub: SnapshotHub,
+    hub: SnapshotSource,
     *,
     type_url: str = TYPE_URL,
     stats: XdsCounters,
     coalesce_s: float = DEFAULT_COALESCE_S,
     log: logging.Logger = _LOG,
+    nodes: OpenNodes | None = None,
 ) -> AsyncIterator[SotwResponse]:
     """Serve one state-of-the-world stream (``StreamAggregatedResources``/``StreamEndpoints``).
-    Ends when the client closes its side; cancellation-safe."""
-    session = _SotwSession(type_url, stats, log)
+    Ends when the client closes its side; cancellation-safe. ``nodes``: where the stream's
+    node id is registered while it is open."""
+    session = _SotwSession(type_url, stats, log, lambda: hub.current().clusters)
+    session.nodes = nodes
     async for response in _serve(requests, hub, session, stats, coalesce_s):
         yield response
 
 
 async def delta_stream(
     requests: AsyncIterator[DeltaRequest],
-    hub: SnapshotHub,
+    hub: SnapshotSource,
     *,
     type_url: str = TYPE_URL,
     stats: XdsCounters,
     coalesce_s: float = DEFAULT_COALESCE_S,
     log: logging.Logger = _LOG,
+    nodes: OpenNodes | None = None,
 ) -> AsyncIterator[DeltaResponse]:
     """Serve one incremental stream (``DeltaAggregatedResources``/``DeltaEndpoints``)."""
-    session = _DeltaSession(type_url, stats, log)
+    session = _DeltaSession(type_url, stats, log, lambda: hub.current().clusters)
+    session.nodes = nodes
     async for response in _serve(requests, hub, session, stats, coalesce_s):
         yield response
 
@@ -254,7 +408,7 @@ Resp = TypeVar("Resp")
 
 async def _serve(
     requests: AsyncIterator[Req],
-    hub: SnapshotHub,
+    hub: SnapshotSource,
     session: _Session[Req, Resp],
     stats: XdsCounters,
     coalesce_s: float,
@@ -276,6 +430,7 @@ async def _serve(
         reader.result()  # re-raise a broken request stream
     finally:
         stats.streams_open -= 1
+        session.release()
         await _cancel(reader, watcher)
 
 
@@ -284,13 +439,13 @@ async def _read(
 ) -> None:
     try:
         async for request in requests:
-            session.on_request(request)
+            await session.on_request(request)
             wake.set()
     finally:
         wake.set()  # let the dispatcher see the end of the request stream
 
 
-async def _watch(hub: SnapshotHub, wake: asyncio.Event) -> None:
+async def _watch(hub: SnapshotSource, wake: asyncio.Event) -> None:
     revision = hub.current().revision
     while True:
         revision = (await hub.wait_newer(revision)).revision

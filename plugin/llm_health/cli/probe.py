@@ -12,11 +12,16 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from llm_health.argtypes import duration, positive_int
-from llm_health.config import DEFAULT_FATAL_PATTERNS
+from llm_health.cli.argtypes import duration, positive_int
+from llm_health.cli.text import ms
 from llm_health.model.outcome import SUCCESSES, ProbeResult
 from llm_health.probe.client import MicroProbe, new_session
-from llm_health.probe.target import API_PATHS, ProbeTarget, compile_fatal_patterns
+from llm_health.probe.target import (
+    API_PATHS,
+    DEFAULT_FATAL_PATTERNS,
+    ProbeTarget,
+    compile_fatal_patterns,
+)
 
 
 def register(commands: Any) -> None:
@@ -114,12 +119,12 @@ async def _discover_model(session: aiohttp.ClientSession, url: str) -> str | Non
 
 def _line(number: int, result: ProbeResult) -> str:
     times = "  ".join(
-        f"{name} {_ms(value)}"
+        f"{name} {ms(value)}"
         for name, value in (("connect", result.connect_ms), ("headers", result.headers_ms))
     )
     detail = f"  {result.detail}" if result.detail else ""
     return (
-        f"probe {number}: {result.outcome.name:<10} ttft {_ms(result.ttft_ms):>9}  {times}{detail}"
+        f"probe {number}: {result.outcome.name:<10} ttft {ms(result.ttft_ms):>9}  {times}{detail}"
     )
 
 
@@ -133,10 +138,6 @@ def _summary(results: list[ProbeResult]) -> str:
         f"; ttft p50 {statistics.median(ttfts):.1f} ms, max {max(ttfts):.1f} ms" if ttfts else ""
     )
     return f"{len(results)} probes: {tally}{spread}"
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f} ms"
 
 
 def _header(text: str) -> tuple[str, str]:

@@ -22,7 +22,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
-from llm_health.argtypes import duration
+from llm_health.cli.argtypes import duration
+from llm_health.cli.text import ms
 from llm_health.model.board import EndpointSnapshot, HealthSnapshot
 
 DEFAULT_ADMIN = "127.0.0.1:18000"
@@ -331,8 +332,8 @@ def _probe(args: argparse.Namespace) -> int:
             ignored = " (ignored: prober loop lagged)" if answer.ignored else ""
             print(
                 f"{endpoint.cluster} {endpoint.spec.address}: {result.outcome.value.upper()}  "
-                f"ttft {_ms(result.ttft_ms)}  connect {_ms(result.connect_ms)}  "
-                f"headers {_ms(result.headers_ms)}{ignored} -> now {endpoint.state.value}, "
+                f"ttft {ms(result.ttft_ms, 'ms')}  connect {ms(result.connect_ms, 'ms')}  "
+                f"headers {ms(result.headers_ms, 'ms')}{ignored} -> now {endpoint.state.value}, "
                 f"Envoy weight {endpoint.view.weight}"
                 + (f"  ({result.detail})" if result.detail else "")
             )
@@ -416,7 +417,7 @@ def _row(e: EndpointSnapshot, now: float) -> list[str]:
         e.view.health.value.lower(),
         str(e.view.weight),
         last.outcome.value if last else "-",
-        _ms(last.ttft_ms) if last else "-",
+        ms(last.ttft_ms, "ms") if last else "-",
         _age(now - e.since),
         e.reason,
     ]
@@ -466,10 +467,6 @@ def _width() -> int:
 
 def _clock(epoch: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(epoch)) + f".{int(epoch % 1 * 1000):03d}"
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}ms"
 
 
 def _age(seconds: float) -> str:

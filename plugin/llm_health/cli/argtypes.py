@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 from llm_health.model.durations import parse_duration
 
@@ -17,11 +18,15 @@ def duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
+_INTEGER = re.compile(r"[+-]?[0-9]{1,18}")
+
+
 def integer(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    """ASCII digits only: int() would also take "٨٠٠٠" (Arabic-Indic digits), "8_000" or
+    " 8000 "."""
+    if not _INTEGER.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer (digits 0-9)")
+    return int(text)
 
 
 def positive_int(text: str) -> int:

@@ -12,7 +12,7 @@ import signal
 import sys
 from typing import Any
 
-from llm_health.argtypes import MAX_PORT, duration, port, positive_int
+from llm_health.cli.argtypes import MAX_PORT, duration, port, positive_int
 from llm_health.sim.faults import FAULTS, OVERLOAD_STATUSES, FaultSpec
 from llm_health.sim.server import SimHandle, SimSettings, serve
 

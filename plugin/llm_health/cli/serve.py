@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llm_health.app.logs import setup_logging
-from llm_health.app.validate import load_or_report
+from llm_health.cli.validate import load_or_report
 
 if TYPE_CHECKING:
     from llm_health.app.runtime import Runtime
@@ -37,10 +37,10 @@ def run(args: argparse.Namespace) -> int:
     config = load_or_report(args.config)
     if config is None:
         return 2
-    from llm_health.app.runtime import Runtime  # grpc and protos load only for `serve`
+    from llm_health.app.assemble import build_runtime  # grpc and protos load only for `serve`
 
     try:
-        asyncio.run(_serve(Runtime(config, config_path=Path(args.config))))
+        asyncio.run(_serve(build_runtime(config, config_path=Path(args.config))))
     except OSError as exc:
         log.error("cannot start: %s", exc)
         return 1

@@ -22,12 +22,18 @@ def register(commands: Any) -> None:
 
 
 def load_or_report(path: str) -> Config | None:
-    """The config at ``path``, or None after printing every problem to stderr."""
+    """The config at ``path``, or None after printing every problem to stderr (the
+    callers exit 2). load_config raises nothing but ConfigError, whose messages are one
+    escaped line each; the second clause is a last guard so that no file ever ends in a
+    traceback."""
     try:
         return load_config(path)
     except ConfigError as exc:
         for message in exc.messages:
             print(message, file=sys.stderr)
+        return None
+    except Exception as exc:
+        print(f"{path}: cannot be loaded ({type(exc).__name__})", file=sys.stderr)
         return None
 
 

@@ -7,15 +7,14 @@ Exit codes: 0 success, 1 the command ran and found a problem (e.g. a failed prob
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 
 from llm_health import __version__
-from llm_health.app.admin_cli import register as register_admin
-from llm_health.app.serve import register as register_serve
-from llm_health.app.validate import register as register_validate
-from llm_health.probe.cli import register as register_probe
-from llm_health.sim.cli import register as register_sim
+from llm_health.cli.admin import register as register_admin
+from llm_health.cli.probe import register as register_probe
+from llm_health.cli.serve import register as register_serve
+from llm_health.cli.sim import register as register_sim
+from llm_health.cli.validate import register as register_validate
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +37,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     code: int = args.func(args)
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Build a ``Runtime`` and its components from a config: the one place that knows every
+part. Each component gets its own config section and the ``BoardControl`` seam, never the
+runtime, so a new source of verdicts plugs in here with one line.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from llm_health.app.admin import AdminComponent
+from llm_health.app.alerts import attach as attach_alerts
+from llm_health.app.authz import AuthzComponent
+from llm_health.app.component import Component
+from llm_health.app.grpc_auth import GrpcAuthComponent
+from llm_health.app.hds import HdsComponent
+from llm_health.app.keeper import BoardKeeper
+from llm_health.app.metrics import RuntimeMetrics
+from llm_health.app.runtime import LiveConfig, Runtime
+from llm_health.config import Config
+from llm_health.core.control import ProberStats
+from llm_health.model.board import Board
+from llm_health.probe.lag import LoopLagMonitor
+from llm_health.xds.nodes import OpenNodes
+from llm_health.xds.stream import XdsStats
+
+
+def build_runtime(
+    config: Config,
+    clock: Callable[[], float] = time.monotonic,
+    config_path: Path | None = None,
+) -> Runtime:
+    now = clock()
+    board = Board(config.cluster_specs(), now, time.time() - now)
+    lag = LoopLagMonitor()
+    control = BoardKeeper(board, clock, ProberStats(lag))
+    live = LiveConfig(config, config_path)
+    xds_nodes = OpenNodes()  # node ids with an open xDS stream: HDS trusts only those
+    components = build_components(live, control, clock, xds_open=xds_nodes.is_open)
+    xds_stats = XdsStats()
+
+    def statuses() -> dict[str, dict[str, object]]:
+        return {c.name: c.status() for c in components}
+
+    metrics = RuntimeMetrics(control, control.stats, xds_stats, statuses)
+    return Runtime(live, control, components, metrics, lag, xds_stats, clock, xds_nodes=xds_nodes)
+
+
+def build_components(
+    live: LiveConfig,
+    control: BoardKeeper,
+    clock: Callable[[], float],
+    *,
+    xds_open: Callable[[str], bool] | None = None,
+) -> list[Component]:
+    """Each feature adds itself here (one line each). Settings read once at start, except
+    where a getter over ``live`` follows reloads (ext_authz). ``xds_open``: whether a node
+    id holds an open xDS stream (HDS counts only those nodes' reports)."""
+    config = live.current
+    grpc_auth = GrpcAuthComponent(config.server, config.admin)
+    return [
+        grpc_auth,
+        AdminComponent(
+            config.admin,
+            config.server.grpc,
+            control,
+            shared_authenticated=grpc_auth.authenticated,
+        ),
+        attach_alerts(config.alerts, control),
+        AuthzComponent(control.hub, lambda: live.current.authz),
+        HdsComponent(
+            config.hds.to_settings(),
+            control,
+            clock,
+            xds_open=xds_open,
+            authenticated=grpc_auth.authenticated,
+        ),
+    ]

@@ -1,0 +1,141 @@
+"""BoardKeeper: the runtime's ``BoardControl``. It owns the board, the snapshot hub and the
+observers; every change of the board goes through it and is published by ``_publish``,
+the one publish path (xDS streams, ext_authz and HDS wake on it).
+
+Single-owner: everything runs on the runtime's event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from llm_health.core.control import (
+    Mutation,
+    ProbeObserver,
+    ProberStats,
+    TransitionObserver,
+)
+from llm_health.core.hub import SnapshotHub
+from llm_health.model.board import Board, HealthSnapshot
+from llm_health.model.machine import Transition, trusted
+from llm_health.model.outcome import ProbeResult, round_ms
+
+T = TypeVar("T")
+ProbeNow = Callable[[str, str], Awaitable[ProbeResult]]  # (cluster, address) -> result
+log = logging.getLogger("llm_health")
+
+
+class BoardKeeper:
+    def __init__(self, board: Board, clock: Callable[[], float], stats: ProberStats) -> None:
+        self.board = board
+        self.stats = stats
+        self._clock = clock
+        self.hub = SnapshotHub(board.snapshot())
+        self._probe_observers: list[ProbeObserver] = []
+        self._transition_observers: list[TransitionObserver] = []
+        self._probe_now: ProbeNow | None = None
+
+    # --- reading ------------------------------------------------------------------------
+
+    def snapshot(self) -> HealthSnapshot:
+        return self.board.snapshot()
+
+    def published(self) -> HealthSnapshot:
+        return self.hub.current()
+
+    async def wait_newer(self, revision: int) -> HealthSnapshot:
+        return await self.hub.wait_newer(revision)
+
+    # --- changing -----------------------------------------------------------------------
+
+    async def update(
+        self, mutate: Mutation[T], *, publish_when: Callable[[T], bool] | None = None
+    ) -> T:
+        result = mutate(self.board, self._clock())
+        if publish_when is None or publish_when(result):
+            await self._publish()
+        return result
+
+    async def fold_probe(self, cluster: str, address: str, result: ProbeResult) -> None:
+        """Fold a scheduled (or probe-now) result in; publish only when what Envoy sees
+        may change (a state, or a cluster becoming warm): a FAST probe on a HEALTHY
+        endpoint wakes no xDS stream."""
+        if not self.board.has_endpoint(cluster, address):
+            return  # removed by a reload while this probe was in flight
+        self.stats.probes_total += 1
+        if not trusted(result, self.board.policy(cluster)):
+            self.stats.probes_ignored_loop_lag += 1
+            fields = {"cluster": cluster, "endpoint": address, **timings(result)}
+            log.warning("probe ignored: prober event loop lagged", extra=fields)
+            return
+        for observe in self._probe_observers:
+            observe(cluster, address, result)
+        was_warm = self.board.is_warm(cluster)
+        transition = self.board.record(cluster, address, result, self._clock())
+        if transition.changed or transition.alert:
+            self.notify(cluster, address, transition, result)
+        if transition.changed or was_warm != self.board.is_warm(cluster):
+            await self._publish()
+
+    async def _publish(self) -> None:
+        await self.hub.publish(self.board.snapshot())
+
+    # --- telling ------------------------------------------------------------------------
+
+    def notify(
+        self, cluster: str, address: str, transition: Transition, result: ProbeResult | None
+    ) -> None:
+        if transition.changed:
+            _log_transition(cluster, address, result, transition)
+        for observe in self._transition_observers:
+            observe(cluster, address, transition, result)
+
+    def on_transition(self, observer: TransitionObserver) -> None:
+        self._transition_observers.append(observer)
+
+    def on_probe(self, observer: ProbeObserver) -> None:
+        self._probe_observers.append(observer)
+
+    # --- probing ------------------------------------------------------------------------
+
+    def attach_prober(self, probe_now: ProbeNow | None) -> None:
+        """Set (or clear, with None) what ``probe_now`` runs: the runtime's prober."""
+        self._probe_now = probe_now
+
+    async def probe_now(self, cluster: str, address: str) -> tuple[ProbeResult, bool]:
+        if self._probe_now is None:
+            raise RuntimeError("the prober is not running yet")
+        result = await self._probe_now(cluster, address)
+        await self.fold_probe(cluster, address, result)
+        return result, trusted(result, self.board.policy(cluster))
+
+
+def timings(result: ProbeResult) -> dict[str, Any]:
+    """A probe result's log fields (milliseconds, rounded)."""
+    return {
+        "outcome": result.outcome.value,
+        "ttft_ms": round_ms(result.ttft_ms),
+        "connect_ms": round_ms(result.connect_ms),
+        "headers_ms": round_ms(result.headers_ms),
+        "loop_lag_ms": round_ms(result.loop_lag_ms),
+        "detail": result.detail,
+    }
+
+
+def _log_transition(
+    cluster: str, address: str, result: ProbeResult | None, transition: Transition
+) -> None:
+    fields: dict[str, Any] = {
+        "cluster": cluster,
+        "endpoint": address,
+        "from": transition.from_state.value,
+        "to": transition.to_state.value,
+        "reason": transition.after.reason,
+        "cause": transition.cause.value,
+    }
+    if result is not None:
+        fields.update(timings(result))
+    level = logging.WARNING if transition.alert else logging.INFO
+    log.log(level, "state change", extra=fields)

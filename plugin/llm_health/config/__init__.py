@@ -1,0 +1,39 @@
+"""The YAML configuration (docs/design.md §6).
+
+``schema``: the sections and their rules; ``loader``: file -> validated ``Config``;
+``messages``: problems in the file's own words; ``addresses``: host:port parsing.
+"""
+
+from llm_health.config.addresses import is_local_bind, split_address
+from llm_health.config.loader import load_config, parse_config
+from llm_health.config.schema import (
+    AdminConfig,
+    AlertsConfig,
+    AuthzConfig,
+    ClusterConfig,
+    Config,
+    EndpointConfig,
+    HdsConfig,
+    ProbeSettings,
+    ServerConfig,
+    WebhookConfig,
+    XdsConfig,
+)
+
+__all__ = [
+    "AdminConfig",
+    "AlertsConfig",
+    "AuthzConfig",
+    "ClusterConfig",
+    "Config",
+    "EndpointConfig",
+    "HdsConfig",
+    "ProbeSettings",
+    "ServerConfig",
+    "WebhookConfig",
+    "XdsConfig",
+    "is_local_bind",
+    "load_config",
+    "parse_config",
+    "split_address",
+]

@@ -1,0 +1,67 @@
+"""Addresses as written in the config: "host:port" endpoints and server binds.
+
+Pure parsing, no DNS. Every check is linear in the input's length (a validation regex
+with nested quantifiers is exponential on a crafted name, and config reloads run beside
+the prober), and only ASCII digits make a port ("٨٠٠٠" is not 8000).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+MAX_HOST_NAME = 253  # RFC 1035 §2.3.4, without the trailing dot
+_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+_IPV4_LIKE = re.compile(r"[0-9.]+")
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """ "10.0.0.1:8000" / "[::1]:8000" / "gpu-1.local:8000" -> (host, port); ValueError else."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not is_ascii_number(port_text):
+        raise ValueError(f'"{address}" is not host:port')
+    port = int(port_text)
+    if not 1 <= port <= 65535:
+        raise ValueError(f'"{address}": port {port} is out of range 1-65535')
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        ipaddress.IPv6Address(host)  # ValueError names the problem
+        return host, port
+    if _IPV4_LIKE.fullmatch(host):
+        ipaddress.IPv4Address(host)
+    elif not is_host_name(host):
+        raise ValueError(f'"{address}": "{host}" is not a valid host name or IP address')
+    return host, port
+
+
+def is_ip_host(host: str) -> bool:
+    """For a host that ``split_address`` returned: True if it is an IP literal (already
+    checked there), False for a host name. No second parse."""
+    return ":" in host or _IPV4_LIKE.fullmatch(host) is not None
+
+
+def is_ascii_number(text: str) -> bool:
+    """Digits 0-9 only: str.isdigit() also accepts other scripts' digits and superscripts."""
+    return 0 < len(text) <= 10 and text.isascii() and text.isdigit()
+
+
+def is_host_name(host: str) -> bool:
+    """An RFC 1123 host name (letters, digits, inner hyphens; labels of 1-63; one trailing
+    dot allowed), checked label by label in linear time."""
+    name = host[:-1] if host.endswith(".") else host
+    if not 0 < len(name) <= MAX_HOST_NAME:
+        return False
+    return all(_LABEL.fullmatch(label) for label in name.split("."))
+
+
+def is_local_bind(bind: str) -> bool:
+    """True for a Unix socket or a loopback host (127.0.0.0/8, ::1, localhost)."""
+    if bind.startswith("unix:"):
+        return True
+    host, _port = split_address(bind)
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # any other host name may resolve to a routable address

@@ -1,0 +1,556 @@
+"""The configuration schema (docs/design.md §6): pydantic models, frozen once validated.
+
+Each feature keeps its own settings type (``hds.HdsSettings``, ``authz.AuthzSettings``,
+``model.Policy``, ``probe.ProbeTarget``); the sections here validate the file's words and
+convert to those (``to_settings``, ``to_policy``, ``to_target``), so no feature package
+reads the config. Loading (YAML, ``${ENV}``, error lines) is ``config.loader``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    FilePath,
+    SecretStr,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
+)
+
+from llm_health.authz.settings import UNROUTED_VALUE, AuthzSettings
+from llm_health.config.addresses import is_ip_host, is_local_bind, split_address
+from llm_health.hds.settings import CheckSpec, HdsSettings
+from llm_health.model.board import ClusterSpec, EndpointSpec
+from llm_health.model.durations import parse_duration
+from llm_health.model.policy import Policy
+from llm_health.model.redact import secret_forms
+from llm_health.probe.target import (
+    DEFAULT_FATAL_PATTERNS,
+    ProbeTarget,
+    compile_fatal_patterns,
+    endpoint_url,
+)
+
+MAX_WEIGHT_SUM = 4_294_967_295  # Envoy: per-locality weight sum must fit in uint32
+MAX_CLUSTERS = 2_000  # per file (README "Limits")
+MAX_ENDPOINTS = 50_000  # per file, over every cluster
+MAX_HEADERS = 64  # per probe or webhook
+MAX_HEADER_VALUE = 8_192
+MAX_FATAL_PATTERNS = 100
+
+_ASCII_INTEGER = re.compile(r"\s*[+-]?[0-9]+\s*")
+
+
+def _ascii_int(value: Any) -> Any:
+    """Integers are ASCII digits: pydantic (and int()) would also take "8_0" or a bool;
+    other scripts' digits ("٨٠") must never become a number."""
+    if isinstance(value, bool) or (isinstance(value, str) and not _ASCII_INTEGER.fullmatch(value)):
+        raise ValueError(f"{value!r} is not an integer (digits 0-9)")
+    return value
+
+
+def _ascii_float(value: Any) -> Any:
+    if isinstance(value, bool) or (isinstance(value, str) and not value.isascii()):
+        raise ValueError(f"{value!r} is not a number (digits 0-9)")
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_ascii_int)]
+Number = Annotated[float, BeforeValidator(_ascii_float)]
+
+
+def _duration(value: Any, info: ValidationInfo) -> float:
+    """A duration string from the file; already-parsed seconds only when merging models."""
+    if info.context == MERGING and isinstance(value, float):
+        return value
+    if isinstance(value, bool) or not isinstance(value, str):
+        raise ValueError(f'{value!r} is not a duration: write it as a string, e.g. "800ms"')
+    if not value.isascii():  # parse_duration's \d would read "٨٠٠ms" as 800 ms
+        raise ValueError(f'"{value}" is not a duration (use e.g. "800ms", "1s", "5m")')
+    return parse_duration(value)
+
+
+def _absolute_path(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError(f'"{value}" must start with "/"')
+    if any(c.isspace() for c in value):
+        raise ValueError(f'"{value}": a URL path cannot contain white space')
+    return value
+
+
+# A type, not a field_validator, so that the per-cluster overrides (ProbeOverrides, built
+# from these annotations) get exactly the same check as the top-level probe section.
+UrlPath = Annotated[str, AfterValidator(_absolute_path), Field(max_length=2000)]
+# RFC 9110 §5.6.2 token: what an HTTP header name may be.
+HeaderToken = Annotated[
+    str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
+]
+HeaderValue = Annotated[SecretStr, Field(max_length=MAX_HEADER_VALUE)]
+Headers = Annotated[dict[HeaderToken, HeaderValue], Field(max_length=MAX_HEADERS)]
+
+
+MERGING = "merging parsed settings"  # validation context: values are already parsed
+Duration = Annotated[float, BeforeValidator(_duration), Field(gt=0)]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", str_strip_whitespace=True)
+
+
+class ProbeSettings(_Frozen):
+    """Micro-probe and health policy settings; any key can be overridden per cluster."""
+
+    api: Literal["openai-completions", "openai-chat"] = "openai-completions"
+    scheme: Literal["http", "https"] = "http"
+    path: UrlPath | None = None  # default: /v1/completions or /v1/chat/completions by api
+    interval: Duration = 1.0
+    timeout: Duration = 0.8
+    healthy_ttft: Duration = 0.2
+    healthy_after: Int = Field(3, ge=1, le=100)
+    unhealthy_after: Int = Field(2, ge=1, le=100)
+    degraded_weight: Number = Field(0.3, gt=0, le=1)
+    startup_grace: Duration = 600.0
+    drain_time: Duration = 30.0
+    confirm_delay: Duration = 0.05
+    max_loop_lag: Duration = 0.1
+    max_ejection_percent: Int = Field(50, ge=1, le=100)
+    cache_bust: Literal["salt", "prefix", "none"] = "salt"
+    prompt: str = Field("hi", min_length=1, max_length=200)
+    model: str | None = Field(None, max_length=500)
+    headers: Headers = Field(default_factory=dict)
+    fatal_patterns: tuple[Annotated[str, Field(min_length=1, max_length=200)], ...] = Field(
+        DEFAULT_FATAL_PATTERNS, max_length=MAX_FATAL_PATTERNS
+    )
+
+    @model_validator(mode="after")
+    def _ttft_within_timeout(self) -> ProbeSettings:
+        if self.healthy_ttft >= self.timeout:
+            raise ValueError("healthy_ttft must be shorter than timeout")
+        return self
+
+    def to_policy(self) -> Policy:
+        return Policy(
+            healthy_ttft_s=self.healthy_ttft,
+            timeout_s=self.timeout,
+            healthy_after=self.healthy_after,
+            unhealthy_after=self.unhealthy_after,
+            degraded_weight=self.degraded_weight,
+            startup_grace_s=self.startup_grace,
+            drain_time_s=self.drain_time,
+            max_loop_lag_s=self.max_loop_lag,
+            max_ejection_percent=self.max_ejection_percent,
+        )
+
+    def to_target(
+        self, cluster: str, address: str, secrets: frozenset[str] = frozenset()
+    ) -> ProbeTarget:
+        """The probe of one endpoint of ``cluster`` with these (effective) settings.
+        ``secrets``: every configured secret (``Config.secret_values``); this section's
+        own header values are always among them."""
+        own = secret_forms(v.get_secret_value() for v in self.headers.values())
+        return ProbeTarget(
+            cluster=cluster,
+            address=address,
+            url=endpoint_url(self.scheme, address, self.api, self.path),
+            api=self.api,
+            model=self.model,
+            prompt=self.prompt,
+            cache_bust=self.cache_bust,
+            timeout_s=self.timeout,
+            healthy_ttft_s=self.healthy_ttft,
+            interval_s=self.interval,
+            confirm_delay_s=self.confirm_delay,
+            unhealthy_after=self.unhealthy_after,
+            fatal_patterns=compile_fatal_patterns(self.fatal_patterns),
+            headers={k: v.get_secret_value() for k, v in self.headers.items()},
+            secrets=own | secrets,
+        )
+
+    def redacted_headers(self) -> dict[str, str]:
+        """Header names with values hidden: the only form fit for logs and /status."""
+        return {name: "<redacted>" for name in self.headers}
+
+
+def _optional_probe_model() -> type[BaseModel]:
+    """Same fields as ProbeSettings, all optional: a cluster's overrides."""
+    fields: dict[str, Any] = {
+        name: (_with_metadata(info.annotation, info.metadata) | None, None)
+        for name, info in ProbeSettings.model_fields.items()
+    }
+    return create_model("ProbeOverrides", __base__=_Frozen, **fields)
+
+
+def _with_metadata(annotation: Any, metadata: list[Any]) -> Any:
+    return Annotated[(annotation, *metadata)] if metadata else annotation
+
+
+if TYPE_CHECKING:
+    ProbeOverrides = _Frozen
+else:
+    ProbeOverrides = _optional_probe_model()
+
+
+class EndpointConfig(_Frozen):
+    address: str = Field(max_length=300)
+    weight: Int = Field(100, ge=1, le=1_000_000)
+
+    @field_validator("address")
+    @classmethod
+    def _valid_address(cls, value: str) -> str:
+        host, _port = split_address(value)
+        if not is_ip_host(host):
+            # Envoy rejects (NACKs) a whole EDS update whose socket_address is not an IP
+            # literal (config.core.v3.SocketAddress.address; no resolver for EDS hosts).
+            raise ValueError(
+                f'"{value}": endpoint addresses must be IP literals (Envoy EDS does not '
+                "resolve host names); resolve the name first"
+            )
+        return value
+
+    def to_spec(self) -> EndpointSpec:
+        host, port = split_address(self.address)
+        return EndpointSpec(self.address, host, port, self.weight)
+
+
+class ClusterConfig(_Frozen):
+    name: str = Field(min_length=1, max_length=200)
+    model: str | None = Field(None, max_length=500)
+    probe: ProbeOverrides = Field(default_factory=ProbeOverrides)
+    endpoints: tuple[EndpointConfig, ...] = Field(min_length=1, max_length=MAX_ENDPOINTS)
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        # The name is an EDS resource name and may end up in a file or URL path: never
+        # ".", "..", "/x" or "-x" (an option), only a letter or digit first.
+        if not _CLUSTER_NAME.fullmatch(value):
+            raise ValueError(
+                f'"{value}" is not a cluster name: use A-Z a-z 0-9 _ . : - and start with '
+                "a letter or a digit"
+            )
+        return value
+
+    @field_validator("endpoints")
+    @classmethod
+    def _weights_fit(cls, value: tuple[EndpointConfig, ...]) -> tuple[EndpointConfig, ...]:
+        if sum(e.weight for e in value) > MAX_WEIGHT_SUM:
+            raise ValueError("the sum of endpoint weights exceeds Envoy's uint32 limit")
+        return value
+
+
+class ServerTlsConfig(_Frozen):
+    """TLS on the main gRPC port (``server.tls``). ``client_ca`` set: mutual TLS, every
+    client (Envoy, admin CLI) must present a certificate signed by that CA."""
+
+    cert: FilePath
+    key: FilePath
+    client_ca: FilePath | None = None
+
+
+_CLUSTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
+
+
+class ServerConfig(_Frozen):
+    """``token``: every call on ``grpc`` (xDS, HDS, ext_authz, admin) must carry
+    ``authorization: Bearer <token>``, loopback included. A non-loopback, non-Unix ``grpc``
+    needs ``token`` or ``tls.client_ca`` (anyone reaching the port could otherwise eject
+    endpoints through HDS)."""
+
+    grpc: str = "127.0.0.1:18000"
+    http: str = "127.0.0.1:18080"
+    token: SecretStr | None = None
+    tls: ServerTlsConfig | None = None
+
+    @field_validator("grpc", "http")
+    @classmethod
+    def _valid_bind(cls, value: str) -> str:
+        if not value.startswith("unix:"):
+            split_address(value)
+        return value
+
+    @field_validator("token")
+    @classmethod
+    def _token_shape(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return None
+        secret = value.get_secret_value()
+        if len(secret) < 16:
+            raise ValueError("must be at least 16 characters (use a random string)")
+        if not secret.isascii() or not secret.isprintable() or " " in secret:
+            raise ValueError("must be printable ASCII without spaces (it is sent as a header)")
+        return value
+
+    @model_validator(mode="after")
+    def _authenticated_off_loopback(self) -> ServerConfig:
+        mtls = self.tls is not None and self.tls.client_ca is not None
+        if self.token is None and not mtls and not is_local_bind(self.grpc):
+            raise ValueError(
+                f'grpc "{self.grpc}" is not a loopback address or Unix socket: set '
+                'server.token (e.g. token: "${LLM_HEALTH_TOKEN}", sent by Envoy as '
+                "initial_metadata) or server.tls.client_ca (mutual TLS); otherwise anyone "
+                "reaching the port can eject endpoints through HDS"
+            )
+        return self
+
+
+class AdminConfig(_Frozen):
+    """The admin gRPC API (llm_health.v1.Admin). ``grpc`` unset: served on server.grpc.
+    A non-loopback ``grpc`` needs ``token``; with a token every call must present it."""
+
+    grpc: str | None = None
+    token: SecretStr | None = None
+
+    @field_validator("grpc")
+    @classmethod
+    def _valid_bind(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("unix:"):
+            split_address(value)
+        return value
+
+    @field_validator("token")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 16:
+            raise ValueError("must be at least 16 characters (use a random string)")
+        return value
+
+    @model_validator(mode="after")
+    def _token_off_loopback(self) -> AdminConfig:
+        if self.grpc is not None and self.token is None and not is_local_bind(self.grpc):
+            raise ValueError(
+                f'grpc "{self.grpc}" is not a loopback address: set admin.token '
+                '(e.g. token: "${LLM_HEALTH_ADMIN_TOKEN}") or bind 127.0.0.1'
+            )
+        return self
+
+
+class XdsConfig(_Frozen):
+    coalesce: Duration = 0.02
+    warm_start_timeout: Duration = 5.0
+
+
+class HdsConfig(_Frozen):
+    """Health Discovery Service (docs/design.md §5.2); each key is explained on ``HdsSettings`` and
+    ``CheckSpec``. Dormant until an Envoy with ``hds_config`` connects."""
+
+    enabled: bool = True
+    check: Literal["tcp", "http"] = "tcp"
+    path: str = Field("/health", pattern=r"^/[^\s]*$", max_length=2000)
+    expected_statuses: tuple[Int, ...] = Field((200,), min_length=1, max_length=100)
+    body: str | None = Field(None, max_length=65536)
+    interval: Duration = 1.0
+    timeout: Duration = 1.0
+    unhealthy_threshold: Int = Field(2, ge=1, le=100)
+    healthy_threshold: Int = Field(2, ge=1, le=100)
+    report_interval: Duration = 1.0
+    checkers_per_endpoint: Int = Field(2, ge=1, le=100)
+    quorum: Int | None = Field(None, ge=1, le=100)
+    report_ttl: Duration = 5.0
+
+    @field_validator("expected_statuses")
+    @classmethod
+    def _http_statuses(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        bad = [status for status in value if not 100 <= status <= 599]
+        if bad:
+            raise ValueError(f"{bad[0]} is not an HTTP status (100-599)")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> HdsConfig:
+        if self.body is not None and self.check != "http":
+            raise ValueError("body needs check: http (a tcp check sends nothing)")
+        if self.quorum is not None and self.quorum > self.checkers_per_endpoint:
+            raise ValueError("quorum cannot exceed checkers_per_endpoint")
+        if self.report_ttl <= self.report_interval:
+            raise ValueError("report_ttl must be longer than report_interval")
+        return self
+
+    def to_settings(self) -> HdsSettings:
+        check = CheckSpec(
+            kind=self.check,
+            path=self.path,
+            expected_statuses=self.expected_statuses,
+            body=None if self.body is None else self.body.encode(),
+            interval_s=self.interval,
+            timeout_s=self.timeout,
+            unhealthy_threshold=self.unhealthy_threshold,
+            healthy_threshold=self.healthy_threshold,
+        )
+        return HdsSettings(
+            enabled=self.enabled,
+            check=check,
+            report_interval_s=self.report_interval,
+            checkers_per_endpoint=self.checkers_per_endpoint,
+            quorum=self.quorum,
+            report_ttl_s=self.report_ttl,
+        )
+
+
+AlertEventName = Literal["unhealthy", "recovered", "fatal"]
+
+
+class WebhookConfig(_Frozen):
+    """One alert receiver. ``url`` and ``headers`` may hold secrets (a Slack-style URL
+    carries its token in the path): only scheme://host:port is ever logged or shown."""
+
+    url: str = Field(max_length=2000)
+    on: tuple[AlertEventName, ...] = Field(("unhealthy", "recovered", "fatal"), min_length=1)
+    headers: Headers = Field(default_factory=dict)
+    timeout: Duration = 5.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _yaml_on_key(cls, data: Any) -> Any:
+        """YAML 1.1 (PyYAML) reads the bare key ``on`` as the boolean true."""
+        if isinstance(data, dict) and True in data and "on" not in data:
+            return {("on" if key is True else key): value for key, value in data.items()}
+        return data
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL with a host")
+        return value
+
+
+class AlertsConfig(_Frozen):
+    """Webhook alerts; no webhooks (the default): nothing is sent."""
+
+    webhooks: tuple[WebhookConfig, ...] = Field((), max_length=100)
+    dedup_window: Duration = 300.0
+    max_per_minute: Int = Field(30, ge=1, le=10_000)
+    max_attempts: Int = Field(5, ge=1, le=20)
+    retry_backoff: Duration = 0.5
+    max_retry_time: Duration = 120.0
+    queue_size: Int = Field(1000, ge=1, le=100_000)
+
+
+def _lower(value: Any) -> Any:
+    return value.lower() if isinstance(value, str) else value
+
+
+HeaderName = Annotated[
+    str, BeforeValidator(_lower), Field(max_length=100, pattern=r"^[a-z0-9!#$%&'*+.^_`|~-]+$")
+]
+
+
+class AuthzConfig(_Frozen):
+    """ext_authz admission (docs/design.md §5.3); each key is explained on ``AuthzSettings``."""
+
+    enabled: bool = True
+    cluster_key: str = Field("llm_cluster", min_length=1, max_length=100)
+    cluster_header: HeaderName = "x-llm-cluster"
+    probe_header: Literal["strip", "deny"] = "strip"
+    probe_header_name: HeaderName = "x-llm-probe"
+    shed_below: Number = Field(0.5, ge=0, le=1)
+    priority_header: HeaderName = "x-llm-priority"
+    route_header: HeaderName = "x-llm-route"
+    route_value: str = Field("healthy", pattern=r"^[A-Za-z0-9._-]{1,64}$")
+    capacity_header: HeaderName = "x-llm-capacity"
+    retry_after: Duration = 1.0
+
+    @model_validator(mode="after")
+    def _distinct(self) -> AuthzConfig:
+        names = [self.cluster_header, self.probe_header_name, self.priority_header]
+        names += [self.route_header, self.capacity_header]
+        if len(set(names)) != len(names):
+            raise ValueError("the authz header names must all differ")
+        if self.route_value == UNROUTED_VALUE:
+            raise ValueError(f'route_value "{UNROUTED_VALUE}" is reserved')
+        return self
+
+    def to_settings(self) -> AuthzSettings:
+        fields = self.model_dump(exclude={"retry_after"})
+        return AuthzSettings(**fields, retry_after_s=max(1, math.ceil(self.retry_after)))
+
+
+class Config(_Frozen):
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    probe: ProbeSettings = Field(default_factory=ProbeSettings)
+    xds: XdsConfig = Field(default_factory=XdsConfig)
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig)
+    admin: AdminConfig = Field(default_factory=AdminConfig)
+    authz: AuthzConfig = Field(default_factory=AuthzConfig)
+    hds: HdsConfig = Field(default_factory=HdsConfig)
+    clusters: tuple[ClusterConfig, ...] = Field(min_length=1, max_length=MAX_CLUSTERS)
+
+    @field_validator("clusters")
+    @classmethod
+    def _endpoints_bounded(cls, value: tuple[ClusterConfig, ...]) -> tuple[ClusterConfig, ...]:
+        total = sum(len(c.endpoints) for c in value)
+        if total > MAX_ENDPOINTS:
+            raise ValueError(f"{total} endpoints in all; at most {MAX_ENDPOINTS} are allowed")
+        return value
+
+    def probe_for(self, cluster: ClusterConfig) -> ProbeSettings:
+        """The cluster's effective probe settings: defaults, then its overrides."""
+        overrides = cluster.probe.model_dump(exclude_unset=True, exclude_none=True)
+        if cluster.model and "model" not in overrides:
+            overrides["model"] = cluster.model
+        merged = {**self.probe.model_dump(), **overrides}
+        return ProbeSettings.model_validate(_unsecret(merged), context=MERGING)
+
+    def probe_targets(self) -> list[ProbeTarget]:
+        """One ProbeTarget per configured endpoint, with its cluster's effective settings."""
+        secrets = self.secret_values()
+        targets: list[ProbeTarget] = []
+        for cluster in self.clusters:
+            settings = self.probe_for(cluster)
+            targets.extend(
+                settings.to_target(cluster.name, e.address, secrets) for e in cluster.endpoints
+            )
+        return targets
+
+    def secret_values(self) -> frozenset[str]:
+        """Every secret this config holds (``SecretStr`` values anywhere: probe and webhook
+        headers, tokens; credentials in webhook URLs), in the forms to redact
+        (``model.redact.secret_forms``)."""
+        return secret_forms(_secrets_in(self))
+
+    def cluster_specs(self) -> tuple[ClusterSpec, ...]:
+        return tuple(
+            ClusterSpec(
+                c.name, self.probe_for(c).to_policy(), tuple(e.to_spec() for e in c.endpoints)
+            )
+            for c in self.clusters
+        )
+
+
+def _secrets_in(value: Any) -> Iterator[str]:
+    """Every SecretStr value and URL password in a validated model tree."""
+    if isinstance(value, SecretStr):
+        yield value.get_secret_value()
+    elif isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            yield from _secrets_in(getattr(value, name))
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _secrets_in(item)
+    elif isinstance(value, tuple | list):
+        for item in value:
+            yield from _secrets_in(item)
+    elif isinstance(value, str) and "://" in value:
+        password = urlsplit(value).password
+        if password:
+            yield password
+
+
+def _unsecret(data: dict[str, Any]) -> dict[str, Any]:
+    headers = data.get("headers") or {}
+    plain = {k: v.get_secret_value() if isinstance(v, SecretStr) else v for k, v in headers.items()}
+    return {**data, "headers": plain}

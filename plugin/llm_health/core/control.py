@@ -1,0 +1,93 @@
+"""What a component may do to endpoint health, and nothing more.
+
+A component (HDS, admin API, alerts, metrics, and every later source of verdicts) is
+given a ``BoardControl`` and its own settings, never the runtime. Through it, it can read
+the board (``snapshot``: now; ``published``: what xDS readers have; ``wait_newer``),
+change it (``update``: one mutation, then one publish), report a state change it caused
+(``notify``: one log line, every transition observer), subscribe (``on_transition``,
+``on_probe``) and ask for a probe (``probe_now``). The runtime owns the only
+implementation (``app.keeper.BoardKeeper``); tests may write their own.
+
+Observers are plain callables run synchronously on the runtime's loop: O(1), never
+blocking, never raising.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from llm_health.model.board import Board, HealthSnapshot
+from llm_health.model.machine import Transition
+from llm_health.model.outcome import ProbeResult
+
+T = TypeVar("T")
+ProbeObserver = Callable[[str, str, ProbeResult], None]  # (cluster, address, result)
+TransitionObserver = Callable[[str, str, Transition, ProbeResult | None], None]
+Mutation = Callable[[Board, float], T]  # (board, monotonic now) -> anything
+
+
+class SnapshotSource(Protocol):
+    """Where readers (xDS streams, ext_authz) get published snapshots."""
+
+    def current(self) -> HealthSnapshot:
+        """The latest published snapshot; never blocks."""
+        ...
+
+    async def wait_newer(self, revision: int) -> HealthSnapshot:
+        """The first published snapshot whose revision differs from ``revision``."""
+        ...
+
+
+class BoardControl(Protocol):
+    def snapshot(self) -> HealthSnapshot:
+        """The board as it is now (may be newer than ``published``: last probe results)."""
+        ...
+
+    def published(self) -> HealthSnapshot:
+        """What xDS streams and ext_authz see."""
+        ...
+
+    async def wait_newer(self, revision: int) -> HealthSnapshot:
+        """The first published snapshot whose revision differs from ``revision``."""
+        ...
+
+    async def update(
+        self, mutate: Mutation[T], *, publish_when: Callable[[T], bool] | None = None
+    ) -> T:
+        """Run ``mutate(board, now)`` on the loop, publish the new board (unless
+        ``publish_when(value)`` says nothing changed), and return the value."""
+        ...
+
+    def notify(
+        self, cluster: str, address: str, transition: Transition, result: ProbeResult | None
+    ) -> None:
+        """Report a transition this caller made (log once, tell every observer)."""
+        ...
+
+    def on_transition(self, observer: TransitionObserver) -> None: ...
+
+    def on_probe(self, observer: ProbeObserver) -> None: ...
+
+    async def probe_now(self, cluster: str, address: str) -> tuple[ProbeResult, bool]:
+        """Probe one endpoint at once, fold the result in like a scheduled one; returns
+        (result, trusted). KeyError: not probed here; RuntimeError: no prober running."""
+        ...
+
+
+class LagReader(Protocol):
+    """How late the prober's event loop runs (``probe.lag.LoopLagMonitor``)."""
+
+    current_ms: float
+
+    def max_since(self, start: float) -> float: ...
+
+
+@dataclass(slots=True)
+class ProberStats:
+    """The prober's counters, shared read-only with /status and /metrics."""
+
+    lag: LagReader
+    probes_total: int = 0  # results received for endpoints still on the board
+    probes_ignored_loop_lag: int = 0  # SLOW/TIMEOUT not trusted (max_loop_lag)

@@ -1,0 +1,42 @@
+"""Causes: the small fixed vocabulary of *why* a state changed (metric labels, alert
+routing, /status). Set by the code that writes the free-text reason, in the same place,
+so rewording a reason ("2 consecutive timeouts (>800 ms)") can never change a label.
+Pure, no I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from llm_health.model.outcome import Outcome
+
+
+class Cause(enum.Enum):
+    STARTUP = "startup"  # STARTING -> HEALTHY/DEGRADED: became ready
+    STARTUP_TIMEOUT = "startup_timeout"  # STARTING -> UNHEALTHY: not ready within startup_grace
+    RECOVERED = "recovered"  # back to HEALTHY, or UNHEALTHY -> DEGRADED
+    SLOW = "slow"
+    OVERLOADED = "overloaded"
+    TIMEOUT = "timeout"
+    ERROR = "error"
+    FATAL = "fatal"
+    SIGNAL = "signal"  # an outside source (e.g. HDS) holds it down
+    DRAINED = "drained"  # an operator drained it
+    REMOVED = "removed"  # removed from the config (hot reload): draining out
+    UNDRAINED = "undrained"
+    OVERRIDE = "override"  # an operator forces the state for a while (not a transition)
+    OTHER = "other"  # nothing above: a probe that changed nothing (e.g. one more FAST)
+
+
+_BY_OUTCOME = {
+    Outcome.SLOW: Cause.SLOW,
+    Outcome.OVERLOADED: Cause.OVERLOADED,
+    Outcome.TIMEOUT: Cause.TIMEOUT,
+    Outcome.ERROR: Cause.ERROR,
+    Outcome.FATAL: Cause.FATAL,
+}
+
+
+def outcome_cause(outcome: Outcome) -> Cause:
+    """The cause a probe outcome gives a change (FAST names none: OTHER)."""
+    return _BY_OUTCOME.get(outcome, Cause.OTHER)

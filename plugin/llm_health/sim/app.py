@@ -1,0 +1,190 @@
+"""The simulator's aiohttp application: routes, middleware and request handlers.
+
+It speaks the vLLM flavour of the OpenAI API (``/v1/completions``,
+``/v1/chat/completions``, ``/v1/models``, ``/health``, ``/metrics``) and adds a control
+plane under ``/sim/`` to change the injected fault at run time and to read counters.
+See ``docs/simulator.md`` for the user-facing contract. Each application owns one
+:class:`~llm_health.sim.state.SimState`, stored under :data:`STATE_KEY`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from llm_health.sim.behaviours import serve_fault
+from llm_health.sim.call import ClientGone, Stopping, begin_call, end_call
+from llm_health.sim.faults import FaultSpec
+from llm_health.sim.metrics import METRICS_CONTENT_TYPE, render_metrics
+from llm_health.sim.state import SimSettings, SimState
+from llm_health.sim.wire import (
+    BadRequest,
+    Kind,
+    check_auth,
+    error_response,
+    parse_params,
+    read_json,
+)
+
+__all__ = ["STATE_KEY", "build_app"]
+
+STATE_KEY = web.AppKey("llm_health_sim_state", SimState)
+
+
+def build_app(settings: SimSettings) -> web.Application:
+    """Return the simulator application with a fresh :class:`SimState` under STATE_KEY.
+
+    Run it with ``handler_cancellation=True`` (as :func:`llm_health.sim.server.serve`
+    does) for immediate disconnect detection; without it disconnects are still seen
+    within 0.5 s.
+    """
+    app = web.Application(middlewares=[_count_paths])
+    state = SimState(settings)
+    app[STATE_KEY] = state
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_post("/v1/chat/completions", _chat_completions)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/sim/fault", _get_fault)
+    app.router.add_post("/sim/fault", _set_fault)
+    app.router.add_get("/sim/stats", _get_stats)
+    app.router.add_post("/sim/stats/reset", _reset_stats)
+    app.on_shutdown.append(_on_shutdown)
+    return app
+
+
+async def _on_shutdown(app: web.Application) -> None:
+    """Release hangs and waits so shutdown never waits on a simulated fault."""
+    app[STATE_KEY].begin_shutdown()
+
+
+@web.middleware
+async def _count_paths(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Count every request by route path (unknown paths share the key "other")."""
+    resource = request.match_info.route.resource
+    key = resource.canonical if resource is not None else "other"
+    request.app[STATE_KEY].paths[key] += 1
+    return await handler(request)
+
+
+# ------------------------------------------------------------ simple endpoints
+
+
+async def _health(request: web.Request) -> web.Response:
+    """200 with an empty body whatever the fault (as a zombie engine does), unless the
+    separate ``health`` knob says otherwise: "http_503", or "reset" (abort, no answer)."""
+    mode = request.app[STATE_KEY].fault.health
+    if mode == "reset" and request.transport is not None:
+        request.transport.abort()
+    return web.Response(status=503 if mode == "http_503" else 200)
+
+
+async def _models(request: web.Request) -> web.Response:
+    """The OpenAI model list, with the one served model."""
+    settings = request.app[STATE_KEY].settings
+    model = {
+        "id": settings.model,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "vllm",
+        "root": settings.model,
+        "parent": None,
+        "permission": [],
+    }
+    return web.json_response({"object": "list", "data": [model]})
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    """Prometheus text with vLLM's gauge names reflecting in-flight requests."""
+    state = request.app[STATE_KEY]
+    return web.Response(
+        body=render_metrics(state).encode(), headers={"Content-Type": METRICS_CONTENT_TYPE}
+    )
+
+
+# ------------------------------------------------------------- control plane
+
+
+async def _get_fault(request: web.Request) -> web.Response:
+    """The current fault spec as JSON."""
+    return web.json_response(request.app[STATE_KEY].fault.to_json())
+
+
+async def _set_fault(request: web.Request) -> web.Response:
+    """Merge the posted JSON onto the current spec and make it current.
+
+    Keys left out keep their current value. Bad input: 400, state unchanged.
+    """
+    state = request.app[STATE_KEY]
+    try:
+        data = await read_json(request)
+        spec = FaultSpec.from_json(data, base=state.fault)
+    except ValueError as exc:
+        return error_response(400, f"invalid fault spec: {exc}", "BadRequestError")
+    state.set_fault(spec)
+    return web.json_response(spec.to_json())
+
+
+async def _get_stats(request: web.Request) -> web.Response:
+    """Counters, gauges, the current fault and recent requests as JSON."""
+    return web.json_response(request.app[STATE_KEY].stats())
+
+
+async def _reset_stats(request: web.Request) -> web.Response:
+    """Zero the counters; answers the fresh stats."""
+    state = request.app[STATE_KEY]
+    state.reset_stats()
+    return web.json_response(state.stats())
+
+
+# ------------------------------------------------------------ inference
+
+
+async def _completions(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/completions``."""
+    return await _serve_inference(request, "completions")
+
+
+async def _chat_completions(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/chat/completions``."""
+    return await _serve_inference(request, "chat")
+
+
+async def _serve_inference(request: web.Request, kind: Kind) -> web.StreamResponse:
+    """Validate, account, then serve one inference request under the current fault."""
+    state = request.app[STATE_KEY]
+    try:
+        check_auth(request, state.settings)
+        params = parse_params(await read_json(request), kind, state.settings)
+    except BadRequest as exc:
+        if exc.status == 401:
+            state.counters.unauthorized += 1
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        state.counters.bad_requests += 1
+        return error_response(exc.status, str(exc), exc.error_type)
+    except ValueError as exc:
+        state.counters.bad_requests += 1
+        return error_response(400, str(exc), "BadRequestError")
+    call = begin_call(request, state, kind, params)
+    try:
+        return await serve_fault(call)
+    except (ClientGone, ConnectionError):
+        call.outcome = "aborted"
+        return call.response or web.Response(status=499)
+    except asyncio.CancelledError:
+        call.outcome = "aborted"
+        raise
+    except Stopping:
+        call.outcome = "failed"
+        if call.response is not None:
+            return call.response
+        return error_response(503, "simulator shutting down", "ServiceUnavailableError")
+    finally:
+        # Exactly once per counted call, whatever ended it (see llm_health.sim.call).
+        end_call(call)

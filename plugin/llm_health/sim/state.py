@@ -1,0 +1,153 @@
+"""The simulator's state: its fixed settings, current fault, counters and gauges.
+
+One :class:`SimState` exists per application and every port served shares it; there is
+no module-level mutable state. Nothing here knows about HTTP: the aiohttp application
+(:mod:`llm_health.sim.app`) and the per-request accounting (:mod:`llm_health.sim.call`)
+read and update it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter, deque
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from llm_health.sim.faults import FaultSpec
+
+__all__ = ["SimCounters", "SimSettings", "SimState"]
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    """Fixed settings of one simulator application.
+
+    - ``model``: the only model name served (``/v1/models``, responses, metric labels).
+    - ``fault``: the fault spec in force when the server starts.
+    - ``seed``: seed of the RNG behind ``ttft_jitter`` and ``fault_rate`` (None: random).
+    - ``max_num_seqs``: capacity used to derive ``vllm:kv_cache_usage_perc``.
+    - ``accept_any_model``: if False, a request naming another model gets 404 (as vLLM).
+    - ``api_key``: if set, ``/v1/*`` requires ``Authorization: Bearer <api_key>`` (401).
+    - ``recent_size``: how many recent inference requests ``/sim/stats`` keeps.
+    """
+
+    model: str = "sim-model"
+    fault: FaultSpec = field(default_factory=FaultSpec)
+    seed: int | None = None
+    max_num_seqs: int = 256
+    accept_any_model: bool = False
+    api_key: str | None = None
+    recent_size: int = 100
+
+    def __post_init__(self) -> None:
+        """Reject settings no simulator can run with (ValueError naming the field)."""
+        if not self.model:
+            raise ValueError("model: must not be empty")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs: must be at least 1, got {self.max_num_seqs}")
+        if self.recent_size < 0:
+            raise ValueError(f"recent_size: must not be negative, got {self.recent_size}")
+
+
+@dataclass
+class SimCounters:
+    """Counters shown by ``/sim/stats``; all zeroed by ``POST /sim/stats/reset``."""
+
+    requests: int = 0
+    probe_requests: int = 0
+    completed: int = 0
+    failed: int = 0
+    aborted: int = 0
+    faulted: int = 0
+    bad_requests: int = 0
+    unauthorized: int = 0
+
+
+class SimState:
+    """Mutable state of one simulator: current fault, counters, in-flight gauges.
+
+    Single-threaded by design (the asyncio loop); shared by every port of the app.
+    """
+
+    def __init__(self, settings: SimSettings) -> None:
+        self.settings = settings
+        self.fault = settings.fault
+        self.fault_set_at = time.monotonic()
+        self.started_at = time.monotonic()
+        self.rng = random.Random(settings.seed)
+        self.counters = SimCounters()
+        self.paths: Counter[str] = Counter()
+        self.recent: deque[dict[str, Any]] = deque(maxlen=settings.recent_size)
+        self.in_flight = 0
+        self.running = 0
+        self.stopping = False
+        self._stop_signal: asyncio.Future[None] | None = None
+
+    @property
+    def waiting(self) -> int:
+        """In-flight inference requests that have not produced a token yet."""
+        return self.in_flight - self.running
+
+    @property
+    def last_request(self) -> dict[str, Any] | None:
+        """The record of the most recent inference request, or None."""
+        return self.recent[-1] if self.recent else None
+
+    def set_fault(self, spec: FaultSpec) -> None:
+        """Make ``spec`` the current fault; restarts the ``startup_delay`` clock."""
+        self.fault = spec
+        self.fault_set_at = time.monotonic()
+
+    def choose_fault(self, spec: FaultSpec) -> str:
+        """Return the fault to apply to one new request under ``spec`` ("none" if spared).
+
+        ``fault_rate`` decides with the seeded RNG; ``startup_delay`` is spared once its
+        delay since :meth:`set_fault` has passed.
+        """
+        if spec.fault == "none":
+            return "none"
+        if spec.fault_rate < 1.0 and self.rng.random() >= spec.fault_rate:
+            return "none"
+        if spec.fault == "startup_delay" and self.startup_elapsed(spec):
+            return "none"
+        return spec.fault
+
+    def startup_elapsed(self, spec: FaultSpec) -> bool:
+        """True once ``spec.startup_delay`` has passed since the fault was set."""
+        return time.monotonic() - self.fault_set_at >= spec.startup_delay
+
+    def reset_stats(self) -> None:
+        """Zero counters, path counts and the recent-request log (gauges stay)."""
+        self.counters = SimCounters()
+        self.paths.clear()
+        self.recent.clear()
+
+    def stop_signal(self) -> asyncio.Future[None]:
+        """A future of the running loop, resolved when the application shuts down."""
+        if self._stop_signal is None:
+            self._stop_signal = asyncio.get_running_loop().create_future()
+            if self.stopping:
+                self._stop_signal.set_result(None)
+        return self._stop_signal
+
+    def begin_shutdown(self) -> None:
+        """Release every pending wait: called from the application's on_shutdown."""
+        self.stopping = True
+        if self._stop_signal is not None and not self._stop_signal.done():
+            self._stop_signal.set_result(None)
+
+    def stats(self) -> dict[str, Any]:
+        """The JSON document served by ``GET /sim/stats``."""
+        return {
+            **asdict(self.counters),
+            "in_flight": self.in_flight,
+            "waiting": self.waiting,
+            "running": self.running,
+            "paths": dict(self.paths),
+            "fault": self.fault.to_json(),
+            "uptime_s": round(time.monotonic() - self.started_at, 3),
+            "last_request": self.last_request,
+            "recent": list(self.recent),
+        }

@@ -1,0 +1,139 @@
+"""The HTTP port against hostile clients (loopback only): slowloris connections are closed
+by the header timeout, the connection cap holds, /livez keeps answering, and a malformed
+request is answered 400 without an error-level log record."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from llm_health.app.http import build_http_app, start_http
+
+pytestmark = pytest.mark.timeout(60)
+
+SLOW_CLIENTS = 400
+HEADER_TIMEOUT_S = 1.0
+CAP = 450  # above SLOW_CLIENTS: /livez still finds room while they hang
+
+
+async def start(*, header_timeout_s: float, max_connections: int) -> tuple[web.AppRunner, int]:
+    app = build_http_app(lambda: [], dict)
+    runner = await start_http(
+        app, "127.0.0.1:0", header_timeout_s=header_timeout_s, max_connections=max_connections
+    )
+    return runner, int(runner.addresses[0][1])
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[int]:
+    runner, port = await start(header_timeout_s=HEADER_TIMEOUT_S, max_connections=CAP)
+    try:
+        yield port
+    finally:
+        await runner.cleanup()
+
+
+async def livez(port: int) -> int:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{port}/livez") as response,
+    ):
+        return response.status
+
+
+async def closed_by_server(reader: asyncio.StreamReader) -> bool:
+    """True once the server has closed the connection (EOF or reset)."""
+    try:
+        return await reader.read(1024) == b"" or True
+    except ConnectionError:
+        return True
+
+
+async def test_slowloris_connections_are_closed_and_livez_answers(server: int) -> None:
+    port = server
+    connections = []
+    try:
+        for _ in range(SLOW_CLIENTS):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /livez HTTP/1.1\r\nHost: x\r\nX-Slow: ")  # never finished
+            connections.append((reader, writer))
+        started = time.monotonic()
+        assert await livez(port) == 200  # answered while 400 half-open connections hang
+        async with asyncio.timeout(HEADER_TIMEOUT_S * 10):
+            results = await asyncio.gather(*(closed_by_server(r) for r, _ in connections))
+        elapsed = time.monotonic() - started
+        assert all(results) and len(results) == SLOW_CLIENTS
+        print(f"{SLOW_CLIENTS} slow connections closed within {elapsed:.2f} s")
+        assert await livez(port) == 200
+    finally:
+        for _, writer in connections:
+            writer.close()
+
+
+async def test_idle_connection_without_request_is_closed(server: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", server)
+    try:
+        async with asyncio.timeout(HEADER_TIMEOUT_S * 10):
+            assert await reader.read(1024) == b""
+    finally:
+        writer.close()
+
+
+async def test_connection_cap_holds_and_frees_up() -> None:
+    runner, port = await start(header_timeout_s=30.0, max_connections=8)
+    held = []
+    try:
+        for _ in range(8):
+            held.append(await asyncio.open_connection("127.0.0.1", port))
+        await asyncio.sleep(0.05)  # let the server accept them all
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+        async with asyncio.timeout(5):
+            assert await reader.read(1024) == b""  # over the cap: closed at once, no answer
+        writer.close()
+        for _, w in held:
+            w.close()
+        held.clear()
+        async with asyncio.timeout(5):
+            while True:  # the server notices the closes, then room again
+                await asyncio.sleep(0.02)
+                try:
+                    if await livez(port) == 200:
+                        break
+                except aiohttp.ClientError:
+                    continue
+    finally:
+        for _, w in held:
+            w.close()
+        await runner.cleanup()
+
+
+async def test_malformed_request_gets_400_and_no_error_log(
+    server: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    bad = [
+        b"GET /livez HTTP/1.1\r\nHost: x\r\nBad Header\x01: \x1b[31m\r\n\r\n",
+        b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03garbage\r\n\r\n",
+        b"GET /livez HTTP/9.9\r\n\r\n",
+    ]
+    with caplog.at_level(logging.INFO):
+        for request in bad:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server)
+            try:
+                writer.write(request)
+                async with asyncio.timeout(5):
+                    answer = await reader.read(1024)
+                assert answer.split(b" ")[1:2] == [b"400"], (request[:40], answer[:80])
+            finally:
+                writer.close()
+        assert await livez(server) == 200
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [], [r.getMessage() for r in errors]
+    assert "Traceback" not in caplog.text
