@@ -203,3 +203,91 @@ def test_update_adds_and_removes_endpoints_while_running() -> None:
     assert calls[c.key] >= 3, "a new endpoint starts probing at once, then every interval"
     assert calls[a.key] >= 5
     assert keys == {a.key, c.key}
+
+
+def _silence_run(
+    probe_s: list[float], overlap: bool, **settings: object
+) -> tuple[list[tuple[str, float]], list[tuple[float, float]], int]:
+    """Run one endpoint on virtual time for 2.5 s. The i-th probe takes ``probe_s[i]``
+    seconds (then TIMEOUT if it is longer than the timeout, else FAST). Returns the probe
+    starts (kind, at), the silences reported (at, silent ms) and the most probes that
+    were ever in flight at once."""
+    (target,) = targets_for([9], timeout="800ms", healthy_ttft="200ms", **settings)
+    starts: list[tuple[str, float]] = []
+    silences: list[tuple[float, float]] = []
+    in_flight, worst = 0, 0
+
+    async def main() -> None:
+        clock = asyncio.get_running_loop().time
+        durations = iter(probe_s)
+
+        def probing(kind: str) -> Any:
+            async def probe(_target: ProbeTarget) -> ProbeResult:
+                nonlocal in_flight, worst
+                starts.append((kind, clock()))
+                in_flight += 1
+                worst = max(worst, in_flight)
+                took = next(durations, 0.05)
+                try:
+                    await asyncio.sleep(min(took, 0.8))
+                finally:
+                    in_flight -= 1
+                if took > 0.8:
+                    return ProbeResult(Outcome.TIMEOUT, time.time())
+                return ProbeResult(Outcome.FAST, time.time(), ttft_ms=took * 1000)
+
+            return probe
+
+        async def on_silence(_target: ProbeTarget, silent_ms: float) -> bool:
+            silences.append((clock(), silent_ms))
+            return overlap
+
+        async def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
+            return None
+
+        scheduler = Scheduler(
+            [target],
+            probing("probe"),
+            ignore,
+            clock=clock,
+            on_silence=on_silence,
+            confirm=probing("confirm"),
+        )
+        task = asyncio.create_task(scheduler.run())
+        await asyncio.sleep(2.5)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    on_virtual_time(main())
+    return starts, silences, worst
+
+
+def test_a_silent_probe_is_reported_at_healthy_ttft_and_confirmed_beside_it() -> None:
+    # probe 0 hangs (TIMEOUT at 0.8 s); the confirm started at its silence hangs too
+    starts, silences, worst = _silence_run([5.0, 5.0], overlap=True)
+    first = starts[0][1]
+    assert silences[0] == pytest.approx((first + 0.2, 200.0))
+    assert starts[1] == ("confirm", pytest.approx(first + 0.2))
+    assert worst == 2  # the silent probe and its confirm: never more
+    # both failed: unhealthy_after reached, so no confirm_delay probe; back to the
+    # endpoint's own slots, the first one strictly after the confirm ended (at 1.0 s)
+    assert starts[2] == ("probe", pytest.approx(first + 2.0))
+
+
+def test_fast_probes_are_never_silent_and_never_overlap() -> None:
+    starts, silences, worst = _silence_run([0.05] * 10, overlap=True)
+    assert silences == [] and worst == 1
+    assert [kind for kind, _ in starts] == ["probe"] * len(starts)
+
+
+def test_no_confirm_unless_the_board_asks_for_one() -> None:
+    starts, silences, worst = _silence_run([0.45, 0.05, 0.05], overlap=False)
+    assert len(silences) == 1 and worst == 1
+    assert all(kind == "probe" for kind, _ in starts)
+
+
+def test_silence_can_be_switched_off() -> None:
+    starts, silences, worst = _silence_run([5.0, 5.0], overlap=True, act_on_silence=False)
+    assert silences == [] and worst == 1
+    # the old way: TIMEOUT at 0.8 s, then the confirm 50 ms after it
+    assert starts[1] == ("probe", pytest.approx(starts[0][1] + 0.85))

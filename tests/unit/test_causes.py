@@ -15,6 +15,7 @@ from llm_health.model.machine import (
     drain,
     force_unhealthy,
     initial_health,
+    silence,
     step,
     undrain,
 )
@@ -118,6 +119,12 @@ CASES: dict[str, tuple[Callable[[], Transition], State, State, str]] = {
         "signal",
     ),
     "a probe that changes nothing": (lambda: routed(State.HEALTHY, "F"), "h", "h", "other"),
+    "silent in flight": (
+        lambda: silence(routed(State.HEALTHY, "F").after, T0 + 200, 200.0),
+        "h",
+        "d",
+        "silent",
+    ),
 }
 STATES = {
     "st": State.STARTING,

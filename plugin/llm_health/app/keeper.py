@@ -20,7 +20,7 @@ from llm_health.core.control import (
 from llm_health.core.hub import SnapshotHub
 from llm_health.model.board import Board, HealthSnapshot
 from llm_health.model.machine import Transition, trusted
-from llm_health.model.outcome import ProbeResult, round_ms
+from llm_health.model.outcome import FAILURES, ProbeResult, round_ms
 
 T = TypeVar("T")
 ProbeNow = Callable[[str, str], Awaitable[ProbeResult]]  # (cluster, address) -> result
@@ -78,6 +78,23 @@ class BoardKeeper:
             self.notify(cluster, address, transition, result)
         if transition.changed or was_warm != self.board.is_warm(cluster):
             await self._publish()
+
+    async def fold_silence(self, cluster: str, address: str, silent_ms: float) -> bool:
+        """A probe of this endpoint is still silent in flight after ``silent_ms``: a HEALTHY
+        endpoint goes DEGRADED now (``Board.silence``). Returns whether the scheduler should
+        start the confirming probe now, beside the silent one: the endpoint was just
+        silenced, or its last trusted probe already failed. Ignored while the loop lags
+        beyond ``max_loop_lag`` (the silence may be ours)."""
+        if not self.board.has_endpoint(cluster, address):
+            return False
+        if self.stats.lag.current_ms > self.board.policy(cluster).max_loop_lag_s * 1000:
+            self.stats.silences_ignored_loop_lag += 1
+            return False
+        transition = self.board.silence(cluster, address, self._clock(), silent_ms)
+        if transition.changed:
+            self.notify(cluster, address, transition, None)
+            await self._publish()
+        return transition.changed or self.board.health(cluster, address).last_outcome in FAILURES
 
     async def _publish(self) -> None:
         await self.hub.publish(self.board.snapshot())

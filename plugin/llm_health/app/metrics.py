@@ -173,6 +173,8 @@ class RuntimeMetrics:
             loop_lag_max_s=lag.max_since(time.perf_counter() - LAG_WINDOW_S) / 1000,
             probes_total=stats.probes_total,
             probes_ignored=stats.probes_ignored_loop_lag,
+            overlapping_confirms=stats.overlapping_confirms,
+            silences_ignored=stats.silences_ignored_loop_lag,
         )
 
     def _prune(self, alive: set[EndpointKey]) -> None:
@@ -219,6 +221,8 @@ class Scrape:
     loop_lag_max_s: float = 0.0
     probes_total: int = 0
     probes_ignored: int = 0
+    overlapping_confirms: int = 0
+    silences_ignored: int = 0
 
 
 class _ScrapeCollector(Collector):
@@ -312,7 +316,17 @@ def _prober_families(scrape: Scrape) -> Iterator[Metric]:
     done = CounterMetricFamily(
         "llm_health_probes_completed", "Probe results received.", value=scrape.probes_total
     )
-    yield from (lag, lag_max, ignored, done)
+    overlaps = CounterMetricFamily(
+        "llm_health_probes_overlapping_confirms",
+        "Confirming probes started beside a probe still silent in flight.",
+        value=scrape.overlapping_confirms,
+    )
+    silences = CounterMetricFamily(
+        "llm_health_silences_ignored_loop_lag",
+        "In-flight silences not acted on because the prober's loop lagged (max_loop_lag).",
+        value=scrape.silences_ignored,
+    )
+    yield from (lag, lag_max, ignored, done, overlaps, silences)
 
 
 def component_families(components: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:

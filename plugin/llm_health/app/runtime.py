@@ -112,11 +112,18 @@ class Runtime:
 
     async def _run(self, stop: asyncio.Event) -> None:
         async with new_session() as session:
-            probe = _one_at_a_time(MicroProbe(session, self.lag).probe)
+            slots = _ProbeSlots(MicroProbe(session, self.lag).probe)
             self.control.attach_prober(
-                lambda cluster, address: probe(self._target(cluster, address))
+                lambda cluster, address: slots.probe(self._target(cluster, address))
             )
-            scheduler = Scheduler(self.targets, probe, self.on_result)
+            scheduler = Scheduler(
+                self.targets,
+                slots.probe,
+                self.on_result,
+                on_silence=self.on_silence,
+                confirm=self._confirm(slots),
+                lag=self.lag,
+            )
             self.scheduler = scheduler
             http = await start_http(self.http_app(), self.config.server.http)
             self.http_port = _bound_port(http)
@@ -134,6 +141,17 @@ class Runtime:
     async def on_result(self, target: ProbeTarget, result: ProbeResult) -> None:
         """The scheduler's callback: fold the result into the board."""
         await self.control.fold_probe(target.cluster, target.address, result)
+
+    async def on_silence(self, target: ProbeTarget, silent_ms: float) -> bool:
+        """The scheduler's silence callback: a probe in flight has no first token yet."""
+        return await self.control.fold_silence(target.cluster, target.address, silent_ms)
+
+    def _confirm(self, slots: _ProbeSlots) -> ProbeFn:
+        async def confirm(target: ProbeTarget) -> ProbeResult:
+            self.stats.overlapping_confirms += 1
+            return await slots.confirm(target)
+
+        return confirm
 
     def _target(self, cluster: str, address: str) -> ProbeTarget:
         for target in self.targets:
@@ -287,6 +305,8 @@ class Runtime:
                 "prober": {
                     "probes_total": self.stats.probes_total,
                     "probes_ignored_loop_lag": self.stats.probes_ignored_loop_lag,
+                    "silences_ignored_loop_lag": self.stats.silences_ignored_loop_lag,
+                    "overlapping_confirms": self.stats.overlapping_confirms,
                     "loop_lag_ms": round(self.lag.current_ms, 2),
                 },
                 "reloads": dict(self.live.reloads),
@@ -311,16 +331,24 @@ def _log_changes(changes: list[Change]) -> None:
         log.info(change.what, extra={"cluster": change.cluster, "endpoint": change.address})
 
 
-def _one_at_a_time(probe: ProbeFn) -> ProbeFn:
-    """``probe`` with at most one call in flight per endpoint (scheduled and probe-now
-    share it; docs/design.md §2). An uncontended asyncio.Lock does not yield: no added latency."""
-    locks: dict[str, asyncio.Lock] = {}
+class _ProbeSlots:
+    """At most one probe in flight per endpoint through ``probe`` (scheduled probes and
+    probe-now share it), plus at most one through ``confirm``: the confirming probe
+    started beside a silent one. Never more than two (docs/design.md §2.7). An
+    uncontended asyncio.Lock does not yield: no added latency."""
 
-    async def exclusive(target: ProbeTarget) -> ProbeResult:
-        async with locks.setdefault(target.key, asyncio.Lock()):
-            return await probe(target)
+    def __init__(self, probe: ProbeFn) -> None:
+        self._probe = probe
+        self._main: dict[str, asyncio.Lock] = {}
+        self._extra: dict[str, asyncio.Lock] = {}
 
-    return exclusive
+    async def probe(self, target: ProbeTarget) -> ProbeResult:
+        async with self._main.setdefault(target.key, asyncio.Lock()):
+            return await self._probe(target)
+
+    async def confirm(self, target: ProbeTarget) -> ProbeResult:
+        async with self._extra.setdefault(target.key, asyncio.Lock()):
+            return await self._probe(target)
 
 
 def _bound_port(runner: web.AppRunner) -> int | None:

@@ -123,6 +123,10 @@ class ProbeSettings(_Frozen):
     startup_grace: Duration = 600.0
     drain_time: Duration = 30.0
     confirm_delay: Duration = 0.05
+    # In-flight silence (docs/design.md §3.2): act at healthy_ttft, or at this multiple of
+    # the endpoint's own recent TTFT (median of its last successful probes).
+    act_on_silence: bool = True
+    silence_degrade: Number | None = Field(None, ge=1.5, le=50)
     max_loop_lag: Duration = 0.1
     max_ejection_percent: Int = Field(50, ge=1, le=100)
     cache_bust: Literal["salt", "prefix", "none"] = "salt"
@@ -172,6 +176,8 @@ class ProbeSettings(_Frozen):
             interval_s=self.interval,
             confirm_delay_s=self.confirm_delay,
             unhealthy_after=self.unhealthy_after,
+            act_on_silence=self.act_on_silence,
+            silence_degrade=self.silence_degrade,
             fatal_patterns=compile_fatal_patterns(self.fatal_patterns),
             headers={k: v.get_secret_value() for k, v in self.headers.items()},
             secrets=own | secrets,

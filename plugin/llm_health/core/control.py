@@ -91,3 +91,5 @@ class ProberStats:
     lag: LagReader
     probes_total: int = 0  # results received for endpoints still on the board
     probes_ignored_loop_lag: int = 0  # SLOW/TIMEOUT not trusted (max_loop_lag)
+    silences_ignored_loop_lag: int = 0  # in-flight silences not acted on (max_loop_lag)
+    overlapping_confirms: int = 0  # confirming probes started beside a silent one

@@ -24,6 +24,7 @@ from llm_health.model.machine import (
     drain,
     force_unhealthy,
     initial_health,
+    silence,
     step,
     undrain,
 )
@@ -199,6 +200,14 @@ class Board:
         held = replace(transition.after, state=kept, reason=reason, cause=transition.cause)
         changed = kept is not transition.from_state
         return Transition(transition.from_state, held, changed=changed, cause=transition.cause)
+
+    def silence(self, cluster: str, address: str, now: float, silent_ms: float) -> Transition:
+        """A probe of this endpoint is still silent in flight (``machine.silence``). An
+        endpoint held down by an outside signal is left alone."""
+        entry = self._clusters[cluster].entries[address]
+        if entry.signals:
+            return Transition(entry.health.state, entry.health, changed=False, cause=Cause.SILENT)
+        return self._apply(cluster, address, lambda h: silence(h, now, silent_ms))
 
     def drain(self, cluster: str, address: str, now: float, reason: str) -> Transition:
         return self._apply(cluster, address, lambda h: drain(h, now, reason))

@@ -16,6 +16,7 @@ class Cause(enum.Enum):
     STARTUP_TIMEOUT = "startup_timeout"  # STARTING -> UNHEALTHY: not ready within startup_grace
     RECOVERED = "recovered"  # back to HEALTHY, or UNHEALTHY -> DEGRADED
     SLOW = "slow"
+    SILENT = "silent"  # a probe in flight has had no first token for healthy_ttft
     OVERLOADED = "overloaded"
     TIMEOUT = "timeout"
     ERROR = "error"

@@ -13,6 +13,10 @@ Rules (docs/design.md §3):
 - HEALTHY/DEGRADED: ``unhealthy_after`` consecutive TIMEOUT/ERROR -> UNHEALTHY.
 - UNHEALTHY: ``healthy_after`` consecutive successes -> HEALTHY if all FAST, else DEGRADED.
 - FATAL, in any state but DRAINING -> UNHEALTHY at once, with an alert.
+- In-flight silence (``silence``): a HEALTHY endpoint whose probe has had no first token
+  for ``healthy_ttft`` is DEGRADED at that moment, provisionally; the probe's result then
+  decides by the rules above, from HEALTHY (a late token that still counts FAST restores
+  it, a SLOW or a first TIMEOUT keeps it DEGRADED).
 - DRAINING: outcomes are counted but never change the state (only ``undrain`` does).
 """
 
@@ -61,6 +65,8 @@ def initial_health(now: float, policy: Policy, *, known_at_boot: bool = False) -
 
 def step(health: EndpointHealth, result: ProbeResult, now: float, policy: Policy) -> Transition:
     """Fold one probe result into ``health``. Callers own ordering (one probe at a time)."""
+    if health.silenced and health.state is State.DEGRADED:
+        return _after_silence(health, result, now, policy)
     counted = _count(health, result.outcome)
     if health.state is State.DRAINING:
         return Transition(health.state, counted, changed=False, cause=outcome_cause(result.outcome))
@@ -68,6 +74,44 @@ def step(health: EndpointHealth, result: ProbeResult, now: float, policy: Policy
         return _fatal(health, counted, result, now)
     decide = _DECIDERS[health.state]
     return decide(health, counted, result, now, policy)
+
+
+def silence(health: EndpointHealth, now: float, silent_ms: float) -> Transition:
+    """A probe in flight has had no first token for ``silent_ms`` (the caller decides when:
+    at ``healthy_ttft``). A healthy engine's first token takes tens of milliseconds; a hang
+    shows here one timeout before the probe can say TIMEOUT, so a HEALTHY endpoint is
+    DEGRADED (reduced weight) at once, provisionally: its counters are left alone and the
+    probe's own result decides (``step``). Any other state: no change."""
+    if health.state is not State.HEALTHY:
+        return Transition(health.state, health, changed=False, cause=Cause.SILENT)
+    quiet = replace(
+        health,
+        state=State.DEGRADED,
+        since=now,
+        reason=f"silent for {silent_ms:.0f} ms",
+        cause=Cause.SILENT,
+        silenced=True,
+    )
+    return Transition(State.HEALTHY, quiet, changed=True, cause=Cause.SILENT)
+
+
+def _after_silence(
+    health: EndpointHealth, result: ProbeResult, now: float, policy: Policy
+) -> Transition:
+    """The result after a silence decides, by the normal rules from the HEALTHY the
+    counters imply; the provisional DEGRADED is what it replaces."""
+    decided = step(replace(health, state=State.HEALTHY, silenced=False), result, now, policy)
+    after = decided.after
+    if after.state is State.HEALTHY:  # a late token that still counts FAST
+        back = replace(after, since=now, reason=f"recovered: {_describe(result)}")
+        back = replace(back, cause=Cause.RECOVERED)
+        return Transition(State.DEGRADED, back, changed=True, cause=Cause.RECOVERED)
+    if after.state is State.DEGRADED:  # SLOW, OVERLOADED or a first failure: as silenced
+        kept = replace(after, since=health.since)
+        return Transition(
+            State.DEGRADED, kept, changed=False, alert=decided.alert, cause=decided.cause
+        )
+    return replace(decided, from_state=State.DEGRADED)
 
 
 def drain(
@@ -78,7 +122,12 @@ def drain(
     if health.state is State.DRAINING:
         return Transition(health.state, health, changed=False, cause=cause)
     drained = replace(
-        health, state=State.DRAINING, since=now, reason=reason or "drained", cause=cause
+        health,
+        state=State.DRAINING,
+        since=now,
+        reason=reason or "drained",
+        cause=cause,
+        silenced=False,
     )
     return Transition(health.state, drained, changed=True, cause=cause)
 
@@ -136,7 +185,7 @@ def _move(
     now: float,
     cause: Cause,
 ) -> Transition:
-    moved = replace(after, state=state, since=now, reason=reason, cause=cause)
+    moved = replace(after, state=state, since=now, reason=reason, cause=cause, silenced=False)
     alert = state is State.UNHEALTHY
     return Transition(before.state, moved, changed=True, alert=alert, cause=cause)
 

@@ -30,7 +30,9 @@ class EndpointHealth:
     that were already known when the plugin booted: see ``initial_health``).
     ``known_at_boot``: in the config when the plugin started (probably already serving).
     ``first_seen``/``since`` are seconds on the caller's clock. ``cause``: why the state
-    last changed (the label of ``reason``).
+    last changed (the label of ``reason``). ``silenced``: DEGRADED only provisionally, by
+    a probe still silent in flight (``machine.silence``): the state the counters imply is
+    HEALTHY, and that probe's result decides.
     """
 
     state: State
@@ -46,3 +48,4 @@ class EndpointHealth:
     failure_kinds: frozenset[Outcome] = frozenset()
     last_outcome: Outcome | None = None
     cause: Cause = Cause.STARTUP
+    silenced: bool = False

@@ -1,5 +1,10 @@
-"""Probe scheduling (docs/design.md §2): one probe in flight per endpoint, never more; stable
-phases spread evenly over the interval; a quick confirm-probe after a new failure.
+"""Probe scheduling (docs/design.md §2): one probe in flight per endpoint; stable phases
+spread evenly over the interval; a quick confirm-probe after a new failure.
+
+In-flight silence (docs/design.md §3.2): a probe still without its first token at the
+silence point (``ProbeTarget.silence_after_s``) is reported at once (``on_silence``), and
+if the board asks for it, the confirming probe starts right then, beside the silent one.
+That is the only case with two probes of one endpoint in flight, never more.
 
 ``phases`` and ``next_slot`` are pure; ``Scheduler`` runs one task per endpoint inside its
 own TaskGroup and is cancelled as a whole on shutdown (in-flight probes are cancelled too,
@@ -11,8 +16,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
+import statistics
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Protocol
 
 from llm_health.model.outcome import FAILURES, ProbeResult
 from llm_health.probe.target import ProbeTarget
@@ -20,6 +28,12 @@ from llm_health.probe.target import ProbeTarget
 FIRST_ROUND_SPACING_S = 0.001  # first round: at most 1,000 probe starts per second
 ProbeFn = Callable[[ProbeTarget], Awaitable[ProbeResult]]
 ResultFn = Callable[[ProbeTarget, ProbeResult], Awaitable[None]]
+SilenceFn = Callable[[ProbeTarget, float], Awaitable[bool]]  # (target, silent ms) -> overlap?
+RECENT_TTFTS = 8  # successful probes an endpoint's "recent TTFT" is the median of
+
+
+class LagReader(Protocol):
+    current_ms: float
 
 
 def stable_rank_key(key: str) -> bytes:
@@ -79,6 +93,10 @@ class Scheduler:
         probe: ProbeFn,
         on_result: ResultFn,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        on_silence: SilenceFn | None = None,
+        confirm: ProbeFn | None = None,
+        lag: LagReader | None = None,
     ) -> None:
         self._targets = {t.key: t for t in targets}
         self._probe = probe
@@ -89,6 +107,10 @@ class Scheduler:
         self._group: asyncio.TaskGroup | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self.in_flight: dict[str, int] = dict.fromkeys(self._targets, 0)
+        self._on_silence = on_silence
+        self._confirm = confirm
+        self._lag = lag
+        self._recent: dict[str, deque[float]] = {}
 
     def phase_of(self, key: str) -> float:
         return self._phases[key]
@@ -117,6 +139,7 @@ class Scheduler:
             if task is not None:
                 task.cancel()
             self.in_flight.pop(key, None)
+            self._recent.pop(key, None)
         added = set(wanted) - set(self._targets)
         self._targets = wanted
         self._phases = phases(targets)
@@ -137,10 +160,73 @@ class Scheduler:
         while True:
             await asyncio.sleep(max(0.0, due - self._clock()))
             target = self._targets[key]  # settings may have been reloaded
-            result = await self._probe_once(target)
-            await self._on_result(target, result)
-            failures = failures + 1 if result.outcome in FAILURES else 0
+            for result in await self._probe_round(target):
+                await self._on_result(target, result)
+                self._remember(key, result)
+                failures = failures + 1 if result.outcome in FAILURES else 0
             due = self._next_due(target, self._phases[key], failures)
+
+    async def _probe_round(self, target: ProbeTarget) -> list[ProbeResult]:
+        """The scheduled probe; if it falls silent and the board asks for it, the
+        confirming probe started at that moment. Results in start order."""
+        probe = asyncio.ensure_future(self._probe_once(target, self._probe))
+        confirm: asyncio.Future[ProbeResult] | None = None
+        try:
+            silent_ms = await self._silent_for(target, probe)
+            overlap = silent_ms is not None and await self._report_silence(target, silent_ms)
+            if overlap and self._can_confirm(target, probe):
+                confirm = asyncio.ensure_future(self._probe_once(target, self._confirm_fn()))
+            first = await probe
+            return [first] if confirm is None else [first, await confirm]
+        finally:
+            for task in (probe, confirm):
+                if task is not None and not task.done():
+                    task.cancel()
+
+    def _can_confirm(self, target: ProbeTarget, probe: asyncio.Future[ProbeResult]) -> bool:
+        """A second probe only helps while the first is still silent and one failure does
+        not already decide (``unhealthy_after`` 1)."""
+        return self._confirm is not None and target.unhealthy_after > 1 and not probe.done()
+
+    def _confirm_fn(self) -> ProbeFn:
+        assert self._confirm is not None
+        return self._confirm
+
+    async def _report_silence(self, target: ProbeTarget, silent_ms: float) -> bool:
+        return self._on_silence is not None and await self._on_silence(target, silent_ms)
+
+    async def _silent_for(
+        self, target: ProbeTarget, probe: asyncio.Future[ProbeResult]
+    ) -> float | None:
+        """Milliseconds without a first token once the silence point has passed (the probe
+        ends at its first token: max_tokens 1); None if it ended before. The wait is
+        extended once by the loop lag seen then: a late wake-up is ours, not silence."""
+        after = target.silence_after_s(self._recent_ttft(target.key))
+        if after is None or self._on_silence is None:
+            return None
+        start = self._clock()
+        deadline, extended = start + after, False
+        while True:
+            remaining = deadline - self._clock()
+            if remaining > 0:
+                await asyncio.wait({probe}, timeout=remaining)
+            if probe.done():
+                return None
+            lag_s = self._lag.current_ms / 1000 if self._lag is not None else 0.0
+            if extended or lag_s <= 0:
+                return (self._clock() - start) * 1000
+            deadline, extended = deadline + lag_s, True
+
+    def _remember(self, key: str, result: ProbeResult) -> None:
+        if result.ttft_ms is not None:
+            self._recent.setdefault(key, deque(maxlen=RECENT_TTFTS)).append(result.ttft_ms)
+
+    def _recent_ttft(self, key: str) -> float | None:
+        """Median TTFT (s) of the endpoint's last successful probes; None below 3."""
+        recent = self._recent.get(key)
+        if not recent or len(recent) < 3:
+            return None
+        return statistics.median(recent) / 1000
 
     def _next_due(self, target: ProbeTarget, phase: float, failures: int) -> float:
         """Confirm a failure at once while it could still change the verdict (fewer than
@@ -150,10 +236,10 @@ class Scheduler:
             return now + target.confirm_delay_s
         return next_slot(now, self._origin, phase, target.interval_s)
 
-    async def _probe_once(self, target: ProbeTarget) -> ProbeResult:
+    async def _probe_once(self, target: ProbeTarget, probe: ProbeFn) -> ProbeResult:
         self.in_flight[target.key] = self.in_flight.get(target.key, 0) + 1
         try:
-            return await self._probe(target)
+            return await probe(target)
         finally:
             if target.key in self.in_flight:
                 self.in_flight[target.key] -= 1

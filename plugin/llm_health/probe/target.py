@@ -46,10 +46,22 @@ class ProbeTarget:
     fatal_patterns: re.Pattern[str] | None
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
     secrets: frozenset[str] = field(default=frozenset(), repr=False)
+    act_on_silence: bool = True  # see ``silence_after_s``
+    silence_degrade: float | None = None
 
     @property
     def key(self) -> str:
         return f"{self.cluster}/{self.address}"
+
+    def silence_after_s(self, recent_ttft_s: float | None) -> float | None:
+        """When a probe still without a first token counts as silent (None: never).
+        ``healthy_ttft`` by default; with ``silence_degrade``, that multiple of the
+        endpoint's recent TTFT, kept within [20 ms, 3/4 of the timeout]."""
+        if not self.act_on_silence:
+            return None
+        if self.silence_degrade is None or recent_ttft_s is None:
+            return self.healthy_ttft_s
+        return min(max(self.silence_degrade * recent_ttft_s, 0.02), 0.75 * self.timeout_s)
 
 
 def compile_fatal_patterns(patterns: tuple[str, ...] | list[str]) -> re.Pattern[str] | None:
