@@ -31,6 +31,14 @@ baseline and the flapping scenario), and the time from heal to full traffic agai
 Timeline per scenario (scaled down from the issue's 60 s so all fits ``make bench``):
 ``--lead`` s of normal traffic, ``--fault-seconds`` s faulty, ``--heal-seconds`` s after
 the heal, at ``--rate`` requests/s per stack throughout (every loop bounded in count).
+
+``--trials N`` (N > 1) repeats each scenario N times on the same stacks, each trial with
+the fault at a random phase within one probe interval after the lead time (seeded by
+``--seed``), each from a healthy steady state, and reports p50 / p90 / max over the
+trials into ``results/detection_trials.md`` (``--output``) instead:
+
+    .venv/bin/python bench/detection.py --scenarios zombie role-hang --methods llm-health \\
+        --trials 10 --fault-seconds 6 --heal-seconds 5
 """
 
 from __future__ import annotations
@@ -38,10 +46,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import math
+import random
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -55,7 +66,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "plugin"), str(Path(__file__).resolve().parent)]
 
-from procs import Sim, load_average  # noqa: E402
+from procs import Sim, child_env, load_average  # noqa: E402
 
 from common import RESULTS, free_port_block, write_result  # noqa: E402
 from tests.envoy_harness import (  # noqa: E402
@@ -85,6 +96,9 @@ USER_MAX_TOKENS = 8
 STALL_S = 5.0  # no answer (or first token) within this: the user is "stalled"
 CLIENT_TIMEOUT_S = 5.5  # a bit above STALL_S, so stalls are seen, bounded
 POLL_S = 0.1
+PROBE_INTERVAL_S = 1.0  # llm-health's and both Envoy checkers' interval: the fault phase range
+STEADY_HOLD_S = 1.0  # between trials: all healthy this long in a row before the next one
+STEADY_TIMEOUT_S = 30.0
 HEAL = {
     "fault": "none",
     "ttft": BASE_TTFT,
@@ -256,6 +270,8 @@ class Stack:
     requests: list[Request] = field(default_factory=list)
     t_fault: float = 0.0
     t_heal: float = 0.0
+    rid_prefix: str = ""  # "t3-" in trial 3 of a --trials run: ids unique in the access log
+    plugin_changes: int | None = None  # state changes the plugin logged in this run
 
     @property
     def faulty(self) -> str:
@@ -299,7 +315,7 @@ class Stack:
             await asyncio.to_thread(self.plugin.stop)
 
     def transitions(self) -> int | None:
-        """State changes the plugin logged after warm-up (method llm-health only)."""
+        """State changes the plugin logged after warm-up, in all (method llm-health only)."""
         if self.plugin is None:
             return None
         return sum(
@@ -416,7 +432,7 @@ async def run_load(
     tasks = []
     for i in range(count):
         await asyncio.sleep(max(0.0, start + i / rate - loop.time()))
-        rid = f"{stack.method}-{i}"
+        rid = f"{stack.method}-{stack.rid_prefix}{i}"
         tasks.append(asyncio.create_task(user_request(session, stack.url, rid, chat)))
     stack.requests = list(await asyncio.gather(*tasks))
 
@@ -494,7 +510,12 @@ def read_access_log(path: Path) -> dict[str, Routed]:
 
 
 def analyse(stack: Stack, sc: Scenario, end: float) -> dict[str, Any]:
-    routed = read_access_log(stack.access_log)
+    mine = f"{stack.method}-{stack.rid_prefix}"
+    routed = {
+        rid: r
+        for rid, r in read_access_log(stack.access_log).items()
+        if rid.startswith(mine) and (stack.rid_prefix or rid[len(mine) :].isdigit())
+    }
     t0, t1 = stack.t_fault, stack.t_heal
     # A retried request (connect failure) first went to the one backend that fails.
     hit = {
@@ -526,7 +547,7 @@ def analyse(stack: Stack, sc: Scenario, end: float) -> dict[str, Any]:
         "heal_full_s": None if full is None else full - t1,
         "changes": _changes(stack.views),
         "changes_faulty": _changes(stack.views, only=stack.faulty),
-        "plugin_transitions": stack.transitions(),
+        "plugin_transitions": stack.plugin_changes,
         "series": _share_series(stack, hit, end),
     }
 
@@ -605,29 +626,133 @@ def _share_series(stack: Stack, hit: dict[str, float], end: float) -> list[tuple
 # --------------------------------------------------------------------------- one scenario
 
 
+@dataclass
+class Trial:
+    """One fault cycle of a scenario: each stack's record of it, analysed once Envoy has
+    stopped (its access log is only flushed then)."""
+
+    phase_s: float  # fault injected this long after the lead time
+    stacks: list[Stack]  # snapshots: requests, views, t_fault/t_heal of this trial only
+    end: float
+
+
 async def run_scenario(
-    session: aiohttp.ClientSession, stacks: list[Stack], sc: Scenario, args: argparse.Namespace
-) -> dict[str, dict[str, Any]]:
+    session: aiohttp.ClientSession,
+    stacks: list[Stack],
+    sc: Scenario,
+    args: argparse.Namespace,
+    phases: list[float] | None = None,
+) -> list[dict[str, dict[str, Any]] | None]:
+    """Start the stacks once, run one trial per phase (default: one, fault right after the
+    lead time), stop the stacks, analyse. A trial that could not start from a healthy
+    steady state is skipped: None in its place."""
+    phases = [0.0] if phases is None else phases
     await asyncio.gather(*(s.sims[0].set_fault(session, HEAL) for s in stacks))
+    trials: list[Trial | None] = []
     try:
         await asyncio.gather(*(s.start(sc) for s in stacks))
         await wait_all_routable(session, stacks)
-        stop = asyncio.Event()
-        pollers = [asyncio.create_task(poll_views(session, s, stop)) for s in stacks]
-        total_s = args.lead + args.fault_seconds + args.heal_seconds
-        count = int(total_s * args.rate)
-        loads = [
-            asyncio.create_task(run_load(session, s, sc.chat, args.rate, count)) for s in stacks
-        ]
-        await _at(time.time() + args.lead, inject(session, stacks, sc))
-        await _at(stacks[0].t_fault + args.fault_seconds, heal(session, stacks, sc))
-        await asyncio.gather(*loads)
-        end = time.time()
-        stop.set()
-        await asyncio.gather(*pollers)
+        numbered = len(phases) > 1
+        for k, phase in enumerate(phases):
+            if numbered and not await restore(session, stacks):
+                print(f"  trial {k + 1}: no healthy steady state, skipped", flush=True)
+                trials.append(None)
+                continue
+            trial = await run_trial(session, stacks, sc, args, phase, k, numbered)
+            trials.append(trial)
+            if numbered:
+                print(f"  trial {k + 1}/{len(phases)} done (phase {phase:.2f} s)", flush=True)
     finally:
         await asyncio.gather(*(s.stop() for s in stacks), return_exceptions=True)
-    return {s.method: analyse(s, sc, end) for s in stacks}
+    if len(phases) == 1 and trials[0] is not None:
+        for snapshot, stack in zip(trials[0].stacks, stacks, strict=True):
+            snapshot.plugin_changes = stack.transitions()  # the whole log, as ever
+    return [
+        None if t is None else {s.method: analyse(s, sc, t.end) for s in t.stacks} for t in trials
+    ]
+
+
+async def run_trial(
+    session: aiohttp.ClientSession,
+    stacks: list[Stack],
+    sc: Scenario,
+    args: argparse.Namespace,
+    phase: float,
+    index: int,
+    numbered: bool,
+) -> Trial:
+    """``--lead`` s (+ ``phase``) of normal traffic, the fault, ``--fault-seconds``, the
+    heal, ``--heal-seconds``; the load runs throughout."""
+    changes_before = []
+    for stack in stacks:
+        stack.views, stack.requests = [], []
+        stack.rid_prefix = f"t{index + 1}-" if numbered else ""
+        changes_before.append((stack.transitions() or 0) if index > 0 else 0)
+    stop = asyncio.Event()
+    pollers = [asyncio.create_task(poll_views(session, s, stop)) for s in stacks]
+    total_s = args.lead + phase + args.fault_seconds + args.heal_seconds
+    count = int(total_s * args.rate)
+    loads = [asyncio.create_task(run_load(session, s, sc.chat, args.rate, count)) for s in stacks]
+    await _at(time.time() + args.lead + phase, inject(session, stacks, sc))
+    await _at(stacks[0].t_fault + args.fault_seconds, heal(session, stacks, sc))
+    await asyncio.gather(*loads)
+    end = time.time()
+    stop.set()
+    await asyncio.gather(*pollers)
+    snapshots = []
+    for stack, before in zip(stacks, changes_before, strict=True):
+        total = stack.transitions()
+        snapshots.append(
+            dataclasses.replace(stack, plugin_changes=None if total is None else total - before)
+        )
+    return Trial(phase, snapshots, end)
+
+
+async def restore(session: aiohttp.ClientSession, stacks: list[Stack]) -> bool:
+    """Heal backend 0 of every stack (again; restart it if it is down), then wait until a
+    healthy steady state: every backend routable at full weight in Envoy and, for
+    llm-health, healthy in the plugin, for STEADY_HOLD_S in a row. Bounded: False if
+    that did not happen within STEADY_TIMEOUT_S."""
+    for stack in stacks:
+        process = stack.sims[0].process
+        if process is None or process.poll() is not None:
+            stack.sims[0].spawn()
+    await asyncio.gather(*(s.sims[0].up() for s in stacks))
+    await asyncio.gather(*(s.sims[0].set_fault(session, HEAL) for s in stacks))
+    deadline = time.monotonic() + STEADY_TIMEOUT_S
+    steady_since: float | None = None
+    while time.monotonic() < deadline:
+        states = await asyncio.gather(*(_steady(session, s) for s in stacks))
+        now = time.monotonic()
+        if all(states):
+            steady_since = now if steady_since is None else steady_since
+            if now - steady_since >= STEADY_HOLD_S:
+                return True
+        else:
+            steady_since = None
+        await asyncio.sleep(POLL_S)
+    return False
+
+
+async def _steady(session: aiohttp.ClientSession, stack: Stack) -> bool:
+    assert stack.envoy is not None
+    try:
+        url = f"http://{stack.envoy.admin_address}/clusters?format=json"
+        async with session.get(url) as response:
+            view = host_view(await response.json(content_type=None))
+        if len(view) != BACKENDS or not all(r for r, _ in view.values()):
+            return False
+        if len({w for _, w in view.values()}) != 1:
+            return False
+        if stack.plugin is None:
+            return True
+        url = f"http://127.0.0.1:{stack.plugin.http_port}/status"
+        async with session.get(url) as response:
+            status = await response.json(content_type=None)
+        states = [e["state"] for c in status["clusters"] for e in c["endpoints"]]
+        return len(states) == BACKENDS and all(state == "healthy" for state in states)
+    except (aiohttp.ClientError, ValueError, KeyError, TypeError, TimeoutError):
+        return False
 
 
 async def _at(when: float, action: Awaitable[None]) -> None:
@@ -758,7 +883,9 @@ async def main_async(args: argparse.Namespace) -> int:
         )
         for i, m in enumerate(methods)
     ]
-    results: dict[str, dict[str, dict[str, Any]]] = {}
+    runs: dict[str, list[dict[str, dict[str, Any]] | None]] = {}
+    phases: dict[str, list[float]] = {}
+    seconds: dict[str, float] = {}
     load_before = load_average()
     started = time.monotonic()
     try:
@@ -767,13 +894,20 @@ async def main_async(args: argparse.Namespace) -> int:
         async with aiohttp.ClientSession(connector=connector, trust_env=False) as session:
             for sc in chosen:
                 t = time.monotonic()
-                results[sc.name] = await run_scenario(session, stacks, sc, args)
-                summary = ", ".join(
-                    f"{m}: {_cell_isolation(results[sc.name][m], sc)}, "
-                    f"hurt {results[sc.name][m]['failed'] + results[sc.name][m]['stalled']}"
+                phases[sc.name] = fault_phases(args.seed, sc.name, args.trials)
+                runs[sc.name] = await run_scenario(session, stacks, sc, args, phases[sc.name])
+                seconds[sc.name] = time.monotonic() - t
+                summary = "; ".join(
+                    f"{m}: "
+                    + ", ".join(
+                        "skipped"
+                        if r is None
+                        else f"{_cell_isolation(r[m], sc)} hurt {r[m]['failed'] + r[m]['stalled']}"
+                        for r in runs[sc.name]
+                    )
                     for m in methods
                 )
-                print(f"[{time.monotonic() - t:4.0f} s] {sc.name}: {summary}", flush=True)
+                print(f"[{seconds[sc.name]:4.0f} s] {sc.name}: {summary}", flush=True)
     finally:
         for stack in stacks:
             for sim in stack.sims:
@@ -781,16 +915,180 @@ async def main_async(args: argparse.Namespace) -> int:
         if not args.keep:
             shutil.rmtree(workroot, ignore_errors=True)
     scs = {s.name: s for s in chosen}
+    elapsed = time.monotonic() - started
+    command = "python bench/detection.py " + " ".join(sys.argv[1:])
+    if args.trials > 1:
+        table = render_trials(runs, scs, methods)
+        print(table)
+        body = (
+            describe_trials(args, methods, load_before, elapsed, seconds)
+            + "\n\n"
+            + table
+            + "\n\n"
+            + per_trial(runs, phases, scs, methods)
+        )
+        path = write_result(args.output, body, command)
+        print(f"written: {path}")
+        return 0
+    results = {name: trials[0] for name, trials in runs.items() if trials[0] is not None}
     table = render(results, scs, methods)
     print(table)
-    elapsed = time.monotonic() - started
     png = RESULTS / "detection.png"
     RESULTS.mkdir(exist_ok=True)
     plot(results, scs, methods, png, args.fault_seconds)
     body = describe(args, load_before, elapsed) + "\n\n" + table + "\n\n" + checks(results, methods)
-    command = "python bench/detection.py " + " ".join(sys.argv[1:])
     write_result("detection", body + "\n\n![faulty backend share](detection.png)", command)
     return 0
+
+
+def fault_phases(seed: int, scenario: str, trials: int) -> list[float]:
+    """One fault phase per trial, uniform in [0, PROBE_INTERVAL_S): where the fault lands
+    relative to the probers' schedule. Seeded per scenario, so a scenario gets the same
+    phases whichever other scenarios run with it. A single trial keeps the fixed phase 0."""
+    if trials <= 1:
+        return [0.0]
+    rng = random.Random(f"{seed}:{scenario}")
+    return [rng.uniform(0.0, PROBE_INTERVAL_S) for _ in range(trials)]
+
+
+# --------------------------------------------------------------------------- trials report
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between order statistics (numpy's default); ``q`` in [0, 1]."""
+    ordered = sorted(values)
+    at = q * (len(ordered) - 1)
+    low = math.floor(at)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
+
+
+def summarize(trials: list[dict[str, Any]], sc: Scenario) -> dict[str, Any]:
+    """Over the trials of one scenario and method (skipped trials left out)."""
+    faulty = sc.fault != {}
+    isolated = [r["isolation_s"] for r in trials if r["isolated"]]
+    acted = [r["envoy_out_s"] for r in trials if r["envoy_out_s"] is not None]
+    hurt = [float(r["failed"] + r["stalled"]) for r in trials]
+    plugin = [r["plugin_transitions"] for r in trials if r["plugin_transitions"] is not None]
+    return {
+        "trials": len(trials),
+        "faulty": faulty,
+        "isolated": isolated,
+        "never": len(trials) - len(isolated) if faulty else 0,
+        "readmitted": sum(bool(r["readmitted"]) for r in trials),
+        "acted": acted,
+        "hurt": hurt,
+        "changes": statistics.fmean(r["changes"] for r in trials),
+        "changes_faulty": statistics.fmean(r["changes_faulty"] for r in trials),
+        "plugin": statistics.fmean(plugin) if plugin else None,
+        "hurt_before": sum(r["hurt_before"] for r in trials),
+        "unlogged": sum(r["requests"] - r["logged"] for r in trials),
+    }
+
+
+def _seconds(values: list[float], q: float | None) -> str:
+    if not values:
+        return "—"
+    return f"{(max(values) if q is None else percentile(values, q)):.2f} s"
+
+
+def render_trials(
+    runs: dict[str, list[dict[str, dict[str, Any]] | None]],
+    scs: dict[str, Scenario],
+    methods: list[str],
+) -> str:
+    lines = [
+        "| scenario | method | trials | isolation p50 | p90 | max | never isolated "
+        "| Envoy first action p50 | hurt p50 | hurt p90 | state changes / trial (faulty) "
+        "| plugin-logged changes / trial |",
+        "|---" * 12 + "|",
+    ]
+    for name, trials in runs.items():
+        sc = scs[name]
+        done = [t for t in trials if t is not None]
+        for m in methods:
+            if not done:
+                lines.append(f"| {name} | {m} | 0 of {len(trials)} |" + " — |" * 9)
+                continue
+            r = summarize([t[m] for t in done], sc)
+            count = f"{r['trials']}" + (f" of {len(trials)}" if len(done) < len(trials) else "")
+            if r["faulty"]:
+                iso = [_seconds(r["isolated"], 0.5), _seconds(r["isolated"], 0.9)]
+                iso += [_seconds(r["isolated"], None)]
+                never = f"{r['never']}" + (
+                    f"; {r['readmitted']} re-admitted while faulty" if r["readmitted"] else ""
+                )
+                acted = _seconds(r["acted"], 0.5) if r["acted"] else "never"
+                if r["acted"] and len(r["acted"]) < r["trials"]:
+                    acted += f" ({r['trials'] - len(r['acted'])} never)"
+            else:
+                iso, never, acted = ["—", "—", "—"], "—", "—"
+            plugin = "—" if r["plugin"] is None else f"{r['plugin']:.1f}"
+            lines.append(
+                f"| {name} | {METHODS[m]} | {count} | "
+                + " | ".join(iso)
+                + f" | {never} | {acted} | {percentile(r['hurt'], 0.5):g} "
+                f"| {percentile(r['hurt'], 0.9):g} "
+                f"| {r['changes']:.1f} ({r['changes_faulty']:.1f}) | {plugin} |"
+            )
+    return "\n".join(lines)
+
+
+def per_trial(
+    runs: dict[str, list[dict[str, dict[str, Any]] | None]],
+    phases: dict[str, list[float]],
+    scs: dict[str, Scenario],
+    methods: list[str],
+) -> str:
+    """The raw numbers behind the table, trial by trial: phase (s after the lead time),
+    isolation time ('-': never), requests hurt, Envoy state changes."""
+    lines = [
+        "Per trial (fault phase → isolation s / requests hurt / Envoy state changes; "
+        "'-' never isolated; sanity: requests hurt more than 1 s before the fault and "
+        "requests Envoy did not log, summed over the trials, should be 0):",
+        "",
+    ]
+    for name, trials in runs.items():
+        for m in methods:
+            cells, before, unlogged = [], 0, 0
+            for phase, t in zip(phases[name], trials, strict=True):
+                if t is None:
+                    cells.append(f"{phase:.2f}→skipped")
+                    continue
+                r = t[m]
+                iso = "-" if not r["isolated"] else f"{r['isolation_s']:.2f}"
+                if scs[name].fault == {}:
+                    iso = "·"
+                cells.append(f"{phase:.2f}→{iso}/{r['failed'] + r['stalled']}/{r['changes']}")
+                before += r["hurt_before"]
+                unlogged += r["requests"] - r["logged"]
+            lines.append(f"- {name} / {m}: " + ", ".join(cells) + f" (sanity {before}, {unlogged})")
+    return "\n".join(lines)
+
+
+def plugin_identity() -> str:
+    """The git commit of the plugin code measured (this tree's), and the llm_health
+    package the simulator/plugin subprocesses actually import."""
+
+    def run(*command: str) -> str:
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=20, cwd=ROOT)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"? ({exc})"
+        return done.stdout.strip() if done.returncode == 0 else f"? ({done.stderr.strip()})"
+
+    commit = run("git", "-C", str(ROOT), "rev-parse", "HEAD")
+    dirty = run("git", "-C", str(ROOT), "status", "--porcelain", "--", "plugin")
+    state = ", with uncommitted changes under plugin/" if dirty else ""
+    imported = subprocess.run(
+        [sys.executable, "-c", "import llm_health; print(llm_health.__file__)"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=child_env(),
+        cwd=ROOT,
+    ).stdout.strip()
+    return f"plugin commit `{commit}`{state} (tree {ROOT}); llm_health imported from {imported}"
 
 
 def describe(args: argparse.Namespace, load: str, elapsed: float) -> str:
@@ -817,6 +1115,44 @@ def describe(args: argparse.Namespace, load: str, elapsed: float) -> str:
     )
 
 
+def describe_trials(
+    args: argparse.Namespace,
+    methods: list[str],
+    load: str,
+    elapsed: float,
+    seconds: dict[str, float],
+) -> str:
+    took = ", ".join(f"{name} {t:.0f} s" for name, t in seconds.items())
+    return (
+        f"{args.trials} trials per scenario, methods {', '.join(methods)} (one stack each, "
+        f"run concurrently: 3 simulator backends, TTFT {BASE_TTFT}, + its own Envoy 1.40 "
+        f"from the shipped sidecar-ads.yaml; llm-health with default probe settings; the "
+        f"Envoy checkers as in detection.md). Users: {args.rate:g} req/s per stack, "
+        f"'hurt' = failed or no answer (first token) within {STALL_S:g} s.\n\n"
+        f"Each trial: {args.lead:g} s normal + a random fault phase, {args.fault_seconds:g} s "
+        f"faulty, {args.heal_seconds:g} s healed. The fault phase is uniform in "
+        f"[0, {PROBE_INTERVAL_S:g} s) (the probe interval), from random.Random(seed "
+        f"{args.seed}, scenario name), so the fault lands anywhere relative to the probers' "
+        f"schedule and a rerun with the same seed gets the same phases. The stacks of a "
+        f"scenario are started once and reused by its trials; before every trial, "
+        f"backend 0 is healed again (restarted if down) and the trial waits "
+        f"until every backend is routable at full weight in Envoy and healthy in the plugin "
+        f"for {STEADY_HOLD_S:g} s in a row (at most {STEADY_TIMEOUT_S:g} s, else the trial is "
+        f"skipped and counted as such).\n\n"
+        f"Isolation: Envoy took the faulty backend out of load balancing; the time is that "
+        f"of the last user request it routed there until then (access log), from the fault. "
+        f"p50 / p90 / max are over the trials that isolated it (linear interpolation); "
+        f"'never isolated' counts the others. 'Envoy first action': weight cut or removal. "
+        f"Hurt p50 / p90 over all trials. State changes: of Envoy's view (routable, "
+        f"weight) of all 3 backends, polled every {POLL_S * 1000:g} ms, mean per trial (the "
+        f"faulty backend's in brackets); plugin-logged: 'state change' records of "
+        f"llm-health during the trial.\n\n"
+        f"Measured: {plugin_identity()}.\n\n"
+        f"Load average before the run: {load}; after: {load_average()}. Wall time: "
+        f"{elapsed:.0f} s ({took})."
+    )
+
+
 def checks(results: dict[str, dict[str, dict[str, Any]]], methods: list[str]) -> str:
     lines = [
         "Sanity: requests sent / logged by Envoy, hurt more than 1 s before the fault, "
@@ -834,6 +1170,13 @@ def checks(results: dict[str, dict[str, dict[str, Any]]], methods: list[str]) ->
     return "\n".join(lines)
 
 
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -846,6 +1189,19 @@ def main() -> int:
     parser.add_argument("--fault-seconds", type=float, default=12.0)
     parser.add_argument("--heal-seconds", type=float, default=10.0)
     parser.add_argument("--keep", action="store_true", help="keep Envoy/plugin logs in /tmp")
+    parser.add_argument(
+        "--trials",
+        type=positive_int,
+        default=1,
+        help="fault cycles per scenario, each at a random fault phase within one probe "
+        "interval (stacks reused); >1 writes results/detection_trials.md instead",
+    )
+    parser.add_argument("--seed", type=int, default=1, help="seed of the fault phases")
+    parser.add_argument(
+        "--output",
+        default="detection_trials",
+        help="results file name (without .md) of a --trials run",
+    )
     return asyncio.run(main_async(parser.parse_args()))
 
 

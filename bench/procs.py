@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def _env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
+    """The environment of every process started here: this tree's plugin code first."""
     path = os.pathsep.join([str(ROOT / "plugin"), os.environ.get("PYTHONPATH", "")])
     return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
 
@@ -50,7 +51,7 @@ class Sim:
             command,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            env=_env(),
+            env=child_env(),
             cwd=ROOT,
         )
         return self

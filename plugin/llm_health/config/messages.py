@@ -24,6 +24,7 @@ from llm_health.config.schema import (
     HdsConfig,
     ProbeSettings,
     ServerConfig,
+    ServerTlsConfig,
     WebhookConfig,
     XdsConfig,
 )
@@ -147,6 +148,7 @@ def _known_keys(parent: tuple[Any, ...]) -> list[str]:
     models: dict[str, type[BaseModel]] = {
         "": Config,
         "server": ServerConfig,
+        "tls": ServerTlsConfig,
         "probe": ProbeSettings,
         "xds": XdsConfig,
         "alerts": AlertsConfig,
