@@ -263,15 +263,24 @@ def _silence_run(
 
 
 def test_a_silent_probe_is_reported_at_healthy_ttft_and_confirmed_beside_it() -> None:
-    # probe 0 hangs (TIMEOUT at 0.8 s); the confirm started at its silence hangs too
+    # probe 0 hangs (TIMEOUT at 0.8 s): silent at healthy_ttft (0.2 s), still silent at
+    # the confirm point (2 x healthy_ttft), so the confirm starts then and hangs too
     starts, silences, worst = _silence_run([5.0, 5.0], overlap=True)
     first = starts[0][1]
     assert silences[0] == pytest.approx((first + 0.2, 200.0))
-    assert starts[1] == ("confirm", pytest.approx(first + 0.2))
+    assert starts[1] == ("confirm", pytest.approx(first + 0.4))
     assert worst == 2  # the silent probe and its confirm: never more
     # both failed: unhealthy_after reached, so no confirm_delay probe; back to the
-    # endpoint's own slots, the first one strictly after the confirm ended (at 1.0 s)
+    # endpoint's own slots, the first one after the confirm ended (at 1.2 s)
     assert starts[2] == ("probe", pytest.approx(first + 2.0))
+
+
+def test_a_jittery_answer_after_the_silence_point_gets_no_second_probe() -> None:
+    """Silent at 0.2 s (reported: the endpoint is degraded) but answered at 0.3 s, before
+    the confirm point: a slow-but-fine engine is never probed twice at once."""
+    starts, silences, worst = _silence_run([0.3, 0.3, 0.3], overlap=True)
+    assert len(silences) == 3 and worst == 1
+    assert all(kind == "probe" for kind, _ in starts)
 
 
 def test_fast_probes_are_never_silent_and_never_overlap() -> None:

@@ -117,11 +117,11 @@ async def test_a_hang_degrades_at_silence_and_is_out_one_timeout_later(sim: SimP
     ], states
     (silent_at, silent), (out_at, _) = recorder.changes[1], recorder.changes[2]
     assert silent.after.reason.startswith("silent for 2"), silent.after.reason
-    # The confirming probe started at the silence, beside the silent one, and timed out
-    # one timeout (0.8 s) later. The old way, a confirm after the first timeout, took
-    # 0.8 - 0.2 + 0.05 + 0.8 = 1.45 s from that moment.
+    # The confirming probe started beside the silent one at the confirm point (0.4 s)
+    # and timed out one timeout (0.8 s) later: 1.0 s after the silence. The old way, a
+    # confirm after the first timeout, took 0.8 - 0.2 + 0.05 + 0.8 = 1.45 s from there.
     assert runtime.stats.overlapping_confirms == 1
-    assert 0.6 <= out_at - silent_at <= 1.2, out_at - silent_at
+    assert 0.8 <= out_at - silent_at <= 1.3, out_at - silent_at
     assert recorder.most_in_flight == 2
 
 

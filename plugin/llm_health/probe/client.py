@@ -21,6 +21,7 @@ from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.redact import printable_line, redact_secrets
 from llm_health.probe.events import EventKind, error_message_from_body, interpret
 from llm_health.probe.lag import LoopLagMonitor
+from llm_health.probe.signals import first_token_seen
 from llm_health.probe.sse import SseDecoder
 from llm_health.probe.target import ProbeTarget
 
@@ -179,6 +180,7 @@ def _verdict(payload: str, target: ProbeTarget, timing: _Timing) -> tuple[Outcom
         event = interpret(redact_secrets(payload, target.secrets), target.api)
     if event.kind is EventKind.TOKEN:
         timing.first_token = time.perf_counter()
+        first_token_seen()
         return Outcome.FAST, ""
     if event.kind is EventKind.NO_TOKEN:
         return None

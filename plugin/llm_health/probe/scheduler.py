@@ -20,9 +20,10 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from llm_health.model.outcome import FAILURES, ProbeResult
+from llm_health.probe.signals import FIRST_TOKEN
 from llm_health.probe.target import ProbeTarget
 
 FIRST_ROUND_SPACING_S = 0.001  # first round: at most 1,000 probe starts per second
@@ -168,13 +169,19 @@ class Scheduler:
 
     async def _probe_round(self, target: ProbeTarget) -> list[ProbeResult]:
         """The scheduled probe; if it falls silent and the board asks for it, the
-        confirming probe started at that moment. Results in start order."""
-        probe = asyncio.ensure_future(self._probe_once(target, self._probe))
+        confirming probe, started beside it once it has been silent for the confirm point
+        too. Results in start order."""
+        token, started = asyncio.Event(), self._clock()
+        reset = FIRST_TOKEN.set(token)
+        try:
+            probe = asyncio.ensure_future(self._probe_once(target, self._probe))
+        finally:
+            FIRST_TOKEN.reset(reset)
         confirm: asyncio.Future[ProbeResult] | None = None
         try:
-            silent_ms = await self._silent_for(target, probe)
+            silent_ms = await self._silent_for(target, probe, token, started)
             overlap = silent_ms is not None and await self._report_silence(target, silent_ms)
-            if overlap and self._can_confirm(target, probe):
+            if overlap and await self._still_silent(target, probe, token, started):
                 confirm = asyncio.ensure_future(self._probe_once(target, self._confirm_fn()))
             first = await probe
             return [first] if confirm is None else [first, await confirm]
@@ -183,10 +190,20 @@ class Scheduler:
                 if task is not None and not task.done():
                     task.cancel()
 
-    def _can_confirm(self, target: ProbeTarget, probe: asyncio.Future[ProbeResult]) -> bool:
-        """A second probe only helps while the first is still silent and one failure does
-        not already decide (``unhealthy_after`` 1)."""
-        return self._confirm is not None and target.unhealthy_after > 1 and not probe.done()
+    async def _still_silent(
+        self,
+        target: ProbeTarget,
+        probe: asyncio.Future[ProbeResult],
+        token: asyncio.Event,
+        started: float,
+    ) -> bool:
+        """Wait for the confirm point (``ProbeTarget.confirm_after_s``): a second probe
+        only helps while the first is still silent then, and while one failure does not
+        already decide (``unhealthy_after`` 1). A jittery-but-fine engine has answered by
+        then, so it is never probed twice at once."""
+        if self._confirm is None or target.unhealthy_after < 2:
+            return False
+        return await self._wait_silent(probe, token, started + target.confirm_after_s())
 
     def _confirm_fn(self) -> ProbeFn:
         assert self._confirm is not None
@@ -196,26 +213,43 @@ class Scheduler:
         return self._on_silence is not None and await self._on_silence(target, silent_ms)
 
     async def _silent_for(
-        self, target: ProbeTarget, probe: asyncio.Future[ProbeResult]
+        self,
+        target: ProbeTarget,
+        probe: asyncio.Future[ProbeResult],
+        token: asyncio.Event,
+        started: float,
     ) -> float | None:
-        """Milliseconds without a first token once the silence point has passed (the probe
-        ends at its first token: max_tokens 1); None if it ended before. The wait is
-        extended once by the loop lag seen then: a late wake-up is ours, not silence."""
+        """Milliseconds without a first token once the silence point has passed; None if
+        the token came (or the probe ended) before."""
         after = target.silence_after_s(self._recent_ttft(target.key))
         if after is None or self._on_silence is None:
             return None
-        start = self._clock()
-        deadline, extended = start + after, False
-        while True:
-            remaining = deadline - self._clock()
-            if remaining > 0:
-                await asyncio.wait({probe}, timeout=remaining)
-            if probe.done():
-                return None
-            lag_s = self._lag.current_ms / 1000 if self._lag is not None else 0.0
-            if extended or lag_s <= 0:
-                return (self._clock() - start) * 1000
-            deadline, extended = deadline + lag_s, True
+        if not await self._wait_silent(probe, token, started + after):
+            return None
+        return (self._clock() - started) * 1000
+
+    async def _wait_silent(
+        self, probe: asyncio.Future[ProbeResult], token: asyncio.Event, until: float
+    ) -> bool:
+        """True if, at ``until`` (scheduler clock), the probe still has neither a first
+        token nor an end. The wait is extended once by the loop lag seen then: a late
+        wake-up is ours, not the engine's silence."""
+        seen: asyncio.Future[Any] = asyncio.ensure_future(token.wait())
+        either: set[asyncio.Future[Any]] = {probe, seen}
+        try:
+            deadline, extended = until, False
+            while True:
+                remaining = deadline - self._clock()
+                if remaining > 0:
+                    await asyncio.wait(either, timeout=remaining)
+                if probe.done() or token.is_set():
+                    return False
+                lag_s = self._lag.current_ms / 1000 if self._lag is not None else 0.0
+                if extended or lag_s <= 0:
+                    return True
+                deadline, extended = deadline + lag_s, True
+        finally:
+            seen.cancel()
 
     def _remember(self, key: str, result: ProbeResult) -> None:
         if result.ttft_ms is not None:

@@ -63,6 +63,12 @@ class ProbeTarget:
             return self.healthy_ttft_s
         return min(max(self.silence_degrade * recent_ttft_s, 0.02), 0.75 * self.timeout_s)
 
+    def confirm_after_s(self) -> float:
+        """How long a silent probe must stay silent before the confirming probe starts
+        beside it: twice ``healthy_ttft`` (within half the timeout). A hang is confirmed
+        one timeout later; an engine that is only slow or jittery has answered by then."""
+        return min(2 * self.healthy_ttft_s, 0.5 * self.timeout_s)
+
 
 def compile_fatal_patterns(patterns: tuple[str, ...] | list[str]) -> re.Pattern[str] | None:
     """One case-insensitive regex matching any of the literal patterns (None if empty)."""
