@@ -56,13 +56,13 @@ async def run_one(
     addresses: list[str], act: bool, warmup_s: float, duration_s: float
 ) -> dict[str, Any]:
     runtime = build_runtime(make_config(addresses, act))
-    changes: list[Transition] = []
+    changes: list[tuple[str, Transition]] = []
     probes: list[ProbeResult] = []
     recording = False
 
-    def on_transition(_c: str, _a: str, t: Transition, _r: ProbeResult | None) -> None:
+    def on_transition(_c: str, address: str, t: Transition, _r: ProbeResult | None) -> None:
         if recording and t.changed:
-            changes.append(t)
+            changes.append((address, t))
 
     def on_probe(_c: str, _a: str, result: ProbeResult) -> None:
         if recording:
@@ -88,13 +88,29 @@ async def run_one(
         "overlaps_per_endpoint_hour": overlaps / n / wall * 3600,
         "probes_per_endpoint_s": len(probes) / n / wall,
         "changes_per_endpoint_min": len(changes) / n / wall * 60,
-        "silent_changes": sum(1 for t in changes if t.cause.value == "silent"),
+        "silent_changes": sum(1 for _, t in changes if t.cause.value == "silent"),
+        "undone_silences": _undone(changes),
     }
+
+
+def _undone(changes: list[tuple[str, Transition]]) -> int:
+    """Silences whose own probe then counted FAST (the endpoint's next change is the
+    return to HEALTHY, cause recovered): the changes the rule added."""
+    last: dict[str, Transition] = {}
+    undone = 0
+    for address, t in changes:
+        before = last.get(address)
+        if before is not None and before.cause.value == "silent" and "after all" in t.after.reason:
+            undone += 1
+        last[address] = t
+    return undone
 
 
 async def main(args: argparse.Namespace) -> None:
     rows: list[dict[str, Any]] = []
     for fleet, (ttft, jitter) in FLEETS.items():
+        if args.fleets and fleet not in args.fleets:
+            continue
         base = free_port_block(args.endpoints)
         sim = Sim(base, args.endpoints, ("--ttft", ttft, "--ttft-jitter", jitter, "--seed", "3"))
         sim.spawn()
@@ -114,14 +130,15 @@ async def main(args: argparse.Namespace) -> None:
         f"Load average at the end: {load_average()}.",
         "",
         "| fleet | act_on_silence | overlapping confirms / endpoint-hour | probes / endpoint-s "
-        "| state changes / endpoint-min | of which `silent` |",
-        "|---|---|---|---|---|---|",
+        "| state changes / endpoint-min | of which `silent` | silences undone by the token |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['fleet']} | {str(r['act_on_silence']).lower()} "
             f"| {r['overlaps_per_endpoint_hour']:.1f} | {r['probes_per_endpoint_s']:.3f} "
-            f"| {r['changes_per_endpoint_min']:.2f} | {r['silent_changes']} |"
+            f"| {r['changes_per_endpoint_min']:.2f} | {r['silent_changes']} "
+            f"| {r['undone_silences']} |"
         )
     text = "\n".join(lines)
     print(text)
@@ -133,4 +150,5 @@ if __name__ == "__main__":
     parser.add_argument("--endpoints", type=int, default=50)
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--warmup", type=float, default=5.0)
+    parser.add_argument("--fleets", nargs="+", choices=list(FLEETS), default=list(FLEETS))
     asyncio.run(main(parser.parse_args()))

@@ -103,7 +103,8 @@ def _after_silence(
     decided = step(replace(health, state=State.HEALTHY, silenced=False), result, now, policy)
     after = decided.after
     if after.state is State.HEALTHY:  # a late token that still counts FAST
-        back = replace(after, since=now, reason=f"recovered: {_describe(result)}")
+        token = f"{result.ttft_ms:.0f} ms" if result.ttft_ms is not None else "in time"
+        back = replace(after, since=now, reason=f"recovered: first token {token} after all")
         back = replace(back, cause=Cause.RECOVERED)
         return Transition(State.DEGRADED, back, changed=True, cause=Cause.RECOVERED)
     if after.state is State.DEGRADED:  # SLOW, OVERLOADED or a first failure: as silenced

@@ -31,6 +31,11 @@ ProbeFn = Callable[[ProbeTarget], Awaitable[ProbeResult]]
 ResultFn = Callable[[ProbeTarget, ProbeResult], Awaitable[None]]
 SilenceFn = Callable[[ProbeTarget, float], Awaitable[bool]]  # (target, silent ms) -> overlap?
 RECENT_TTFTS = 8  # successful probes an endpoint's "recent TTFT" is the median of
+# The probe's own clock starts a little after the scheduler's (task switch, the slot
+# lock, the request being written): without this margin a token at 199 ms by the probe's
+# clock could come after a 200 ms silence point by the scheduler's, and a FAST probe
+# would degrade and restore its endpoint for nothing.
+SILENCE_MARGIN_S = 0.01
 
 
 class LagReader(Protocol):
@@ -224,7 +229,7 @@ class Scheduler:
         after = target.silence_after_s(self._recent_ttft(target.key))
         if after is None or self._on_silence is None:
             return None
-        if not await self._wait_silent(probe, token, started + after):
+        if not await self._wait_silent(probe, token, started + after + SILENCE_MARGIN_S):
             return None
         return (self._clock() - started) * 1000
 
