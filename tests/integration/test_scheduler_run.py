@@ -289,6 +289,15 @@ def test_fast_probes_are_never_silent_and_never_overlap() -> None:
     assert [kind for kind, _ in starts] == ["probe"] * len(starts)
 
 
+def test_a_probe_that_ends_without_a_token_does_not_wait_for_the_silence_point() -> None:
+    """An error answered at once (no first token ever comes) ends the silence wait: the
+    next probe keeps its slot (100 ms apart here, less than healthy_ttft)."""
+    starts, silences, _ = _silence_run([0.01] * 40, overlap=True, interval="100ms")
+    assert silences == []
+    gaps = [b - a for (_, a), (_, b) in itertools.pairwise(starts)]
+    assert len(starts) >= 20 and gaps == pytest.approx([0.1] * len(gaps), abs=1e-6), gaps
+
+
 def test_no_confirm_unless_the_board_asks_for_one() -> None:
     starts, silences, worst = _silence_run([0.45, 0.05, 0.05], overlap=False)
     assert len(silences) == 1 and worst == 1

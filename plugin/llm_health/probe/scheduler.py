@@ -246,7 +246,9 @@ class Scheduler:
             while True:
                 remaining = deadline - self._clock()
                 if remaining > 0:
-                    await asyncio.wait(either, timeout=remaining)
+                    await asyncio.wait(
+                        either, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                    )
                 if probe.done() or token.is_set():
                     return False
                 lag_s = self._lag.current_ms / 1000 if self._lag is not None else 0.0
