@@ -126,15 +126,18 @@ class _Process:
 class SimProcess(_Process):
     """``llm-health sim`` on its own port; faults and counters over its HTTP API."""
 
-    def __init__(self, workdir: Path, name: str, *args: str) -> None:
+    def __init__(
+        self, workdir: Path, name: str, *args: str, host: str = "127.0.0.1", port: int = 0
+    ) -> None:
         self.name = f"sim-{name}"
         super().__init__(workdir)
-        self.port = free_port()
-        self._spawn(["sim", "--port", str(self.port), *args])
+        self.host = host
+        self.port = port or free_port()
+        self._spawn(["sim", "--host", host, "--port", str(self.port), *args])
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def wait_up(self, timeout: float = 15.0) -> SimProcess:
         self._wait_http(f"http://{self.address}/health", timeout)

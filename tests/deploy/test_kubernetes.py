@@ -74,6 +74,7 @@ def test_the_expected_manifests_are_shipped() -> None:
         ("gateway.yaml", "PodDisruptionBudget"),
         ("gateway.yaml", "Service"),
         ("llm-health-config.yaml", "ConfigMap"),
+        ("model-servers.yaml", "Service"),
     ]
 
 
@@ -119,6 +120,19 @@ def test_the_mounted_llm_health_config_is_valid() -> None:
     config = llm_health_config()
     assert config.alerts.webhooks == ()  # nothing is sent until the user adds a receiver
     assert [c.name for c in config.clusters] == ["llama-70b"]
+
+
+def test_discovery_follows_the_headless_service() -> None:
+    """The shipped cluster is discovered from the headless Service's DNS name, on its
+    port; the Service is headless and publishes booting pods (seen as STARTING)."""
+    (discovery,) = llm_health_config().discoveries()
+    service = next(d for p, d in load_manifests() if p.name == "model-servers.yaml")
+    spec = service["spec"]
+    meta = service["metadata"]
+    assert spec["clusterIP"] == "None" and spec["publishNotReadyAddresses"] is True
+    assert discovery.kind == "dns"
+    assert discovery.name == f"{meta['name']}.{meta['namespace']}.svc.cluster.local"
+    assert discovery.port == spec["ports"][0]["port"]
 
 
 def test_llm_health_runs_the_image_cmd_with_the_mounted_config_path() -> None:
@@ -224,7 +238,7 @@ def test_envoy_ports_probes_and_service_agree() -> None:
     assert port_number("envoy", "ingress") == listener_port
     for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert port_number("envoy", envoy[kind]["tcpSocket"]["port"]) == listener_port, kind
-    service = find("Service")
+    service = find("Service", "llm-gateway")
     [port] = service["spec"]["ports"]
     assert port_number("envoy", port["targetPort"]) == listener_port
     admin = bootstrap["admin"]["address"]["socket_address"]["address"]
@@ -249,7 +263,7 @@ def test_selectors_match_the_pod_labels() -> None:
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     for selector in (
         deployment["spec"]["selector"]["matchLabels"],
-        find("Service")["spec"]["selector"],
+        find("Service", "llm-gateway")["spec"]["selector"],
         find("PodDisruptionBudget")["spec"]["selector"]["matchLabels"],
     ):
         assert selector.items() <= labels.items(), selector
@@ -302,4 +316,5 @@ def test_manifest_dir_has_no_stray_files() -> None:
         "gateway.yaml",
         "kustomization.yaml",
         "llm-health-config.yaml",
+        "model-servers.yaml",
     }

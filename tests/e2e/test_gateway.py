@@ -32,8 +32,13 @@ def stack(tmp_path: Path) -> Iterator[Callable[..., Any]]:
     """Factory for sims, the plugin and Envoy; everything is stopped at teardown."""
     started: list[Any] = []
 
-    def sim(name: str, *args: str) -> SimProcess:
-        process = SimProcess(tmp_path, name, *args)
+    def sim(name: str, *args: str, **where: Any) -> SimProcess:
+        process = SimProcess(tmp_path, name, *args, **where)
+        started.append(process)
+        return process
+
+    def adopt(process: Any) -> Any:
+        """A process built by the test itself, stopped at teardown like the others."""
         started.append(process)
         return process
 
@@ -64,7 +69,7 @@ def stack(tmp_path: Path) -> Iterator[Callable[..., Any]]:
         started.append(process)
         return process
 
-    yield _Namespace(sim=sim, plugin=plugin, envoy=envoy)
+    yield _Namespace(sim=sim, plugin=plugin, envoy=envoy, adopt=adopt)
     for process in reversed(started):
         with contextlib.suppress(Exception):
             process.stop()

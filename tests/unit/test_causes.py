@@ -70,6 +70,18 @@ def removed_by_reload() -> Transition:
     return change.transition
 
 
+def added_by_discovery() -> Transition:
+    known = EndpointSpec("127.0.0.1:8000", "127.0.0.1", 8000)
+    endpoint = EndpointSpec("127.0.0.2:8000", "127.0.0.2", 8000)
+    board = Board([ClusterSpec("c", POLICY, (known,))], T0, 0.0)
+    board.mark_warm()  # past the first round: a new address is a new backend
+    specs = [ClusterSpec("c", POLICY, (known, endpoint))]
+    (change,) = board.apply_specs(specs, T0 + 1, source="DNS")
+    assert change.transition is not None and not change.transition.changed
+    assert change.transition.after.reason == "new endpoint (from DNS)"
+    return change.transition
+
+
 CASES: dict[str, tuple[Callable[[], Transition], State, State, str]] = {
     "ready from starting": (lambda: feed(initial_health(T0, POLICY), "FFF"), "st", "h", "startup"),
     "ready but slow": (
@@ -106,6 +118,7 @@ CASES: dict[str, tuple[Callable[[], Transition], State, State, str]] = {
         "drained",
     ),
     "reload removal": (removed_by_reload, "st", "dr", "removed"),
+    "found in DNS": (added_by_discovery, "st", "st", "added"),
     "undrain": (
         lambda: undrain(drain(initial_health(T0, POLICY), T0, "x").after, T0 + 1, POLICY),
         "dr",

@@ -605,18 +605,19 @@ def test_missing_clusters() -> None:
     assert message == "x.yaml:1 clusters: required key is missing"
 
 
+def test_no_clusters() -> None:
+    (message,) = messages_for("clusters: []\n", {})
+    assert message.startswith("x.yaml:1 clusters: "), message
+
+
 @pytest.mark.parametrize(
-    ("text", "path"),
-    [
-        ("clusters: []\n", "clusters"),
-        ("clusters:\n  - name: a\n    endpoints: []\n", "clusters[0].endpoints"),
-    ],
-    ids=["no-clusters", "no-endpoints"],
+    "text",
+    ["clusters:\n  - name: a\n    endpoints: []\n", "clusters:\n  - name: a\n"],
+    ids=["empty-list", "absent"],
 )
-def test_empty_lists(text: str, path: str) -> None:
+def test_cluster_without_endpoints_or_discovery(text: str) -> None:
     (message,) = messages_for(text, {})
-    line = line_of(text, path.rsplit(".", 1)[-1].split("[")[0] + ":")
-    assert message.startswith(f"x.yaml:{line} {path}: "), message
+    assert message == "x.yaml:2 clusters[0]: cluster a: give endpoints, discovery, or both"
 
 
 def test_load_config_missing_file(tmp_path: Path) -> None:

@@ -4,7 +4,14 @@ Event kinds (``alerts.webhooks[].on``):
 - ``unhealthy``: the endpoint entered UNHEALTHY (from any other state);
 - ``recovered``: it left UNHEALTHY for HEALTHY or DEGRADED (routed again);
 - ``fatal``: a FATAL probe (CUDA error, NCCL, Xid ...) raised an alert
-  (``Transition.alert``), whether it moved the endpoint or found it already UNHEALTHY.
+  (``Transition.alert``), whether it moved the endpoint or found it already UNHEALTHY;
+- ``added``: a new endpoint (hot reload or DNS discovery) entered STARTING;
+- ``removed``: an endpoint left the config or DNS and is DRAINING out;
+- ``discovery_failed`` / ``discovery_recovered``: a cluster's DNS discovery started
+  failing (the last known set is kept) / answers again. Cluster-level: ``endpoint`` is
+  "*" and there is no state (``notice_event``).
+
+The first three are the default subscription; the others are opt-in.
 
 One state change is one event, even when it is of two kinds (a FATAL probe that takes a
 HEALTHY endpoint out is ``unhealthy`` and ``fatal``): a webhook subscribed to either kind
@@ -29,9 +36,21 @@ class AlertKind(enum.Enum):
     UNHEALTHY = "unhealthy"
     RECOVERED = "recovered"
     FATAL = "fatal"
+    ADDED = "added"
+    REMOVED = "removed"
+    DISCOVERY_FAILED = "discovery_failed"
+    DISCOVERY_RECOVERED = "discovery_recovered"
 
 
-_PRIORITY = (AlertKind.FATAL, AlertKind.UNHEALTHY, AlertKind.RECOVERED)
+_PRIORITY = (
+    AlertKind.FATAL,
+    AlertKind.UNHEALTHY,
+    AlertKind.RECOVERED,
+    AlertKind.REMOVED,
+    AlertKind.ADDED,
+    AlertKind.DISCOVERY_FAILED,
+    AlertKind.DISCOVERY_RECOVERED,
+)
 _ROUTED = frozenset({State.HEALTHY, State.DEGRADED})
 
 
@@ -44,8 +63,8 @@ class AlertEvent:
     kinds: frozenset[AlertKind]
     cluster: str
     endpoint: str
-    state: State
-    previous: State
+    state: State | None  # None: a cluster-level event (a notice)
+    previous: State | None
     reason: str
     time: float
     result: ProbeResult | None = None
@@ -70,7 +89,25 @@ def classify(transition: Transition, result: ProbeResult | None) -> frozenset[Al
         kinds.add(AlertKind.RECOVERED)
     if transition.alert and transition.cause is Cause.FATAL:
         kinds.add(AlertKind.FATAL)
+    if transition.cause is Cause.ADDED:
+        kinds.add(AlertKind.ADDED)
+    if transition.changed and after is State.DRAINING and transition.cause is Cause.REMOVED:
+        kinds.add(AlertKind.REMOVED)
     return frozenset(kinds)
+
+
+def notice_event(
+    event_id: str, kind: str, cluster: str, reason: str, wall_time: float
+) -> AlertEvent | None:
+    """The AlertEvent of a cluster-level notice (``core.control.Notice``); None for a
+    notice kind that is not an alert kind."""
+    try:
+        alert_kind = AlertKind(kind)
+    except ValueError:
+        return None
+    return AlertEvent(
+        event_id, frozenset({alert_kind}), cluster, "*", None, None, reason, wall_time
+    )
 
 
 def alert_event(
@@ -109,8 +146,8 @@ def payload(event: AlertEvent) -> dict[str, Any]:
         "events": sorted(kind.value for kind in event.kinds),
         "cluster": event.cluster,
         "endpoint": event.endpoint,
-        "state": event.state.value,
-        "previous": event.previous.value,
+        "state": None if event.state is None else event.state.value,
+        "previous": None if event.previous is None else event.previous.value,
         "reason": event.reason,
         "cause": event.cause.value,
         "time": iso_time(event.time),

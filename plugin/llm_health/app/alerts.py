@@ -45,8 +45,9 @@ from tenacity import (
 )
 
 from llm_health.alerts import Deduplicator, RateLimiter, alert_event, classify, payload
+from llm_health.alerts.events import AlertEvent, notice_event
 from llm_health.config import AlertsConfig, WebhookConfig
-from llm_health.core.control import BoardControl
+from llm_health.core.control import BoardControl, Notice
 from llm_health.model.machine import Transition
 from llm_health.model.outcome import ProbeResult
 
@@ -168,6 +169,18 @@ class AlertsComponent:
             self.observer_errors += 1
             log.exception("alerts: observer failed", extra={"cluster": cluster})
 
+    def observe_notice(self, notice: Notice) -> None:
+        """A ``BoardControl.on_notice`` observer (a cluster-level event): enqueue only."""
+        try:
+            event = notice_event(
+                uuid.uuid4().hex, notice.kind, notice.cluster, notice.reason, self._wall_clock()
+            )
+            if event is not None:
+                self._offer(event)
+        except Exception:  # an alert bug must never break discovery
+            self.observer_errors += 1
+            log.exception("alerts: notice observer failed", extra={"cluster": notice.cluster})
+
     def _observe(
         self, cluster: str, address: str, transition: Transition, result: ProbeResult | None
     ) -> None:
@@ -176,8 +189,10 @@ class AlertsComponent:
         event = alert_event(
             uuid.uuid4().hex, cluster, address, transition, result, self._wall_clock()
         )
-        if event is None:
-            return
+        if event is not None:
+            self._offer(event)
+
+    def _offer(self, event: AlertEvent) -> None:
         self.events += 1
         now = self._clock()
         if not self._dedup.admit(event, now):
@@ -298,10 +313,11 @@ async def _post(session: aiohttp.ClientSession, hook: Webhook, message: _Message
 
 
 def attach(settings: AlertsConfig, control: BoardControl) -> AlertsComponent:
-    """Build the component and subscribe it to every transition."""
+    """Build the component and subscribe it to every transition and notice."""
     component = AlertsComponent(settings)
     if component.webhooks:
         control.on_transition(component.observe)
+        control.on_notice(component.observe_notice)
     return component
 
 

@@ -13,13 +13,17 @@ from llm_health.app.admin import AdminComponent
 from llm_health.app.alerts import attach as attach_alerts
 from llm_health.app.authz import AuthzComponent
 from llm_health.app.component import Component
+from llm_health.app.discovery import DiscoveryComponent
+from llm_health.app.endpoints import EndpointCatalog
 from llm_health.app.grpc_auth import GrpcAuthComponent
 from llm_health.app.hds import HdsComponent
 from llm_health.app.keeper import BoardKeeper
+from llm_health.app.live import LiveConfig
 from llm_health.app.metrics import RuntimeMetrics
-from llm_health.app.runtime import LiveConfig, Runtime
+from llm_health.app.runtime import Runtime
 from llm_health.config import Config
 from llm_health.core.control import ProberStats
+from llm_health.discovery.settings import DiscoverySettings, DnsSettings
 from llm_health.model.board import Board
 from llm_health.probe.lag import LoopLagMonitor
 from llm_health.xds.nodes import OpenNodes
@@ -36,15 +40,26 @@ def build_runtime(
     lag = LoopLagMonitor()
     control = BoardKeeper(board, clock, ProberStats(lag))
     live = LiveConfig(config, config_path)
+    catalog = EndpointCatalog(live, control)
     xds_nodes = OpenNodes()  # node ids with an open xDS stream: HDS trusts only those
-    components = build_components(live, control, clock, xds_open=xds_nodes.is_open)
+    components = build_components(live, control, clock, xds_open=xds_nodes.is_open, catalog=catalog)
     xds_stats = XdsStats()
 
     def statuses() -> dict[str, dict[str, object]]:
         return {c.name: c.status() for c in components}
 
     metrics = RuntimeMetrics(control, control.stats, xds_stats, statuses)
-    return Runtime(live, control, components, metrics, lag, xds_stats, clock, xds_nodes=xds_nodes)
+    return Runtime(
+        live,
+        control,
+        components,
+        metrics,
+        lag,
+        xds_stats,
+        clock,
+        xds_nodes=xds_nodes,
+        catalog=catalog,
+    )
 
 
 def build_components(
@@ -53,13 +68,15 @@ def build_components(
     clock: Callable[[], float],
     *,
     xds_open: Callable[[str], bool] | None = None,
+    catalog: EndpointCatalog | None = None,
 ) -> list[Component]:
     """Each feature adds itself here (one line each). Settings read once at start, except
-    where a getter over ``live`` follows reloads (ext_authz). ``xds_open``: whether a node
-    id holds an open xDS stream (HDS counts only those nodes' reports)."""
+    where a getter over ``live`` follows reloads (ext_authz, discovery). ``xds_open``:
+    whether a node id holds an open xDS stream (HDS counts only those nodes' reports).
+    ``catalog``: the endpoint set discovery feeds (None: no discovery, e.g. in tests)."""
     config = live.current
     grpc_auth = GrpcAuthComponent(config.server, config.admin)
-    return [
+    components: list[Component] = [
         grpc_auth,
         AdminComponent(
             config.admin,
@@ -77,3 +94,11 @@ def build_components(
             authenticated=grpc_auth.authenticated,
         ),
     ]
+    if catalog is not None:
+        components.append(DiscoveryComponent(lambda: _discovery(live), catalog, control))
+    return components
+
+
+def _discovery(live: LiveConfig) -> tuple[DnsSettings, tuple[DiscoverySettings, ...]]:
+    config = live.current
+    return config.dns.to_settings(), config.discoveries()

@@ -13,6 +13,8 @@ from typing import Any, TypeVar
 
 from llm_health.core.control import (
     Mutation,
+    Notice,
+    NoticeObserver,
     ProbeObserver,
     ProberStats,
     TransitionObserver,
@@ -35,6 +37,7 @@ class BoardKeeper:
         self.hub = SnapshotHub(board.snapshot())
         self._probe_observers: list[ProbeObserver] = []
         self._transition_observers: list[TransitionObserver] = []
+        self._notice_observers: list[NoticeObserver] = []
         self._probe_now: ProbeNow | None = None
 
     # --- reading ------------------------------------------------------------------------
@@ -114,6 +117,13 @@ class BoardKeeper:
 
     def on_probe(self, observer: ProbeObserver) -> None:
         self._probe_observers.append(observer)
+
+    def announce(self, notice: Notice) -> None:
+        for observe in self._notice_observers:
+            observe(notice)
+
+    def on_notice(self, observer: NoticeObserver) -> None:
+        self._notice_observers.append(observer)
 
     # --- probing ------------------------------------------------------------------------
 

@@ -59,6 +59,9 @@ TTFT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.5, 3.0)
 HEADERS_BUCKETS_S = (0.005, 0.025, 0.1, 0.2, 0.5, 0.8)
 CONNECT_BUCKETS_S = (0.001, 0.005, 0.025, 0.1, 0.5)
 LAG_WINDOW_S = 30.0
+# Status keys shown as labelled series by their own family (e.g. discovery_families), not
+# walked into names: a cluster name is a label value, never part of a metric name.
+_LABELLED = {"discovery": ("clusters",)}
 MAX_COMPONENT_SERIES = 200  # per component: a status() that grows cannot flood Prometheus
 MAX_COMPONENT_DEPTH = 4
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
@@ -240,6 +243,41 @@ class _ScrapeCollector(Collector):
         yield from _xds_families(scrape.xds)
         yield from _prober_families(scrape)
         yield from component_families(scrape.components)
+        yield from discovery_families(scrape.components.get("discovery", {}))
+
+
+def discovery_families(status: Mapping[str, Any]) -> Iterator[Metric]:
+    """Per-cluster DNS discovery series (docs/design.md §11) from the discovery component's
+    /status: cluster names are labels here, not parts of a metric name."""
+    clusters = status.get("clusters")
+    if not isinstance(clusters, Mapping) or not clusters:
+        return
+    endpoints = GaugeMetricFamily(
+        "llm_health_discovery_cluster_endpoints",
+        "Addresses in the last good DNS answer.",
+        labels=["cluster"],
+    )
+    failing = GaugeMetricFamily(
+        "llm_health_discovery_cluster_failing",
+        "1 while DNS resolution fails and the last known endpoints are kept.",
+        labels=["cluster"],
+    )
+    resolutions = CounterMetricFamily(
+        "llm_health_discovery_cluster_resolutions",
+        "Successful DNS resolutions.",
+        labels=["cluster"],
+    )
+    failures = CounterMetricFamily(
+        "llm_health_discovery_cluster_failures",
+        "Failed DNS resolution attempts (timeout, SERVFAIL, REFUSED, NXDOMAIN, empty).",
+        labels=["cluster"],
+    )
+    for name, cluster in clusters.items():
+        endpoints.add_metric([name], cluster["endpoints"])
+        failing.add_metric([name], 1 if cluster["failing"] else 0)
+        resolutions.add_metric([name], cluster["resolutions"])
+        failures.add_metric([name], cluster["failures"])
+    yield from (endpoints, failing, resolutions, failures)
 
 
 def _info() -> Metric:
@@ -337,7 +375,9 @@ def component_families(components: Mapping[str, Mapping[str, Any]]) -> Iterator[
     used: set[str] = set()
     for component, status in components.items():
         prefix = f"llm_health_{_metric_word(component)}"
-        leaves = list(_numeric_leaves(prefix, status, 0))[:MAX_COMPONENT_SERIES]
+        skip = _LABELLED.get(component, ())
+        shown = {k: v for k, v in status.items() if k not in skip}
+        leaves = list(_numeric_leaves(prefix, shown, 0))[:MAX_COMPONENT_SERIES]
         for name, value in leaves:
             if name in used:
                 continue

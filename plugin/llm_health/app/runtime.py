@@ -21,7 +21,6 @@ import logging
 import os
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +28,11 @@ import grpc
 from aiohttp import web
 
 from llm_health.app.component import Component
+from llm_health.app.endpoints import EndpointCatalog
 from llm_health.app.grpc_auth import GrpcAuthComponent, GrpcSecurity
 from llm_health.app.http import build_http_app, start_http
 from llm_health.app.keeper import BoardKeeper
+from llm_health.app.live import LiveConfig
 from llm_health.app.metrics import RuntimeMetrics
 from llm_health.app.redaction import Secrets, scrubbed_logs
 from llm_health.app.status import status_document
@@ -57,16 +58,6 @@ log = logging.getLogger("llm_health")
 ProbeFn = Callable[[ProbeTarget], Coroutine[Any, Any, ProbeResult]]
 
 
-@dataclass(slots=True)
-class LiveConfig:
-    """The config in force; a reload replaces ``current``. Components that follow reloads
-    read their section through it (e.g. ``lambda: live.current.authz``)."""
-
-    current: Config
-    path: Path | None = None
-    reloads: dict[str, int] = field(default_factory=lambda: {"applied": 0, "rejected": 0})
-
-
 class Runtime:
     """Owns the servers and timers. ``run`` until ``stop`` is set. One event loop."""
 
@@ -81,15 +72,18 @@ class Runtime:
         clock: Callable[[], float] = time.monotonic,
         *,
         xds_nodes: OpenNodes | None = None,
+        catalog: EndpointCatalog | None = None,
     ) -> None:
         self.live = live
+        self.catalog = catalog if catalog is not None else EndpointCatalog(live, control)
         self.xds_nodes = xds_nodes if xds_nodes is not None else OpenNodes()
         self.control = control
         self.components = list(components)
         self.metrics = metrics
         self.lag = lag
         self.xds_stats = xds_stats
-        self.targets = live.current.probe_targets()
+        self.targets: list[ProbeTarget] = []
+        self._by_key: dict[tuple[str, str], ProbeTarget] = {}
         self.scheduler: Scheduler | None = None
         self.grpc_serving = False
         self.grpc_port: int | None = None
@@ -97,6 +91,8 @@ class Runtime:
         self._clock = clock
         self._reload_requested = asyncio.Event()
         self.secrets = Secrets(live.current.secret_values())
+        self._set_targets(self.catalog.targets())
+        self.catalog.on_targets(self._set_targets)
 
     @property
     def config(self) -> Config:
@@ -154,10 +150,17 @@ class Runtime:
         return confirm
 
     def _target(self, cluster: str, address: str) -> ProbeTarget:
-        for target in self.targets:
-            if (target.cluster, target.address) == (cluster, address):
-                return target
-        raise KeyError(f"{cluster}/{address}")
+        target = self._by_key.get((cluster, address))
+        if target is None:
+            raise KeyError(f"{cluster}/{address}")
+        return target
+
+    def _set_targets(self, targets: list[ProbeTarget]) -> None:
+        """The endpoint set changed (reload, discovery): probe exactly these from now."""
+        self.targets = targets
+        self._by_key = {(t.cluster, t.address): t for t in targets}
+        if self.scheduler is not None:
+            self.scheduler.update(targets)
 
     async def _start_grpc(self) -> grpc.aio.Server:
         security = next(
@@ -242,15 +245,9 @@ class Runtime:
         if new.server != self.config.server:
             log.warning("server addresses changed in the config: they apply after a restart")
             new = new.model_copy(update={"server": self.config.server})
-        changes = await self.control.update(
-            lambda board, now: board.apply_specs(new.cluster_specs(), now)
-        )
         self.live.current = new
         self.secrets.values = self.secrets.values | new.secret_values()
-        self.targets = new.probe_targets()
-        if self.scheduler is not None:
-            self.scheduler.update(self.targets)
-        _log_changes(changes)
+        changes = await self.catalog.apply()  # board, prober, and discovery follow
         log.info("config reloaded", extra={"changes": len(changes)})
         self.live.reloads["applied"] += 1
         return True

@@ -42,5 +42,7 @@ def run(args: argparse.Namespace) -> int:
     if config is None:
         return 2
     endpoints = sum(len(c.endpoints) for c in config.clusters)
-    print(f"{args.config}: ok ({len(config.clusters)} clusters, {endpoints} endpoints)")
+    discovered = len(config.discoveries())
+    found = f", {discovered} discovered from DNS" if discovered else ""
+    print(f"{args.config}: ok ({len(config.clusters)} clusters, {endpoints} endpoints{found})")
     return 0

@@ -54,6 +54,29 @@ def is_host_name(host: str) -> bool:
     return all(_LABEL.fullmatch(label) for label in name.split("."))
 
 
+def is_service_name(name: str) -> bool:
+    """A DNS name to query for SRV records: a host name whose labels may also start with
+    "_" (RFC 2782: "_http._tcp.svc.example")."""
+    bare = name[:-1] if name.endswith(".") else name
+    if not 0 < len(bare) <= MAX_HOST_NAME:
+        return False
+    return all(_LABEL.fullmatch(label.removeprefix("_")) for label in bare.split("."))
+
+
+def split_nameserver(text: str) -> tuple[str, int]:
+    """ "10.96.0.10" / "10.96.0.10:5353" / "::1" / "[::1]:5353" -> (ip, port; 53 when
+    absent); ValueError names the problem. Only IP literals: resolving the resolver's own
+    name would need a resolver."""
+    try:
+        return str(ipaddress.ip_address(text)), 53
+    except ValueError:
+        pass
+    host, port = split_address(text)
+    if not is_ip_host(host):
+        raise ValueError(f'"{text}": a nameserver must be an IP address, optionally with ":port"')
+    return str(ipaddress.ip_address(host)), port
+
+
 def is_local_bind(bind: str) -> bool:
     """True for a Unix socket or a loopback host (127.0.0.0/8, ::1, localhost)."""
     if bind.startswith("unix:"):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import urlsplit
 
@@ -29,7 +29,15 @@ from pydantic import (
 )
 
 from llm_health.authz.settings import UNROUTED_VALUE, AuthzSettings
-from llm_health.config.addresses import is_ip_host, is_local_bind, split_address
+from llm_health.config.addresses import (
+    is_host_name,
+    is_ip_host,
+    is_local_bind,
+    is_service_name,
+    split_address,
+    split_nameserver,
+)
+from llm_health.discovery.settings import DiscoverySettings, DnsSettings
 from llm_health.hds.settings import CheckSpec, HdsSettings
 from llm_health.model.board import ClusterSpec, EndpointSpec
 from llm_health.model.durations import parse_duration
@@ -48,6 +56,7 @@ MAX_ENDPOINTS = 50_000  # per file, over every cluster
 MAX_HEADERS = 64  # per probe or webhook
 MAX_HEADER_VALUE = 8_192
 MAX_FATAL_PATTERNS = 100
+Discovered = Mapping[str, tuple[EndpointSpec, ...]]  # cluster -> endpoints found in DNS
 
 _ASCII_INTEGER = re.compile(r"\s*[+-]?[0-9]+\s*")
 
@@ -229,11 +238,83 @@ class EndpointConfig(_Frozen):
         return EndpointSpec(self.address, host, port, self.weight)
 
 
+class DiscoveryConfig(_Frozen):
+    """``clusters[].discovery``: endpoints from DNS (docs/design.md §11). Exactly one of
+    ``dns`` (A and AAAA records of a name, every address on ``port``) and ``srv`` (SRV
+    records: each target's addresses on the record's port)."""
+
+    dns: str | None = Field(None, max_length=253)
+    srv: str | None = Field(None, max_length=253)
+    port: Int | None = Field(None, ge=1, le=65535)
+    refresh: Duration = Field(5.0, ge=0.5, le=3600.0)
+    weight: Int = Field(100, ge=1, le=1_000_000)
+    max_endpoints: Int = Field(1000, ge=1, le=10_000)
+
+    @field_validator("dns")
+    @classmethod
+    def _host_name(cls, value: str | None) -> str | None:
+        if value is not None and not is_host_name(value):
+            raise ValueError(f'"{value}" is not a DNS name (letters, digits, "-", dots)')
+        return value
+
+    @field_validator("srv")
+    @classmethod
+    def _service_name(cls, value: str | None) -> str | None:
+        if value is not None and not is_service_name(value):
+            raise ValueError(f'"{value}" is not an SRV name (e.g. "_http._tcp.svc.example")')
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DiscoveryConfig:
+        if (self.dns is None) == (self.srv is None):
+            raise ValueError("set exactly one of dns (with port) and srv")
+        if self.dns is not None and self.port is None:
+            raise ValueError("dns discovery needs a port: every address is an endpoint on it")
+        if self.srv is not None and self.port is not None:
+            raise ValueError("srv discovery takes each target's port from its record: drop port")
+        return self
+
+    def to_settings(self, cluster: str) -> DiscoverySettings:
+        return DiscoverySettings(
+            cluster=cluster,
+            name=self.dns or self.srv or "",
+            kind="dns" if self.dns is not None else "srv",
+            port=self.port,
+            refresh_s=self.refresh,
+            weight=self.weight,
+            max_endpoints=self.max_endpoints,
+        )
+
+
+class DnsConfig(_Frozen):
+    """``dns:``: the servers discovery asks (none: the system's /etc/resolv.conf)."""
+
+    nameservers: tuple[str, ...] = Field((), max_length=10)
+    timeout: Duration = Field(2.0, le=30.0)
+
+    @field_validator("nameservers")
+    @classmethod
+    def _ip_literals(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for text in value:
+            split_nameserver(text)  # ValueError names the problem
+        return value
+
+    def to_settings(self) -> DnsSettings:
+        return DnsSettings(tuple(split_nameserver(t) for t in self.nameservers), self.timeout)
+
+
 class ClusterConfig(_Frozen):
     name: str = Field(min_length=1, max_length=200)
     model: str | None = Field(None, max_length=500)
     probe: ProbeOverrides = Field(default_factory=ProbeOverrides)
-    endpoints: tuple[EndpointConfig, ...] = Field(min_length=1, max_length=MAX_ENDPOINTS)
+    endpoints: tuple[EndpointConfig, ...] = Field((), max_length=MAX_ENDPOINTS)
+    discovery: DiscoveryConfig | None = None
+
+    @model_validator(mode="after")
+    def _has_endpoints(self) -> ClusterConfig:
+        if not self.endpoints and self.discovery is None:
+            raise ValueError(f"cluster {self.name}: give endpoints, discovery, or both")
+        return self
 
     @field_validator("name")
     @classmethod
@@ -403,7 +484,15 @@ class HdsConfig(_Frozen):
         )
 
 
-AlertEventName = Literal["unhealthy", "recovered", "fatal"]
+AlertEventName = Literal[
+    "unhealthy",
+    "recovered",
+    "fatal",
+    "added",
+    "removed",
+    "discovery_failed",
+    "discovery_recovered",
+]
 
 
 class WebhookConfig(_Frozen):
@@ -493,6 +582,7 @@ class Config(_Frozen):
     admin: AdminConfig = Field(default_factory=AdminConfig)
     authz: AuthzConfig = Field(default_factory=AuthzConfig)
     hds: HdsConfig = Field(default_factory=HdsConfig)
+    dns: DnsConfig = Field(default_factory=DnsConfig)
     clusters: tuple[ClusterConfig, ...] = Field(min_length=1, max_length=MAX_CLUSTERS)
 
     @field_validator("clusters")
@@ -511,16 +601,24 @@ class Config(_Frozen):
         merged = {**self.probe.model_dump(), **overrides}
         return ProbeSettings.model_validate(_unsecret(merged), context=MERGING)
 
-    def probe_targets(self) -> list[ProbeTarget]:
-        """One ProbeTarget per configured endpoint, with its cluster's effective settings."""
+    def probe_targets(self, discovered: Discovered | None = None) -> list[ProbeTarget]:
+        """One ProbeTarget per endpoint (configured, then ``discovered`` ones not also
+        configured), with its cluster's effective settings."""
         secrets = self.secret_values()
         targets: list[ProbeTarget] = []
         for cluster in self.clusters:
             settings = self.probe_for(cluster)
             targets.extend(
-                settings.to_target(cluster.name, e.address, secrets) for e in cluster.endpoints
+                settings.to_target(cluster.name, e.address, secrets)
+                for e in self._endpoints_of(cluster, discovered)
             )
         return targets
+
+    def discoveries(self) -> tuple[DiscoverySettings, ...]:
+        """Every cluster's discovery, in domain form."""
+        return tuple(
+            c.discovery.to_settings(c.name) for c in self.clusters if c.discovery is not None
+        )
 
     def secret_values(self) -> frozenset[str]:
         """Every secret this config holds (``SecretStr`` values anywhere: probe and webhook
@@ -528,13 +626,25 @@ class Config(_Frozen):
         (``model.redact.secret_forms``)."""
         return secret_forms(_secrets_in(self))
 
-    def cluster_specs(self) -> tuple[ClusterSpec, ...]:
+    def cluster_specs(self, discovered: Discovered | None = None) -> tuple[ClusterSpec, ...]:
+        """The board's clusters: configured endpoints, then ``discovered`` ones (cluster ->
+        endpoints from DNS) whose address is not also configured: the same address twice
+        is one endpoint, the configured one (its weight)."""
         return tuple(
-            ClusterSpec(
-                c.name, self.probe_for(c).to_policy(), tuple(e.to_spec() for e in c.endpoints)
-            )
+            ClusterSpec(c.name, self.probe_for(c).to_policy(), self._endpoints_of(c, discovered))
             for c in self.clusters
         )
+
+    @staticmethod
+    def _endpoints_of(
+        cluster: ClusterConfig, discovered: Discovered | None
+    ) -> tuple[EndpointSpec, ...]:
+        static = tuple(e.to_spec() for e in cluster.endpoints)
+        found = (discovered or {}).get(cluster.name, ()) if cluster.discovery else ()
+        if not found:
+            return static
+        configured = {e.address for e in static}
+        return static + tuple(e for e in found if e.address not in configured)
 
 
 def _secrets_in(value: Any) -> Iterator[str]:

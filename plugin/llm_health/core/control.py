@@ -23,6 +23,20 @@ from llm_health.model.machine import Transition
 from llm_health.model.outcome import ProbeResult
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """An event about a cluster that is not an endpoint's state change, for alerts and
+    logs: e.g. ``discovery_failed`` / ``discovery_recovered`` (docs/design.md §11.3).
+    ``kind`` is an alert event name (``alerts.webhooks[].on``)."""
+
+    kind: str
+    cluster: str
+    reason: str
+
+
+NoticeObserver = Callable[[Notice], None]
 ProbeObserver = Callable[[str, str, ProbeResult], None]  # (cluster, address, result)
 TransitionObserver = Callable[[str, str, Transition, ProbeResult | None], None]
 Mutation = Callable[[Board, float], T]  # (board, monotonic now) -> anything
@@ -69,6 +83,12 @@ class BoardControl(Protocol):
     def on_transition(self, observer: TransitionObserver) -> None: ...
 
     def on_probe(self, observer: ProbeObserver) -> None: ...
+
+    def announce(self, notice: Notice) -> None:
+        """Tell every notice observer (alerts) of a cluster-level event."""
+        ...
+
+    def on_notice(self, observer: NoticeObserver) -> None: ...
 
     async def probe_now(self, cluster: str, address: str) -> tuple[ProbeResult, bool]:
         """Probe one endpoint at once, fold the result in like a scheduled one; returns

@@ -132,6 +132,7 @@ class _Cluster:
     entries: dict[str, _Entry] = field(default_factory=dict)
     warm: bool = False
     removing_at: float | None = None
+    known_at_boot: bool = False  # in the board the plugin (re)started with
 
 
 class Board:
@@ -252,21 +253,27 @@ class Board:
             self._touch()
         return changes
 
-    def apply_specs(self, specs: Iterable[ClusterSpec], now: float) -> list[Change]:
-        """Hot reload: new clusters/endpoints start in STARTING; removed ones go DRAINING
-        and disappear after drain_time; policies and weights of kept ones change in place;
-        the health of unchanged endpoints is kept."""
+    def apply_specs(
+        self, specs: Iterable[ClusterSpec], now: float, *, source: str = "config"
+    ) -> list[Change]:
+        """Hot reload or a discovered set: new clusters/endpoints start in STARTING (a
+        ``Cause.ADDED`` transition, unchanged state); removed ones go DRAINING and
+        disappear after drain_time; policies and weights of kept ones change in place;
+        the health of unchanged endpoints is kept. ``source`` names where the new set
+        comes from in reasons ("config", "DNS")."""
         wanted = {spec.name: spec for spec in specs}
         changes = self._remove_clusters(wanted, now)
         for spec in wanted.values():
-            changes.extend(self._update_cluster(spec, now))
+            changes.extend(self._update_cluster(spec, now, source))
         self._touch()
         return changes
 
     def mark_warm(self, cluster: str | None = None) -> None:
-        """Declare clusters warm (warm_start_timeout passed). None: all of them."""
+        """Declare clusters warm (warm_start_timeout passed). None: all of them. A cluster
+        with no endpoint yet (discovery has not answered) stays cold: pushing it would
+        empty it in an Envoy that still routes on what it had (docs/design.md §11.3)."""
         for name, entry_cluster in self._clusters.items():
-            if cluster in (None, name) and not entry_cluster.warm:
+            if cluster in (None, name) and not entry_cluster.warm and entry_cluster.entries:
                 entry_cluster.warm = True
                 self._touch()
 
@@ -327,10 +334,10 @@ class Board:
                 continue
             cluster.removing_at = now + cluster.spec.policy.drain_time_s
             for address in cluster.entries:
-                changes.append(self._retire(name, address, now))
+                changes.append(self._retire(name, address, now, "config"))
         return changes
 
-    def _update_cluster(self, spec: ClusterSpec, now: float) -> list[Change]:
+    def _update_cluster(self, spec: ClusterSpec, now: float, source: str) -> list[Change]:
         cluster = self._clusters.get(spec.name)
         if cluster is None or cluster.removing_at is not None:
             self._clusters[spec.name] = _new_cluster(spec, now, known_at_boot=False)
@@ -338,29 +345,39 @@ class Board:
         cluster.spec = spec
         wanted = {e.address: e for e in spec.endpoints}
         changes = [
-            self._retire(spec.name, a, now)
+            self._retire(spec.name, a, now, source)
             for a, e in cluster.entries.items()
             if a not in wanted and e.removing_at is None
         ]
         for endpoint in wanted.values():
-            changes.extend(self._keep_or_add(cluster, endpoint, now))
+            changes.extend(self._keep_or_add(cluster, endpoint, now, source))
         return changes
 
-    def _keep_or_add(self, cluster: _Cluster, endpoint: EndpointSpec, now: float) -> list[Change]:
+    def _keep_or_add(
+        self, cluster: _Cluster, endpoint: EndpointSpec, now: float, source: str
+    ) -> list[Change]:
         entry = cluster.entries.get(endpoint.address)
         if entry is not None and entry.removing_at is None:
             entry.spec = endpoint  # weight may have changed; health is kept
             return []
-        health = initial_health(now, cluster.spec.policy)
+        # Found before the cluster's first probe round ended (discovery answering just
+        # after a (re)start): as much "known at boot" as a configured endpoint.
+        booting = cluster.known_at_boot and not cluster.warm
+        health = initial_health(now, cluster.spec.policy, known_at_boot=booting)
+        if not booting and source != "config":
+            health = replace(health, reason=f"new endpoint (from {source})")
         cluster.entries[endpoint.address] = _Entry(endpoint, health)
-        return [Change(cluster.spec.name, endpoint.address, None, "endpoint added")]
+        added = Transition(State.STARTING, health, changed=False, cause=Cause.ADDED)
+        what = "endpoint added" if source == "config" else f"endpoint added from {source}"
+        return [Change(cluster.spec.name, endpoint.address, added, what)]
 
-    def _retire(self, cluster: str, address: str, now: float) -> Change:
+    def _retire(self, cluster: str, address: str, now: float, source: str) -> Change:
         entry = self._clusters[cluster].entries[address]
         entry.removing_at = now + self._clusters[cluster].spec.policy.drain_time_s
-        transition = drain(entry.health, now, "removed from config", Cause.REMOVED)
+        gone = "removed from config" if source == "config" else f"gone from {source}"
+        transition = drain(entry.health, now, gone, Cause.REMOVED)
         entry.health = transition.after
-        return Change(cluster, address, transition, "endpoint removed from config")
+        return Change(cluster, address, transition, f"endpoint {gone}")
 
     def _cluster_snapshot(self, name: str, cluster: _Cluster) -> ClusterSnapshot:
         share = cluster.spec.policy.degraded_weight
@@ -417,7 +434,7 @@ def _held(entry: _Entry, transition: Transition) -> Transition:
 
 
 def _new_cluster(spec: ClusterSpec, now: float, *, known_at_boot: bool) -> _Cluster:
-    cluster = _Cluster(spec)
+    cluster = _Cluster(spec, known_at_boot=known_at_boot)
     for endpoint in spec.endpoints:
         health = initial_health(now, spec.policy, known_at_boot=known_at_boot)
         cluster.entries[endpoint.address] = _Entry(endpoint, health)

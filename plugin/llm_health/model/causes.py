@@ -23,7 +23,8 @@ class Cause(enum.Enum):
     FATAL = "fatal"
     SIGNAL = "signal"  # an outside source (e.g. HDS) holds it down
     DRAINED = "drained"  # an operator drained it
-    REMOVED = "removed"  # removed from the config (hot reload): draining out
+    REMOVED = "removed"  # removed from the config (hot reload) or gone from DNS: draining out
+    ADDED = "added"  # a new endpoint (hot reload, DNS): STARTING (not a state change)
     UNDRAINED = "undrained"
     OVERRIDE = "override"  # an operator forces the state for a while (not a transition)
     OTHER = "other"  # nothing above: a probe that changed nothing (e.g. one more FAST)

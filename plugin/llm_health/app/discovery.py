@@ -1,0 +1,137 @@
+"""The ``discovery`` component: one ``discovery.Watcher`` per cluster with ``discovery:``,
+following reloads (docs/design.md §11).
+
+A watcher's new set goes to the ``EndpointCatalog`` (board + prober); its faults and
+recoveries become notices (alerts ``discovery_failed`` / ``discovery_recovered``). After
+every change of the endpoint set or the config (the catalog tells), the watchers are
+brought in line with the config in force: a cluster whose ``discovery:`` changed gets a
+new watcher (its last found set stays until the new one answers), a cluster that lost it
+forgets what DNS gave it (those endpoints drain out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from llm_health.app.component import Job
+from llm_health.app.endpoints import EndpointCatalog
+from llm_health.core.control import BoardControl, Notice
+from llm_health.discovery.answers import DnsFault
+from llm_health.discovery.lookup import DnsLookup
+from llm_health.discovery.settings import DiscoverySettings, DnsSettings
+from llm_health.discovery.watcher import Watcher
+
+Settings = Callable[[], tuple[DnsSettings, tuple[DiscoverySettings, ...]]]
+RESTART_AFTER_S = 5.0
+log = logging.getLogger("llm_health")
+
+
+class DiscoveryComponent:
+    name = "discovery"
+
+    def __init__(
+        self,
+        settings: Settings,
+        catalog: EndpointCatalog,
+        control: BoardControl,
+        *,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._settings = settings
+        self._catalog = catalog
+        self._control = control
+        self._wall_clock = wall_clock
+        self._dns: DnsSettings | None = None
+        self._lookup: DnsLookup | None = None
+        self._watchers: dict[str, tuple[Watcher, asyncio.Task[None]]] = {}
+        self._changed = asyncio.Event()
+        catalog.on_targets(lambda _targets: self._changed.set())
+
+    # --- Component protocol -------------------------------------------------------------
+
+    def register(self, server: grpc.aio.Server) -> None:
+        """No gRPC service."""
+
+    def tasks(self) -> list[Job]:
+        return [self.run]
+
+    def status(self) -> dict[str, Any]:
+        now = self._wall_clock()
+        clusters = {name: w.status(now) for name, (w, _task) in self._watchers.items()}
+        return {
+            "clusters_watched": len(clusters),
+            "clusters_failing": sum(1 for c in clusters.values() if c["failing"]),
+            "resolutions_total": sum(c["resolutions"] for c in clusters.values()),
+            "failures_total": sum(c["failures"] for c in clusters.values()),
+            "clusters": clusters,
+        }
+
+    # --- running ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            while True:
+                await self._sync()
+                await self._changed.wait()
+                self._changed.clear()
+        finally:
+            for _watcher, task in self._watchers.values():
+                task.cancel()
+
+    async def _sync(self) -> None:
+        dns, wanted_list = self._settings()
+        wanted = {d.cluster: d for d in wanted_list}
+        if dns != self._dns:
+            self._dns, self._lookup = dns, DnsLookup(dns)
+            self._stop(set(self._watchers))  # new servers: every name asked again
+        changed = {
+            c
+            for c, (w, task) in self._watchers.items()
+            if wanted.get(c) != w.settings or task.done()
+        }
+        self._stop(changed)
+        gone = {c for c in self._catalog.discovered if c not in wanted}
+        for cluster, settings in wanted.items():
+            if cluster not in self._watchers:
+                self._start(settings)
+        if gone:
+            await self._catalog.forget(gone)
+
+    def _start(self, settings: DiscoverySettings) -> None:
+        assert self._lookup is not None
+        watcher = Watcher(
+            settings,
+            self._lookup.resolve,
+            self._catalog.set_discovered,
+            self._on_fault,
+            wall_clock=self._wall_clock,
+        )
+        task = asyncio.create_task(watcher.run(), name=f"discovery-{settings.cluster}")
+        task.add_done_callback(self._ended)
+        self._watchers[settings.cluster] = (watcher, task)
+
+    def _stop(self, clusters: set[str]) -> None:
+        for cluster in clusters:
+            _watcher, task = self._watchers.pop(cluster)
+            task.cancel()
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """A watcher ends only when cancelled; anything else is a bug: said, and the
+        watcher started again in RESTART_AFTER_S (not in a tight loop), the last found set
+        kept meanwhile."""
+        if not task.cancelled() and task.exception() is not None:
+            log.error("discovery: watcher stopped; restarting it", exc_info=task.exception())
+            asyncio.get_running_loop().call_later(RESTART_AFTER_S, self._changed.set)
+
+    def _on_fault(self, cluster: str, fault: DnsFault | None) -> None:
+        if fault is None:
+            self._control.announce(Notice("discovery_recovered", cluster, "DNS answers again"))
+        else:
+            reason = f"DNS {fault.kind.value}: {fault.reason}; keeping the last known endpoints"
+            self._control.announce(Notice("discovery_failed", cluster, reason))

@@ -1,0 +1,131 @@
+"""Pure rules of DNS discovery: which records make endpoints, when to resolve again, what
+a fault is called. No I/O, no clock; table-tested in tests/unit/test_discovery_answers.py.
+
+Everything here reads what a DNS server sent: a peer. Counts are bounded, addresses are
+parsed (never passed on as text), names are made printable before they reach a log.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from llm_health.model.board import EndpointSpec
+from llm_health.model.redact import printable_line
+
+#: A record's TTL may slow resolution down to this at most (or to ``refresh`` if that is
+#: longer): a day-long TTL from a misconfigured zone must not hide a scale-out for a day.
+MAX_TTL_WAIT_S = 60.0
+MAX_REASON = 200  # characters of a fault's text kept for logs, /status and alerts
+
+
+class FaultKind(enum.Enum):
+    """Why a resolution gave no usable set. Every one keeps the last known set
+    (docs/design.md §11.3)."""
+
+    TIMEOUT = "timeout"  # no server answered within dns.timeout
+    SERVFAIL = "servfail"  # every server answered SERVFAIL or REFUSED, or was unreachable
+    NXDOMAIN = "nxdomain"  # the name does not exist
+    EMPTY = "empty"  # the name exists but has no usable record
+    BAD_ANSWER = "bad_answer"  # records we cannot use (addresses dropped, see reason)
+
+
+class DnsFault(Exception):
+    """A resolution that must not change the endpoint set."""
+
+    def __init__(self, kind: FaultKind, reason: str) -> None:
+        self.kind = kind
+        self.reason = printable_line(reason, MAX_REASON)
+        super().__init__(f"{kind.value}: {self.reason}")
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One (address, port) an answer named, and how long the answer may be cached."""
+
+    ip: str
+    port: int
+    ttl: int
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A successful resolution: the endpoints (sorted, unique), how long its records may
+    be cached (the smallest TTL), and what was dropped and why (for one log line)."""
+
+    endpoints: tuple[EndpointSpec, ...]
+    ttl: int
+    dropped: tuple[str, ...] = ()
+
+
+def endpoint_address(ip: str, port: int) -> str:
+    """The "host:port" text of an endpoint, as the config writes it ("[v6]:port")."""
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+def unusable(ip: str) -> str | None:
+    """Why ``ip`` cannot be an endpoint, or None. Unspecified, multicast and broadcast
+    addresses route nowhere useful; an IPv6 link-local address needs a zone that DNS
+    cannot give. Loopback is allowed (a sidecar model server, and the tests)."""
+    try:
+        address = ipaddress.ip_address(ip)
+    except ValueError:
+        return "not an IP address"
+    if address.is_unspecified:
+        return "unspecified address"
+    if address.is_multicast:
+        return "multicast address"
+    if isinstance(address, ipaddress.IPv4Address) and address == ipaddress.IPv4Address(
+        "255.255.255.255"
+    ):
+        return "broadcast address"
+    if isinstance(address, ipaddress.IPv6Address) and address.is_link_local:
+        return "IPv6 link-local address (no zone)"
+    return None
+
+
+def endpoints_from(records: Iterable[Record], weight: int, limit: int) -> Found:
+    """The endpoint set an answer gives: unusable addresses dropped, duplicates merged,
+    sorted (a stable order whatever the server's rotation), at most ``limit``.
+    No usable record at all: ``DnsFault(EMPTY)`` (an empty set never replaces a known
+    one: docs/design.md §11.3)."""
+    kept: dict[str, EndpointSpec] = {}
+    dropped: list[str] = []
+    ttl: int | None = None
+    for record in records:
+        problem = unusable(record.ip)
+        if problem is not None:
+            if len(dropped) < 5:
+                dropped.append(f"{printable_line(record.ip, 50)}: {problem}")
+            continue
+        canonical = str(ipaddress.ip_address(record.ip))
+        address = endpoint_address(canonical, record.port)
+        kept.setdefault(address, EndpointSpec(address, canonical, record.port, weight))
+        ttl = record.ttl if ttl is None else min(ttl, record.ttl)
+    if not kept:
+        reason = "no usable address" + (f" ({'; '.join(dropped)})" if dropped else "")
+        raise DnsFault(FaultKind.EMPTY, reason)
+    ordered = sorted(kept.values(), key=_order)
+    if len(ordered) > limit:
+        dropped.append(f"{len(ordered) - limit} addresses over max_endpoints {limit}")
+        ordered = ordered[:limit]
+    return Found(tuple(ordered), ttl or 0, tuple(dropped))
+
+
+def next_refresh(refresh_s: float, ttl: int) -> float:
+    """Seconds until the next resolution: the TTL, but never sooner than ``refresh_s``
+    (the floor) and never later than ``max(refresh_s, MAX_TTL_WAIT_S)``."""
+    return max(refresh_s, min(float(max(ttl, 0)), MAX_TTL_WAIT_S))
+
+
+def backoff_cap(refresh_s: float) -> float:
+    """The longest wait between two attempts while resolution fails: a few refreshes,
+    at most 30 s (DNS back within a minute is seen within 30 s)."""
+    return min(max(refresh_s * 4, 5.0), 30.0)
+
+
+def _order(spec: EndpointSpec) -> tuple[int, bytes, int]:
+    address = ipaddress.ip_address(spec.host)
+    return address.version, address.packed, spec.port
