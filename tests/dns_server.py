@@ -2,7 +2,8 @@
 ``DNSServer`` (UDP and TCP on one port, in threads), answering from records the test
 changes while the plugin runs.
 
-- ``set_a(name, ips, ttl=0)``, ``set_srv(name, [(target, port)], ttl=0)``: replace records;
+- ``set_a(name, ips, ttl=0)``, ``set_srv(name, [(target, port)], ttl=0, glue=True)``:
+  replace records (SRV answers carry the targets' addresses, like CoreDNS);
 - ``mode``: "ok" (answer), "servfail", "refused", "nxdomain" (every name), "drop" (no
   answer at all: the client times out);
 - unknown names: NXDOMAIN; a known name without the asked type: NOERROR, no answer.
@@ -30,7 +31,7 @@ class _Records(BaseResolver):  # type: ignore[misc]
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.a: dict[str, tuple[list[str], int]] = {}
-        self.srv: dict[str, tuple[list[tuple[str, int]], int]] = {}
+        self.srv: dict[str, tuple[list[tuple[str, int]], int, bool]] = {}
         self.mode = "ok"
         self.queries = 0
 
@@ -57,10 +58,15 @@ class _Records(BaseResolver):  # type: ignore[misc]
                     record = AAAA(ip) if v6 else A(ip)
                     reply.add_answer(RR(request.q.qname, request.q.qtype, rdata=record, ttl=ttl))
         if qtype == "SRV" and services is not None:
-            targets, ttl = services
+            targets, ttl, glue = services
             for target, port in targets:
                 rdata = SRV(priority=0, weight=10, port=port, target=target)
                 reply.add_answer(RR(request.q.qname, QTYPE.SRV, rdata=rdata, ttl=ttl))
+                known = self.a.get(target.rstrip(".").lower()) if glue else None
+                for ip in known[0] if known else ():
+                    record = AAAA(ip) if ":" in ip else A(ip)
+                    kind = QTYPE.AAAA if ":" in ip else QTYPE.A
+                    reply.add_ar(RR(target, kind, rdata=record, ttl=known[1] if known else 0))
         return reply
 
 
@@ -113,9 +119,13 @@ class LoopbackDns:
         with self._records.lock:
             self._records.a[name.lower()] = (list(ips), ttl)
 
-    def set_srv(self, name: str, targets: Iterable[tuple[str, int]], ttl: int = 0) -> None:
+    def set_srv(
+        self, name: str, targets: Iterable[tuple[str, int]], ttl: int = 0, glue: bool = True
+    ) -> None:
+        """SRV records; ``glue``: the targets' known addresses go in the additional
+        section, as CoreDNS does for a headless Service (False: the client asks)."""
         with self._records.lock:
-            self._records.srv[name.lower()] = (list(targets), ttl)
+            self._records.srv[name.lower()] = (list(targets), ttl, glue)
 
     def remove(self, name: str) -> None:
         with self._records.lock:

@@ -313,6 +313,7 @@ def test_manifest_dir_has_no_stray_files() -> None:
     names = {p.name for p in Path(KUBERNETES).iterdir()}
     assert names == {
         "envoy-config.yaml",
+        "fleet",
         "gateway.yaml",
         "kustomization.yaml",
         "llm-health-config.yaml",

@@ -59,11 +59,15 @@ async def test_srv_targets_with_their_ports(dns: LoopbackDns) -> None:
     dns.set_a("a.llm.test", ["127.0.0.5"])
     dns.set_a("b.llm.test", ["127.0.0.6", "127.0.0.7"])
     targets = [("a.llm.test", 9001), ("b.llm.test", 9002), ("missing.llm.test", 9003), (".", 1)]
-    dns.set_srv("_http._tcp.vllm.llm.test", targets)
     srv = DiscoverySettings("c", "_http._tcp.vllm.llm.test", "srv")
-    found = await lookup(dns).resolve(srv)
-    # A target without an address (NXDOMAIN) and "." (RFC 2782: no service) are left out.
-    assert addresses(found) == ["127.0.0.5:9001", "127.0.0.6:9002", "127.0.0.7:9002"]
+    for glue in (True, False):  # addresses in the answer (CoreDNS), or asked target by target
+        dns.set_srv("_http._tcp.vllm.llm.test", targets, glue=glue)
+        before = dns.queries
+        found = await lookup(dns).resolve(srv)
+        # A target without an address (NXDOMAIN) and "." (RFC 2782: no service) are left out.
+        assert addresses(found) == ["127.0.0.5:9001", "127.0.0.6:9002", "127.0.0.7:9002"]
+        # With glue only the target without address is asked for (A and AAAA).
+        assert dns.queries - before == (3 if glue else 7)
 
 
 async def test_large_answer_over_tcp(dns: LoopbackDns) -> None:

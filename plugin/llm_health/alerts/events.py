@@ -9,7 +9,9 @@ Event kinds (``alerts.webhooks[].on``):
 - ``removed``: an endpoint left the config or DNS and is DRAINING out;
 - ``discovery_failed`` / ``discovery_recovered``: a cluster's DNS discovery started
   failing (the last known set is kept) / answers again. Cluster-level: ``endpoint`` is
-  "*" and there is no state (``notice_event``).
+  "*" and there is no state (``notice_event``);
+- ``fleet_fallback`` / ``fleet_recovered``: fleet mode lost Redis (this replica probes
+  every endpoint itself) / shares probes again. Cluster "*", no endpoint, no state.
 
 The first three are the default subscription; the others are opt-in.
 
@@ -40,6 +42,8 @@ class AlertKind(enum.Enum):
     REMOVED = "removed"
     DISCOVERY_FAILED = "discovery_failed"
     DISCOVERY_RECOVERED = "discovery_recovered"
+    FLEET_FALLBACK = "fleet_fallback"
+    FLEET_RECOVERED = "fleet_recovered"
 
 
 _PRIORITY = (
@@ -50,6 +54,8 @@ _PRIORITY = (
     AlertKind.ADDED,
     AlertKind.DISCOVERY_FAILED,
     AlertKind.DISCOVERY_RECOVERED,
+    AlertKind.FLEET_FALLBACK,
+    AlertKind.FLEET_RECOVERED,
 )
 _ROUTED = frozenset({State.HEALTHY, State.DEGRADED})
 

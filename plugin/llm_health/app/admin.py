@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 import grpc
 
 from llm_health.config import AdminConfig, is_local_bind
-from llm_health.core.control import BoardControl
+from llm_health.core.control import BoardControl, OperatorAction
 from llm_health.model.board import Board, EndpointSnapshot, HealthSnapshot
 from llm_health.model.machine import Transition
 from llm_health.model.states import State
@@ -123,16 +124,20 @@ class AdminComponent:
         return await self._control.wait_newer(revision)
 
     async def drain(self, cluster: str, address: str, reason: str) -> Changed:
-        return await self._transition(
+        changed = await self._transition(
             cluster, address, lambda board, now: board.drain(cluster, address, now, reason)
         )
+        self._control.share_action(OperatorAction("drain", cluster, address, reason))
+        return changed
 
     async def undrain(self, cluster: str, address: str) -> Changed:
         if self._endpoint(cluster, address).removing:
             raise ValueError(f"{cluster}/{address} is being removed from the config")
-        return await self._transition(
+        changed = await self._transition(
             cluster, address, lambda board, now: board.undrain(cluster, address, now)
         )
+        self._control.share_action(OperatorAction("undrain", cluster, address))
+        return changed
 
     async def force(
         self, cluster: str, address: str, state: State, duration_s: float, reason: str
@@ -142,6 +147,8 @@ class AdminComponent:
         await self._control.update(
             lambda board, now: board.set_override(cluster, address, state, now + duration_s, why)
         )
+        until = time.time() + duration_s
+        self._control.share_action(OperatorAction("force", cluster, address, why, state, until))
         after = self._endpoint(cluster, address)
         log.info(
             "override set",
@@ -159,6 +166,7 @@ class AdminComponent:
     async def clear_override(self, cluster: str, address: str) -> Changed:
         before = self._endpoint(cluster, address)
         had = await self._control.update(lambda board, _now: board.clear_override(cluster, address))
+        self._control.share_action(OperatorAction("clear", cluster, address))
         after = self._endpoint(cluster, address)
         if had:
             log.info(

@@ -5,6 +5,8 @@ runtime, so a new source of verdicts plugs in here with one line.
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +17,7 @@ from llm_health.app.authz import AuthzComponent
 from llm_health.app.component import Component
 from llm_health.app.discovery import DiscoveryComponent
 from llm_health.app.endpoints import EndpointCatalog
+from llm_health.app.fleet import FleetComponent
 from llm_health.app.grpc_auth import GrpcAuthComponent
 from llm_health.app.hds import HdsComponent
 from llm_health.app.keeper import BoardKeeper
@@ -96,6 +99,9 @@ def build_components(
     ]
     if catalog is not None:
         components.append(DiscoveryComponent(lambda: _discovery(live), catalog, control))
+    if catalog is not None and config.fleet is not None:
+        member = f"{socket.gethostname()}-{os.getpid()}"
+        components.append(FleetComponent(config.fleet.to_settings(member), control, catalog))
     return components
 
 

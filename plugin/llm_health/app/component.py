@@ -2,7 +2,8 @@
 
 A component is built by ``app.assemble`` from its own config section and a
 ``core.control.BoardControl``; it never sees the runtime. All methods run on the runtime's
-event loop.
+event loop. A component may also have ``async def prepare(self) -> None``: run before the
+first probe and before the gRPC server starts, bounded (fleet mode's warm start).
 """
 
 from __future__ import annotations

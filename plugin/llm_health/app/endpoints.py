@@ -18,6 +18,7 @@ from llm_health.model.board import Change, EndpointSpec
 from llm_health.probe.target import ProbeTarget
 
 TargetsListener = Callable[[list[ProbeTarget]], None]
+ProbeFilter = Callable[[str, str], bool]  # (cluster, address) -> probed by this replica
 log = logging.getLogger("llm_health")
 
 
@@ -27,6 +28,7 @@ class EndpointCatalog:
         self._control = control
         self._discovered: dict[str, tuple[EndpointSpec, ...]] = {}
         self._listeners: list[TargetsListener] = []
+        self._probes: ProbeFilter | None = None
 
     @property
     def discovered(self) -> Mapping[str, tuple[EndpointSpec, ...]]:
@@ -37,8 +39,26 @@ class EndpointCatalog:
         return self._live.current.probe_targets(self._discovered)
 
     def on_targets(self, listener: TargetsListener) -> None:
-        """Call ``listener(targets)`` after every change of the endpoint set (the prober)."""
+        """Call ``listener(targets)`` after every change of the endpoint set or of the
+        probe filter (the prober)."""
         self._listeners.append(listener)
+
+    def set_probe_filter(self, probes: ProbeFilter | None) -> None:
+        """Which endpoints this replica probes itself (fleet mode: those it owns); None:
+        all of them. Call ``refilter`` when its answers change."""
+        self._probes = probes
+
+    def probed(self, targets: list[ProbeTarget]) -> list[ProbeTarget]:
+        """The targets this replica probes itself (all, without a filter)."""
+        if self._probes is None:
+            return targets
+        return [t for t in targets if self._probes(t.cluster, t.address)]
+
+    def refilter(self) -> None:
+        """The probe filter's answers changed (ownership moved): tell the listeners."""
+        targets = self.targets()
+        for listener in self._listeners:
+            listener(targets)
 
     async def set_discovered(self, cluster: str, endpoints: tuple[EndpointSpec, ...]) -> None:
         """Discovery found ``endpoints`` for ``cluster`` (a non-empty, successful answer)."""
@@ -75,9 +95,7 @@ class EndpointCatalog:
                 log.info(change.what, extra=fields)  # a state change logs itself (notify)
             if change.transition is not None:
                 self._control.notify(change.cluster, change.address, change.transition, None)
-        targets = self.targets()
-        for listener in self._listeners:
-            listener(targets)
+        self.refilter()
         return changes
 
     def _count_without(self, cluster: str) -> int:

@@ -12,9 +12,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from llm_health.core.control import (
+    ActionObserver,
     Mutation,
     Notice,
     NoticeObserver,
+    OperatorAction,
     ProbeObserver,
     ProberStats,
     TransitionObserver,
@@ -38,6 +40,7 @@ class BoardKeeper:
         self._probe_observers: list[ProbeObserver] = []
         self._transition_observers: list[TransitionObserver] = []
         self._notice_observers: list[NoticeObserver] = []
+        self._action_observers: list[ActionObserver] = []
         self._probe_now: ProbeNow | None = None
 
     # --- reading ------------------------------------------------------------------------
@@ -124,6 +127,13 @@ class BoardKeeper:
 
     def on_notice(self, observer: NoticeObserver) -> None:
         self._notice_observers.append(observer)
+
+    def share_action(self, action: OperatorAction) -> None:
+        for observe in self._action_observers:
+            observe(action)
+
+    def on_action(self, observer: ActionObserver) -> None:
+        self._action_observers.append(observer)
 
     # --- probing ------------------------------------------------------------------------
 

@@ -52,6 +52,7 @@ from llm_health.xds.nodes import OpenNodes
 from llm_health.xds.stream import XdsStats
 
 GRPC_STOP_GRACE_S = 0.5
+PREPARE_BUDGET_S = 2.0  # per component, before probing and xDS start
 EXPIRY_TICK_S = 1.0
 RELOAD_POLL_S = 2.0
 log = logging.getLogger("llm_health")
@@ -112,8 +113,11 @@ class Runtime:
             self.control.attach_prober(
                 lambda cluster, address: slots.probe(self._target(cluster, address))
             )
+            http = await start_http(self.http_app(), self.config.server.http)
+            self.http_port = _bound_port(http)
+            await self._prepare_components()
             scheduler = Scheduler(
-                self.targets,
+                self.catalog.probed(self.targets),
                 slots.probe,
                 self.on_result,
                 on_silence=self.on_silence,
@@ -121,8 +125,6 @@ class Runtime:
                 lag=self.lag,
             )
             self.scheduler = scheduler
-            http = await start_http(self.http_app(), self.config.server.http)
-            self.http_port = _bound_port(http)
             try:
                 server = await self._start_grpc()
                 try:
@@ -156,11 +158,25 @@ class Runtime:
         return target
 
     def _set_targets(self, targets: list[ProbeTarget]) -> None:
-        """The endpoint set changed (reload, discovery): probe exactly these from now."""
+        """The endpoint set changed (reload, discovery) or who probes what (fleet): the
+        scheduler probes the ones this replica probes itself; probe-now reaches all."""
         self.targets = targets
         self._by_key = {(t.cluster, t.address): t for t in targets}
         if self.scheduler is not None:
-            self.scheduler.update(targets)
+            self.scheduler.update(self.catalog.probed(targets))
+
+    async def _prepare_components(self) -> None:
+        """Before the first probe and before Envoy can connect: each component's
+        ``prepare`` (fleet mode loads the fleet's fresh verdicts: warm start), bounded."""
+        for component in self.components:
+            prepare = getattr(component, "prepare", None)
+            if prepare is None:
+                continue
+            try:
+                async with asyncio.timeout(PREPARE_BUDGET_S):
+                    await prepare()
+            except Exception:  # a component's start-up must never stop the service
+                log.warning("component start-up failed", extra={"component": component.name})
 
     async def _start_grpc(self) -> grpc.aio.Server:
         security = next(

@@ -21,6 +21,7 @@ from typing import Protocol, TypeVar
 from llm_health.model.board import Board, HealthSnapshot
 from llm_health.model.machine import Transition
 from llm_health.model.outcome import ProbeResult
+from llm_health.model.states import State
 
 T = TypeVar("T")
 
@@ -37,6 +38,23 @@ class Notice:
 
 
 NoticeObserver = Callable[[Notice], None]
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorAction:
+    """An operator's action through the admin API, after it was applied here, for
+    components that share it (fleet mode: every replica's board). ``kind``: drain,
+    undrain, force, clear; ``state`` and ``until`` (wall seconds) for force only."""
+
+    kind: str
+    cluster: str
+    address: str
+    reason: str = ""
+    state: State | None = None
+    until: float | None = None
+
+
+ActionObserver = Callable[[OperatorAction], None]
 ProbeObserver = Callable[[str, str, ProbeResult], None]  # (cluster, address, result)
 TransitionObserver = Callable[[str, str, Transition, ProbeResult | None], None]
 Mutation = Callable[[Board, float], T]  # (board, monotonic now) -> anything
@@ -89,6 +107,12 @@ class BoardControl(Protocol):
         ...
 
     def on_notice(self, observer: NoticeObserver) -> None: ...
+
+    def share_action(self, action: OperatorAction) -> None:
+        """An operator action was applied here: tell every action observer (fleet)."""
+        ...
+
+    def on_action(self, observer: ActionObserver) -> None: ...
 
     async def probe_now(self, cluster: str, address: str) -> tuple[ProbeResult, bool]:
         """Probe one endpoint at once, fold the result in like a scheduled one; returns

@@ -18,7 +18,10 @@ from llm_health.model.redact import printable_line
 #: A record's TTL may slow resolution down to this at most (or to ``refresh`` if that is
 #: longer): a day-long TTL from a misconfigured zone must not hide a scale-out for a day.
 MAX_TTL_WAIT_S = 60.0
-MAX_REASON = 200  # characters of a fault's text kept for logs, /status and alerts
+MAX_REASON = 200
+_BROADCAST = ipaddress.IPv4Address(
+    "255.255.255.255"
+)  # characters of a fault's text kept for logs, /status and alerts
 
 
 class FaultKind(enum.Enum):
@@ -73,13 +76,15 @@ def unusable(ip: str) -> str | None:
         address = ipaddress.ip_address(ip)
     except ValueError:
         return "not an IP address"
+    return _unusable(address)
+
+
+def _unusable(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
     if address.is_unspecified:
         return "unspecified address"
     if address.is_multicast:
         return "multicast address"
-    if isinstance(address, ipaddress.IPv4Address) and address == ipaddress.IPv4Address(
-        "255.255.255.255"
-    ):
+    if address == _BROADCAST:
         return "broadcast address"
     if isinstance(address, ipaddress.IPv6Address) and address.is_link_local:
         return "IPv6 link-local address (no zone)"
@@ -90,28 +95,40 @@ def endpoints_from(records: Iterable[Record], weight: int, limit: int) -> Found:
     """The endpoint set an answer gives: unusable addresses dropped, duplicates merged,
     sorted (a stable order whatever the server's rotation), at most ``limit``.
     No usable record at all: ``DnsFault(EMPTY)`` (an empty set never replaces a known
-    one: docs/design.md §11.3)."""
-    kept: dict[str, EndpointSpec] = {}
+    one: docs/design.md §11.3). Each address is parsed once (hundreds per answer, every
+    refresh: docs/design.md §11.2)."""
+    kept: dict[tuple[int, bytes, int], EndpointSpec] = {}
     dropped: list[str] = []
     ttl: int | None = None
     for record in records:
-        problem = unusable(record.ip)
-        if problem is not None:
-            if len(dropped) < 5:
-                dropped.append(f"{printable_line(record.ip, 50)}: {problem}")
+        try:
+            address = ipaddress.ip_address(record.ip)
+        except ValueError:
+            _drop(dropped, record, "not an IP address")
             continue
-        canonical = str(ipaddress.ip_address(record.ip))
-        address = endpoint_address(canonical, record.port)
-        kept.setdefault(address, EndpointSpec(address, canonical, record.port, weight))
+        problem = _unusable(address)
+        if problem is not None:
+            _drop(dropped, record, problem)
+            continue
+        order = (address.version, address.packed, record.port)
+        if order not in kept:
+            canonical = str(address)
+            text = endpoint_address(canonical, record.port)
+            kept[order] = EndpointSpec(text, canonical, record.port, weight)
         ttl = record.ttl if ttl is None else min(ttl, record.ttl)
     if not kept:
         reason = "no usable address" + (f" ({'; '.join(dropped)})" if dropped else "")
         raise DnsFault(FaultKind.EMPTY, reason)
-    ordered = sorted(kept.values(), key=_order)
+    ordered = [kept[k] for k in sorted(kept)]
     if len(ordered) > limit:
         dropped.append(f"{len(ordered) - limit} addresses over max_endpoints {limit}")
         ordered = ordered[:limit]
     return Found(tuple(ordered), ttl or 0, tuple(dropped))
+
+
+def _drop(dropped: list[str], record: Record, problem: str) -> None:
+    if len(dropped) < 5:  # a hostile answer must not make an unbounded log line
+        dropped.append(f"{printable_line(record.ip, 50)}: {problem}")
 
 
 def next_refresh(refresh_s: float, ttl: int) -> float:
@@ -124,8 +141,3 @@ def backoff_cap(refresh_s: float) -> float:
     """The longest wait between two attempts while resolution fails: a few refreshes,
     at most 30 s (DNS back within a minute is seen within 30 s)."""
     return min(max(refresh_s * 4, 5.0), 30.0)
-
-
-def _order(spec: EndpointSpec) -> tuple[int, bytes, int]:
-    address = ipaddress.ip_address(spec.host)
-    return address.version, address.packed, spec.port

@@ -12,7 +12,9 @@ every address of the family that did not answer.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Iterator
+import math
+from collections.abc import Awaitable, Iterable, Iterator
+from typing import TypeVar
 
 import dns.asyncresolver
 import dns.exception
@@ -26,9 +28,11 @@ import dns.rrset
 from llm_health.discovery.answers import DnsFault, FaultKind, Found, Record, endpoints_from
 from llm_health.discovery.settings import DiscoverySettings, DnsSettings
 
-WHOLE_BUDGET = 3  # x dns.timeout for one resolution, every query included
-MAX_PARALLEL_TARGETS = 16  # SRV targets resolved at once (no stampede on the DNS server)
+WHOLE_BUDGET = 3  # x dns.timeout for an A + AAAA resolution
+MAX_PARALLEL_TARGETS = 16
+UDP_RECORDS = 25  # more A records than fit in a 512-byte UDP answer: ask over TCP  # SRV targets resolved at once (no stampede on the DNS server)
 _ADDRESS_TYPES = (dns.rdatatype.A, dns.rdatatype.AAAA)
+T = TypeVar("T")
 
 
 class DnsLookup:
@@ -37,27 +41,40 @@ class DnsLookup:
     def __init__(self, settings: DnsSettings) -> None:
         self.settings = settings
         self._resolver: dns.asyncresolver.Resolver | None = None
+        self._big: set[tuple[str, dns.rdatatype.RdataType]] = set()
+        self._last: dict[DiscoverySettings, tuple[tuple[Record, ...], Found]] = {}
 
     async def resolve(self, discovery: DiscoverySettings) -> Found:
         """The endpoint set ``discovery`` names now. DnsFault: keep the last known set.
-        The whole resolution (an SRV answer's targets included) gets WHOLE_BUDGET times
-        ``dns.timeout``: a server that answers slowly target by target cannot hold the
-        cluster's discovery for minutes."""
-        budget = self.settings.timeout_s * WHOLE_BUDGET
-        try:
-            async with asyncio.timeout(budget):
-                records = await self._records(discovery)
-        except TimeoutError:
-            raise DnsFault(
-                FaultKind.TIMEOUT, f"{discovery.name}: no complete answer in {budget:g} s"
-            ) from None
-        return endpoints_from(records, discovery.weight, discovery.max_endpoints)
+        Every step is bounded (``_within``): a server that answers slowly, or target by
+        target, cannot hold the cluster's discovery for minutes."""
+        answer = tuple(await self._records(discovery))
+        last = self._last.get(discovery)
+        if last is not None and last[0] == answer:
+            return last[1]  # the same records as last time: the same set, not rebuilt
+        found = endpoints_from(answer, discovery.weight, discovery.max_endpoints)
+        self._last[discovery] = (answer, found)
+        return found
 
     async def _records(self, discovery: DiscoverySettings) -> list[Record]:
         if discovery.kind == "srv":
             return await self._srv_records(discovery.name, discovery.max_endpoints)
         assert discovery.port is not None  # the config requires it for dns:
-        return await self._address_records(discovery.name, discovery.port)
+        port = discovery.port
+        return await self._within(
+            WHOLE_BUDGET, discovery.name, self._address_records(discovery.name, port)
+        )
+
+    async def _within(self, timeouts: float, name: str, work: Awaitable[T]) -> T:
+        """``work`` within ``timeouts`` x dns.timeout, else a TIMEOUT fault."""
+        budget = self.settings.timeout_s * timeouts
+        try:
+            async with asyncio.timeout(budget):
+                return await work
+        except TimeoutError:
+            raise DnsFault(
+                FaultKind.TIMEOUT, f"{name}: no complete answer in {budget:g} s"
+            ) from None
 
     # --- A / AAAA ---------------------------------------------------------------------
 
@@ -91,9 +108,9 @@ class DnsLookup:
         glue = _glue(answer.response)
         targets = [
             (rdata.target, rdata.port, answer.rrset.ttl)
-            for rdata in list(answer.rrset)[:limit]
+            for rdata in answer.rrset
             if rdata.target != dns.name.root  # RFC 2782: "." = service not available here
-        ]
+        ][:limit]
         gate = asyncio.Semaphore(MAX_PARALLEL_TARGETS)
 
         async def addresses(target: dns.name.Name, port: int, ttl: int) -> list[Record]:
@@ -104,8 +121,13 @@ class DnsLookup:
                 found = await self._address_records(target.to_text(), port)
             return [Record(r.ip, r.port, min(ttl, r.ttl)) for r in found]
 
-        results = await asyncio.gather(
-            *(addresses(*target) for target in targets), return_exceptions=True
+        # Targets without glue need their own queries, MAX_PARALLEL_TARGETS at a time: the
+        # budget grows with their number (the server's glue makes it one round trip).
+        rounds = 1 + math.ceil(sum(t[0] not in glue for t in targets) / MAX_PARALLEL_TARGETS)
+        results = await self._within(
+            rounds + 1,
+            name,
+            asyncio.gather(*(addresses(*target) for target in targets), return_exceptions=True),
         )
         records: list[Record] = []
         for result in results:
@@ -124,9 +146,17 @@ class DnsLookup:
     # --- the resolver -------------------------------------------------------------------
 
     async def _query(self, name: str, rdtype: dns.rdatatype.RdataType) -> dns.resolver.Answer:
-        return await self._get_resolver().resolve(
-            name, rdtype, lifetime=self.settings.timeout_s, search=None
+        # An answer too large for 512 bytes of UDP comes back truncated and is asked again
+        # over TCP; a name that needed TCP last time is asked over TCP at once.
+        big = (name, rdtype) in self._big
+        answer = await self._get_resolver().resolve(
+            name, rdtype, lifetime=self.settings.timeout_s, search=None, tcp=big
         )
+        if answer.rrset is not None and len(answer.rrset) > UDP_RECORDS:
+            self._big.add((name, rdtype))
+        else:
+            self._big.discard((name, rdtype))
+        return answer
 
     def _get_resolver(self) -> dns.asyncresolver.Resolver:
         if self._resolver is None:

