@@ -318,4 +318,5 @@ def test_manifest_dir_has_no_stray_files() -> None:
         "kustomization.yaml",
         "llm-health-config.yaml",
         "model-servers.yaml",
+        "remediation",
     }

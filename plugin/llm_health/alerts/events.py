@@ -11,7 +11,8 @@ Event kinds (``alerts.webhooks[].on``):
   failing (the last known set is kept) / answers again. Cluster-level: ``endpoint`` is
   "*" and there is no state (``notice_event``);
 - ``fleet_fallback`` / ``fleet_recovered``: fleet mode lost Redis (this replica probes
-  every endpoint itself) / shares probes again. Cluster "*", no endpoint, no state.
+  every endpoint itself) / shares probes again. Cluster "*", no endpoint, no state;
+- ``remediation``: a remediation hook ran (or was a dry run), with its outcome.
 
 The first three are the default subscription; the others are opt-in.
 
@@ -44,6 +45,7 @@ class AlertKind(enum.Enum):
     DISCOVERY_RECOVERED = "discovery_recovered"
     FLEET_FALLBACK = "fleet_fallback"
     FLEET_RECOVERED = "fleet_recovered"
+    REMEDIATION = "remediation"
 
 
 _PRIORITY = (
@@ -56,6 +58,7 @@ _PRIORITY = (
     AlertKind.DISCOVERY_RECOVERED,
     AlertKind.FLEET_FALLBACK,
     AlertKind.FLEET_RECOVERED,
+    AlertKind.REMEDIATION,
 )
 _ROUTED = frozenset({State.HEALTHY, State.DEGRADED})
 

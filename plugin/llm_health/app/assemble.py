@@ -23,6 +23,7 @@ from llm_health.app.hds import HdsComponent
 from llm_health.app.keeper import BoardKeeper
 from llm_health.app.live import LiveConfig
 from llm_health.app.metrics import RuntimeMetrics
+from llm_health.app.remediation import RemediationComponent
 from llm_health.app.runtime import Runtime
 from llm_health.config import Config
 from llm_health.core.control import ProberStats
@@ -99,10 +100,32 @@ def build_components(
     ]
     if catalog is not None:
         components.append(DiscoveryComponent(lambda: _discovery(live), catalog, control))
+    if config.remediation:
+        components.append(_remediation(config, control, catalog))
     if catalog is not None and config.fleet is not None:
         member = f"{socket.gethostname()}-{os.getpid()}"
         components.append(FleetComponent(config.fleet.to_settings(member), control, catalog))
     return components
+
+
+def _remediation(
+    config: Config, control: BoardKeeper, catalog: EndpointCatalog | None
+) -> RemediationComponent:
+    def first_seen(cluster: str, address: str) -> float | None:
+        board = control.board
+        return (
+            board.health(cluster, address).first_seen
+            if board.has_endpoint(cluster, address)
+            else None
+        )
+
+    return RemediationComponent(
+        tuple(r.to_rule() for r in config.remediation),
+        config.limits.to_limits(),
+        control,
+        first_seen=first_seen,
+        responsible=catalog.probes_here if catalog is not None else lambda _c, _a: True,
+    )
 
 
 def _discovery(live: LiveConfig) -> tuple[DnsSettings, tuple[DiscoverySettings, ...]]:

@@ -48,6 +48,10 @@ class EndpointCatalog:
         all of them. Call ``refilter`` when its answers change."""
         self._probes = probes
 
+    def probes_here(self, cluster: str, address: str) -> bool:
+        """Whether this replica probes (and so acts for) the endpoint."""
+        return self._probes is None or self._probes(cluster, address)
+
     def probed(self, targets: list[ProbeTarget]) -> list[ProbeTarget]:
         """The targets this replica probes itself (all, without a filter)."""
         if self._probes is None:

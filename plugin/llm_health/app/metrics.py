@@ -61,7 +61,7 @@ CONNECT_BUCKETS_S = (0.001, 0.005, 0.025, 0.1, 0.5)
 LAG_WINDOW_S = 30.0
 # Status keys shown as labelled series by their own family (e.g. discovery_families), not
 # walked into names: a cluster name is a label value, never part of a metric name.
-_LABELLED = {"discovery": ("clusters",), "fleet": ("endpoints",)}
+_LABELLED = {"discovery": ("clusters",), "fleet": ("endpoints",), "remediation": ("recent",)}
 MAX_COMPONENT_SERIES = 200  # per component: a status() that grows cannot flood Prometheus
 MAX_COMPONENT_DEPTH = 4
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")

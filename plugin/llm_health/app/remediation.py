@@ -1,0 +1,289 @@
+"""The ``remediation`` component: runs the hooks of ``remediation:`` within ``limits:``
+(docs/design.md §13; the rules are ``remediation.decide``).
+
+Every second it looks at the board; for each endpoint a hook is due for and the limits let
+through, it runs the argv (no shell: ``asyncio.create_subprocess_exec``, its own process
+group, stdin closed, output captured up to MAX_OUTPUT bytes) or POSTs the webhook, and
+kills / gives up at ``timeout``. In fleet mode only the endpoint's owner acts (the
+replica that probes it): one restart, not one per gateway replica.
+
+Every run is audited: a log line when it starts and one with its outcome, counters in
+/status and /metrics, the last RECENT runs in /status, and a ``remediation`` alert.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import aiohttp
+import grpc
+
+from llm_health.core.control import BoardControl, Notice
+from llm_health.model.board import HealthSnapshot
+from llm_health.model.redact import printable_line
+from llm_health.remediation.decide import Candidate, Ledger, is_due, refusal
+from llm_health.remediation.settings import Limits, Rule
+from llm_health.remediation.template import render
+
+TICK_S = 1.0
+MAX_OUTPUT = 4096  # bytes of a hook's output kept for the audit
+RECENT = 20
+log = logging.getLogger("llm_health")
+Job = Callable[[], Coroutine[Any, Any, None]]
+FirstSeen = Callable[[str, str], float | None]  # (cluster, address) -> monotonic first sight
+Responsible = Callable[[str, str], bool]  # does this replica act for the endpoint
+
+
+class RemediationComponent:
+    name = "remediation"
+
+    def __init__(
+        self,
+        rules: tuple[Rule, ...],
+        limits: Limits,
+        control: BoardControl,
+        *,
+        first_seen: FirstSeen,
+        responsible: Responsible = lambda _c, _a: True,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        tick_s: float = TICK_S,
+    ) -> None:
+        self.rules, self.limits = rules, limits
+        self._control = control
+        self._first_seen = first_seen
+        self._responsible = responsible
+        self._clock, self._wall_clock = clock, wall_clock
+        self._tick_s = tick_s
+        self.ledger = Ledger()
+        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
+        self.counters = {
+            "runs_total": 0,
+            "dry_runs_total": 0,
+            "succeeded_total": 0,
+            "failed_total": 0,
+            "killed_total": 0,
+            "refused_total": 0,
+        }
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # --- Component protocol -------------------------------------------------------------
+
+    def register(self, server: grpc.aio.Server) -> None:
+        """No gRPC service."""
+
+    def tasks(self) -> list[Job]:
+        return [self._ticker] if self.rules else []
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "rules": len(self.rules),
+            "dry_run": self.limits.dry_run,
+            "running": len(self.ledger.running),
+            **self.counters,
+            "recent": list(self.recent),
+        }
+
+    # --- deciding -----------------------------------------------------------------------
+
+    async def _ticker(self) -> None:
+        try:
+            while True:
+                await asyncio.sleep(self._tick_s)
+                self.tick(self._control.snapshot())
+        finally:
+            for task in self._tasks:
+                task.cancel()
+
+    def tick(self, snapshot: HealthSnapshot) -> list[tuple[Candidate, Rule]]:
+        """Start every hook that is due and allowed now; returns what was started."""
+        now, wall_now = self._clock(), self._wall_clock()
+        self.ledger.forget_before(now)
+        started = []
+        for candidate in self._candidates(snapshot, now, wall_now):
+            for rule in self.rules:
+                if not is_due(rule, candidate):
+                    continue
+                why = refusal(self.ledger, candidate, rule, self.limits, now)
+                if why is not None:
+                    if why not in ("already running",) and not why.startswith("cooldown"):
+                        self.counters["refused_total"] += 1
+                    continue
+                self.ledger.start(candidate.key, rule, now)
+                task = asyncio.get_running_loop().create_task(self._run(candidate, rule))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+                started.append((candidate, rule))
+        return started
+
+    def _candidates(self, snapshot: HealthSnapshot, now: float, wall_now: float) -> list[Candidate]:
+        found = []
+        for name, cluster in snapshot.clusters.items():
+            size = len(cluster.endpoints)
+            for endpoint in cluster.endpoints:
+                address = endpoint.spec.address
+                if endpoint.removing or not self._responsible(name, address):
+                    continue
+                policy_grace, max_ejection = self._policy(name)
+                first = self._first_seen(name, address)
+                in_grace = first is None or now - first < policy_grace
+                found.append(
+                    Candidate(
+                        cluster=name,
+                        address=address,
+                        state=endpoint.state,
+                        cause=endpoint.cause,
+                        in_state_s=wall_now - endpoint.since,
+                        in_grace=in_grace,
+                        cluster_size=size,
+                        max_ejection_percent=max_ejection,
+                    )
+                )
+        return found
+
+    def _policy(self, cluster: str) -> tuple[float, int]:
+        board = getattr(self._control, "board", None)
+        if board is None:
+            return 0.0, 50
+        policy = board.policy(cluster)
+        return policy.startup_grace_s, policy.max_ejection_percent
+
+    # --- running ------------------------------------------------------------------------
+
+    async def _run(self, candidate: Candidate, rule: Rule) -> None:
+        key = candidate.key
+        values = _values(candidate)
+        what = " ".join(render(rule.run, values)) if rule.run else _origin(rule.webhook or "")
+        entry: dict[str, Any] = {
+            "cluster": candidate.cluster,
+            "endpoint": candidate.address,
+            "rule": rule.name,
+            "action": printable_line(what, 300),
+            "state": candidate.state.value,
+            "cause": candidate.cause.value,
+            "started": round(self._wall_clock(), 3),
+        }
+        try:
+            if self.limits.dry_run:
+                self.counters["dry_runs_total"] += 1
+                entry["outcome"] = "dry run: not run"
+            else:
+                self.counters["runs_total"] += 1
+                log.warning("remediation: running", extra=_fields(entry))
+                entry.update(
+                    await (self._exec(rule, values) if rule.run else self._post(rule, candidate))
+                )
+            self._count(entry["outcome"])
+        except Exception as exc:  # a broken hook must never break the service
+            entry["outcome"] = f"failed: {type(exc).__name__}"
+            self.counters["failed_total"] += 1
+        finally:
+            self.ledger.finish(key, rule)
+            entry["duration_s"] = round(self._wall_clock() - entry["started"], 3)
+            self.recent.append(entry)
+            log.warning("remediation: done", extra=_fields(entry))
+            reason = f"{entry['rule']} for {candidate.address}: {entry['outcome']}"
+            self._control.announce(Notice("remediation", candidate.cluster, reason))
+
+    async def _exec(self, rule: Rule, values: dict[str, str]) -> dict[str, Any]:
+        argv = render(rule.run, values)
+        process = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,  # its own process group: a timeout kills its children too
+        )
+        try:
+            async with asyncio.timeout(rule.timeout_s):
+                output = await _bounded(process)
+                code = await process.wait()
+        except TimeoutError:
+            _kill_group(process)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(process.wait(), 5)
+            return {"outcome": f"killed after {rule.timeout_s:g} s", "exit": None}
+        text = printable_line(output.decode(errors="replace"), MAX_OUTPUT)
+        return {"outcome": "ok" if code == 0 else f"exit {code}", "exit": code, "output": text}
+
+    async def _post(self, rule: Rule, candidate: Candidate) -> dict[str, Any]:
+        assert rule.webhook is not None
+        body = {
+            "source": "llm-health",
+            "event": "remediation",
+            "cluster": candidate.cluster,
+            "endpoint": candidate.address,
+            "state": candidate.state.value,
+            "cause": candidate.cause.value,
+            "for_s": round(candidate.in_state_s, 1),
+            "rule": rule.name,
+        }
+        timeout = aiohttp.ClientTimeout(total=rule.timeout_s)
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=timeout) as session,
+                session.post(rule.webhook, json=body) as response,
+            ):
+                await response.content.read(MAX_OUTPUT)
+                status = response.status
+        except TimeoutError:
+            return {"outcome": f"killed after {rule.timeout_s:g} s"}
+        except aiohttp.ClientError as exc:
+            return {"outcome": f"failed: {type(exc).__name__}"}
+        return {"outcome": "ok" if 200 <= status < 300 else f"HTTP {status}", "status": status}
+
+    def _count(self, outcome: str) -> None:
+        if outcome == "ok":
+            self.counters["succeeded_total"] += 1
+        elif outcome.startswith("killed"):
+            self.counters["killed_total"] += 1
+        elif not outcome.startswith("dry run"):
+            self.counters["failed_total"] += 1
+
+
+async def _bounded(process: asyncio.subprocess.Process) -> bytes:
+    """The first MAX_OUTPUT bytes of the output; the rest is read and dropped (a hook
+    that writes without end must not fill our memory, nor block on a full pipe)."""
+    assert process.stdout is not None
+    kept = b""
+    while chunk := await process.stdout.read(65536):
+        if len(kept) < MAX_OUTPUT:
+            kept += chunk[: MAX_OUTPUT - len(kept)]
+    return kept
+
+
+def _kill_group(process: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def _values(candidate: Candidate) -> dict[str, str]:
+    host, _, port = candidate.address.rpartition(":")
+    return {
+        "cluster": candidate.cluster,
+        "address": candidate.address,
+        "host": host.strip("[]"),
+        "port": port,
+        "state": candidate.state.value,
+        "cause": candidate.cause.value,
+    }
+
+
+def _origin(url: str) -> str:
+    """scheme://host[:port] only: a webhook's path may carry a token."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+
+
+def _fields(entry: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in entry.items() if k != "output"}
