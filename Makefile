@@ -5,7 +5,7 @@ BIN    := $(CURDIR)/$(VENV)/bin
 STAMP  := $(VENV)/.installed
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install test test-unit lint typecheck demo bench proto clean
+.PHONY: install tools test test-unit lint typecheck demo bench proto clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,38 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-test: $(STAMP)
+# Debian packages the tests use, installed only when missing (root or sudo): promtool
+# from `prometheus` (tests/deploy/test_prometheus_rules.py, test_grafana_dashboard.py) and
+# `chromium` + `chromium-driver` (tests/e2e/test_status_page.py, driven by Selenium; no
+# browser download). One apt run. The prometheus package's daemon is never started: a
+# policy-rc.d denying service starts is in place for the install (if none is there
+# already), then its service is disabled (and stopped, where systemd runs).
+tools:
+	@missing=; \
+	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
+	[ -x /usr/bin/chromedriver ] || missing="$$missing chromium-driver"; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	set -e; \
+	if [ "$$(id -u)" -eq 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	echo "installing Debian packages:$$missing"; \
+	created=; \
+	if [ ! -e /usr/sbin/policy-rc.d ]; then \
+	  printf '#!/bin/sh\nexit 101\n' | $$SUDO tee /usr/sbin/policy-rc.d >/dev/null; \
+	  $$SUDO chmod 755 /usr/sbin/policy-rc.d; created=1; \
+	fi; \
+	trap 'if [ -n "$$created" ]; then $$SUDO rm -f /usr/sbin/policy-rc.d; fi' EXIT; \
+	$$SUDO apt-get update -qq; \
+	$$SUDO env DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	case "$$missing" in *prometheus*) \
+	  if [ -d /run/systemd/system ]; then $$SUDO systemctl disable --now prometheus.service; \
+	  elif command -v systemctl >/dev/null 2>&1; then $$SUDO systemctl disable prometheus.service 2>/dev/null || true; \
+	  else $$SUDO update-rc.d prometheus disable 2>/dev/null || true; fi;; \
+	esac; \
+	promtool --version 2>&1 | head -1; /usr/bin/chromedriver --version
+
+test: $(STAMP) tools
 	$(BIN)/pytest -q -p no:cacheprovider
 
 test-unit: $(STAMP)

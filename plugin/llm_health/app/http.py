@@ -1,4 +1,5 @@
-"""The plugin's HTTP port: /livez, /readyz, /status, /metrics (docs/design.md §5). Thin: reads the runtime."""
+"""The plugin's HTTP port: /livez, /readyz, /status, /metrics (docs/design.md §5), and the live
+status page at / (app/statuspage.py). Thin: reads the runtime."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from aiohttp import web
 from aiohttp.web_server import Server
 
 from llm_health.app.logs import install_peer_input_filter
+from llm_health.app.statuspage import status_page
 from llm_health.config import split_address
 
 HEADER_TIMEOUT_S = 10.0
@@ -50,6 +52,7 @@ def build_http_app(
     app.router.add_get("/livez", livez)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", status_handler)
+    app.router.add_get("/", status_page)  # the live page: it polls /status
     if metrics is not None:
         render = metrics
 

@@ -61,7 +61,12 @@ CONNECT_BUCKETS_S = (0.001, 0.005, 0.025, 0.1, 0.5)
 LAG_WINDOW_S = 30.0
 # Status keys shown as labelled series by their own family (e.g. discovery_families), not
 # walked into names: a cluster name is a label value, never part of a metric name.
-_LABELLED = {"discovery": ("clusters",), "fleet": ("endpoints",), "remediation": ("recent",)}
+_LABELLED = {
+    "discovery": ("clusters",),
+    "fleet": ("endpoints",),
+    "remediation": ("recent",),
+    "authz": ("decisions",),
+}
 MAX_COMPONENT_SERIES = 200  # per component: a status() that grows cannot flood Prometheus
 MAX_COMPONENT_DEPTH = 4
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
@@ -244,6 +249,26 @@ class _ScrapeCollector(Collector):
         yield from _prober_families(scrape)
         yield from component_families(scrape.components)
         yield from discovery_families(scrape.components.get("discovery", {}))
+        yield from authz_families(scrape.components.get("authz", {}))
+
+
+def authz_families(status: Mapping[str, Any]) -> Iterator[Metric]:
+    """ext_authz decisions per cluster and rule, from the authz component's /status
+    (cluster names are labels: any name, "-" included)."""
+    decisions = status.get("decisions")
+    if not isinstance(decisions, Mapping) or not decisions:
+        return
+    family = CounterMetricFamily(
+        "llm_health_authz_decisions",
+        "ext_authz decisions by cluster and rule (ok, priority_routed, cold, no_capacity, "
+        "shed, probe_denied, unknown_cluster, no_cluster, disabled).",
+        labels=["cluster", "rule"],
+    )
+    for cluster, rules in decisions.items():
+        if isinstance(rules, Mapping):
+            for rule, count in rules.items():
+                family.add_metric([str(cluster), str(rule)], count)
+    yield family
 
 
 def discovery_families(status: Mapping[str, Any]) -> Iterator[Metric]:

@@ -40,6 +40,12 @@ def _endpoint(endpoint: EndpointSnapshot) -> dict[str, Any]:
         "since": _iso(endpoint.since),
         "since_epoch": round(endpoint.since, 3),
         "base_weight": endpoint.spec.weight,
+        "probe_state": None if endpoint.probe_state is None else endpoint.probe_state.value,
+        "override_until": None
+        if endpoint.override_until is None
+        else _iso(endpoint.override_until),
+        "signals": dict(endpoint.signals),
+        "removing": endpoint.removing,
         "envoy": {
             "health_status": endpoint.view.health.value,
             "weight": endpoint.view.weight,
