@@ -21,7 +21,8 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-#: Known benchmarks in run order, with the arguments used by `make bench` (~11 minutes).
+#: Known benchmarks in run order, with the arguments used by `make bench` (~11 minutes,
+#: plus ~3 for discovery).
 PLAN: list[tuple[str, list[str]]] = [
     ("detection", []),
     ("probe_scale", ["--profile", "1000"]),
@@ -29,6 +30,7 @@ PLAN: list[tuple[str, list[str]]] = [
     ("push_latency", ["--coalesce", "0", "--endpoints", "1", "1000", "5000"]),
     ("probe_cost", []),
     ("authz_overhead", []),
+    ("discovery", []),
 ]
 #: Modules in bench/ that are not benchmarks (or are superseded by one in PLAN).
 HELPERS = {"common", "procs", "route_probe", "run_all", "probe_accuracy"}

@@ -39,9 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
     missing = [p for p in (CHROMIUM, CHROMEDRIVER) if shutil.which(p) is None]
-    assert not missing, (
-        f"{missing} not installed: `make tools` (Debian chromium, chromium-driver)"
-    )
+    assert not missing, f"{missing} not installed: `make tools` (Debian chromium, chromium-driver)"
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for flag in (
