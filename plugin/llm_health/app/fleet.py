@@ -97,7 +97,8 @@ class FleetComponent:
             "verdicts_published_total": 0,
             "verdicts_applied_total": 0,
             "verdicts_rejected_total": 0,
-            "verdicts_fenced_total": 0,
+            "verdicts_fenced_total": 0,  # refused: not a live member with our epoch
+            "verdicts_not_owner_total": 0,  # refused: another member owns it (lists differ)
             "redis_errors_total": 0,
             "fallbacks_total": 0,
             "takeovers_total": 0,
@@ -174,9 +175,10 @@ class FleetComponent:
 
     async def _set_members(self, membership: Membership) -> None:
         self._server_offset_ms = membership.now_ms - self._wall_clock() * 1000
-        if membership.members == self.members:
-            return
-        self.members = dict(membership.members)
+        same = _epochs(membership.members) == _epochs(self.members)
+        self.members = dict(membership.members)  # beats (verdict ages) are always fresh
+        if same:
+            return  # who is a member did not change: owners neither (the common case)
         self._owners.clear()
         owned = {k for k in self._keys() if self.owner(k) == self.me}
         gained = owned - self._owned
@@ -190,9 +192,13 @@ class FleetComponent:
         """Endpoints now ours continue from their last stored verdict (no return to
         STARTING, no state change unless our own probes say so), then carry our name."""
         self.counters["takeovers_total"] += len(keys)
-        stored = await self._store.stored(sorted(keys))
-        await self._adopt_all(v for v in self._decode_all(stored) if self._handed_over(v))
-        for key in keys:
+        verdicts = self._decode_all(await self._store.stored(sorted(keys)))
+        await self._adopt_all(v for v in verdicts if self._handed_over(v))
+        # Published in our name unless the stored verdict is already ours (a rejoin after
+        # an eviction: republishing a thousand unchanged verdicts would only add load to
+        # a replica that was evicted for being too busy).
+        ours = {_key(v) for v in verdicts if v.owner == self.me}
+        for key in keys - ours:
             self._pending[key] = None
         self._publish_wake.set()
         log.info("fleet: took over endpoints", extra={"endpoints": len(keys)})
@@ -234,7 +240,7 @@ class FleetComponent:
         if was == "fallback":
             log.info("fleet: Redis answers again; sharing probes", extra=self._fields())
             self._keeper.announce(Notice("fleet_recovered", "*", "sharing probes again"))
-        self._republish_owned()
+            self._republish_owned()  # Redis may have restarted empty meanwhile
         log.info("fleet: joined", extra=self._fields())
 
     async def _heartbeats(self) -> None:
@@ -313,7 +319,7 @@ class FleetComponent:
             self._publish_wake.set()
 
     def _republish_owned(self) -> None:
-        """After (re)joining: Redis may have lost what we published (a restart)."""
+        """After an outage: Redis may have lost what we published (a restart)."""
         for key in self._owned:
             self._pending[key] = None
         self._publish_wake.set()
@@ -334,8 +340,9 @@ class FleetComponent:
                 self._problem("publish", f"fleet: publishing verdicts failed ({_why(exc)})")
                 continue
             self.counters["verdicts_published_total"] += statuses.count("ok")
+            self.counters["verdicts_fenced_total"] += statuses.count("fenced")
+            self.counters["verdicts_not_owner_total"] += statuses.count("not_owner")
             if any(s != "ok" for s in statuses):
-                self.counters["verdicts_fenced_total"] += sum(s != "ok" for s in statuses)
                 self._beat_now.set()  # our member list or epoch is stale: heartbeat now
 
     def _verdict_of(self, key: str) -> Verdict | None:
@@ -583,6 +590,10 @@ class FleetComponent:
         if now - self._problems.get(kind, -PROBLEM_LOG_EVERY_S) >= PROBLEM_LOG_EVERY_S:
             self._problems[kind] = now
             log.warning(message, extra={"member": self.me})
+
+
+def _epochs(members: dict[str, Member]) -> dict[str, int]:
+    return {member: entry.epoch for member, entry in members.items()}
 
 
 def _key(verdict: Verdict) -> str:
