@@ -6,6 +6,7 @@ import asyncio
 import os
 import platform
 import socket
+import statistics
 import time
 from pathlib import Path
 
@@ -64,3 +65,19 @@ def write_result(name: str, body: str, command: str) -> Path:
         f"# {name}\n\n{body}\n\nMachine: {machine_line()}\nCommand: `{command}`\nRun: {stamp}\n"
     )
     return path
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile, ``q`` in [0, 1] (the value at round(q x (n - 1)))."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def stats_row(label: str, values: list[float]) -> str:
+    """A markdown row: label, n, p50, p99, max, mean (ms, rounded); dashes when empty."""
+    if not values:
+        return f"| {label} | 0 | — | — | — | — |"
+    return (
+        f"| {label} | {len(values)} | {statistics.median(values):.0f} | "
+        f"{percentile(values, 0.99):.0f} | {max(values):.0f} | {statistics.mean(values):.0f} |"
+    )

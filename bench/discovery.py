@@ -50,7 +50,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "plugin"), str(Path(__file__).resolve().pa
 
 from procs import child_env, load_average  # noqa: E402
 
-from common import write_result  # noqa: E402
+from common import stats_row, write_result  # noqa: E402
 
 CLUSTER = "llama-70b"
 NAME = "vllm-headless.llm.test"
@@ -66,11 +66,6 @@ WARMUP_S = 3.0
 
 
 # --------------------------------------------------------------------------- 1: latency
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def poll_envoy(envoy: Any, done: Any, limit_s: float) -> tuple[float, float, int]:
@@ -210,15 +205,6 @@ def split(result: dict[str, Any]) -> list[tuple[str, float, float | None, float 
             dns_ms = max(0.0, (applied - wall) * 1000)
             out.append((kind, total, dns_ms, max(0.0, total - dns_ms)))
     return out
-
-
-def stats_row(label: str, values: list[float]) -> str:
-    if not values:
-        return f"| {label} | 0 | — | — | — | — |"
-    return (
-        f"| {label} | {len(values)} | {statistics.median(values):.0f} | "
-        f"{percentile(values, 0.99):.0f} | {max(values):.0f} | {statistics.mean(values):.0f} |"
-    )
 
 
 # --------------------------------------------------------------------------- 2: CPU

@@ -64,7 +64,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "plugin"), str(Path(__file__).resolve().pa
 import redis  # noqa: E402
 from procs import cpu_seconds, load_average  # noqa: E402
 
-from common import free_port_block, write_result  # noqa: E402
+from common import free_port_block, stats_row, write_result  # noqa: E402
 from llm_health.fleet.ownership import endpoint_key, owner_of  # noqa: E402
 from tests.envoy_harness import EnvoyProcess, free_port, render_config  # noqa: E402
 from tests.polling import wait_until  # noqa: E402
@@ -98,11 +98,6 @@ CLIENT_COMMANDS = {
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def log_wall(stamp: str) -> float:
@@ -815,15 +810,6 @@ def propagation_text(rows: list[dict[str, Any]], backends: int) -> str:
                 redis_part.append((adopted - verdict) * 1000)
                 push_part.append((got[0] - adopted) * 1000)
 
-    def line(label: str, values: list[float]) -> str:
-        if not values:
-            return f"| {label} | 0 | — | — | — | — |"
-        return (
-            f"| {label} | {len(values)} | {statistics.median(values):.0f} "
-            f"| {percentile(values, 0.99):.0f} | {max(values):.0f} "
-            f"| {statistics.mean(values):.0f} |"
-        )
-
     lines = [
         "## 2. Verdict propagation: owner's verdict -> another replica's Envoy",
         "",
@@ -837,11 +823,11 @@ def propagation_text(rows: list[dict[str, Any]], backends: int) -> str:
         "",
         "| path | n | p50 ms | p99 ms | max ms | mean ms |",
         "|---|---|---|---|---|---|",
-        line("owner's verdict -> other replica's Envoy", total),
-        line("  Redis part (verdict -> other replica adopted it, its log)", redis_part),
-        line("  push part (adopted -> its Envoy shows it)", push_part),
-        line("owner's verdict -> owner's own Envoy (no Redis)", own),
-        line("fault injected -> owner's verdict (detection)", detect),
+        stats_row("owner's verdict -> other replica's Envoy", total),
+        stats_row("  Redis part (verdict -> other replica adopted it, its log)", redis_part),
+        stats_row("  push part (adopted -> its Envoy shows it)", push_part),
+        stats_row("owner's verdict -> owner's own Envoy (no Redis)", own),
+        stats_row("fault injected -> owner's verdict (detection)", detect),
     ]
     if missing:
         lines += ["", f"Unmatched (no log line or no Envoy answer in time): {missing}."]

@@ -37,7 +37,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "plugin"), str(Path(__file__).resolve().pa
 
 from procs import load_average  # noqa: E402
 
-from common import RESULTS, write_result  # noqa: E402
+from common import RESULTS, percentile, write_result  # noqa: E402
 from llm_health.core.hub import SnapshotHub  # noqa: E402
 from llm_health.model.board import Board, ClusterSpec, EndpointSpec  # noqa: E402
 from llm_health.model.outcome import Outcome, ProbeResult  # noqa: E402
@@ -220,11 +220,6 @@ def _latencies(changes: list[Change], records: list[Record]) -> dict[str, list[f
 
 def _matches(record: Record, expect: str) -> bool:
     return record[3] == expect if expect != "503" else record[2] == 503
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def row(count: int, variant: str, got: dict[str, list[float]], rounds: int) -> str:
