@@ -46,6 +46,7 @@ def build(
         limits,
         keeper,
         first_seen=lambda c, a: board.health(c, a).first_seen,
+        policy=board.policy,
         clock=clock,
         wall_clock=clock.wall,
     )

@@ -124,6 +124,7 @@ def _remediation(
         config.limits.to_limits(),
         control,
         first_seen=first_seen,
+        policy=control.board.policy,
         responsible=catalog.probes_here if catalog is not None else lambda _c, _a: True,
     )
 

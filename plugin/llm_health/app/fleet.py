@@ -351,7 +351,7 @@ class FleetComponent:
         if not board.has_endpoint(cluster, address):
             return None
         health = board.health(cluster, address)
-        last = _last_result(self._keeper, cluster, address)
+        last = board.last_result(cluster, address)
         assert self.epoch is not None
         return Verdict(
             cluster=cluster,
@@ -603,13 +603,6 @@ def _key(verdict: Verdict) -> str:
 def _why(exc: BaseException) -> str:
     """An error's class only: a Redis error text may quote the URL (and its password)."""
     return type(exc).__name__
-
-
-def _last_result(keeper: BoardKeeper, cluster: str, address: str) -> ProbeResult | None:
-    for endpoint in keeper.snapshot().clusters[cluster].endpoints:
-        if endpoint.spec.address == address:
-            return endpoint.last
-    return None
 
 
 def _health(

@@ -28,6 +28,7 @@ import grpc
 
 from llm_health.core.control import BoardControl, Notice
 from llm_health.model.board import HealthSnapshot
+from llm_health.model.policy import Policy
 from llm_health.model.redact import printable_line
 from llm_health.remediation.decide import Candidate, Ledger, is_due, refusal
 from llm_health.remediation.settings import Limits, Rule
@@ -52,6 +53,7 @@ class RemediationComponent:
         control: BoardControl,
         *,
         first_seen: FirstSeen,
+        policy: Callable[[str], Policy],
         responsible: Responsible = lambda _c, _a: True,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
@@ -60,6 +62,7 @@ class RemediationComponent:
         self.rules, self.limits = rules, limits
         self._control = control
         self._first_seen = first_seen
+        self._policy = policy
         self._responsible = responsible
         self._clock, self._wall_clock = clock, wall_clock
         self._tick_s = tick_s
@@ -127,14 +130,13 @@ class RemediationComponent:
     def _candidates(self, snapshot: HealthSnapshot, now: float, wall_now: float) -> list[Candidate]:
         found = []
         for name, cluster in snapshot.clusters.items():
-            size = len(cluster.endpoints)
+            size, policy = len(cluster.endpoints), self._policy(name)
             for endpoint in cluster.endpoints:
                 address = endpoint.spec.address
                 if endpoint.removing or not self._responsible(name, address):
                     continue
-                policy_grace, max_ejection = self._policy(name)
                 first = self._first_seen(name, address)
-                in_grace = first is None or now - first < policy_grace
+                in_grace = first is None or now - first < policy.startup_grace_s
                 found.append(
                     Candidate(
                         cluster=name,
@@ -144,17 +146,10 @@ class RemediationComponent:
                         in_state_s=wall_now - endpoint.since,
                         in_grace=in_grace,
                         cluster_size=size,
-                        max_ejection_percent=max_ejection,
+                        max_ejection_percent=policy.max_ejection_percent,
                     )
                 )
         return found
-
-    def _policy(self, cluster: str) -> tuple[float, int]:
-        board = getattr(self._control, "board", None)
-        if board is None:
-            return 0.0, 50
-        policy = board.policy(cluster)
-        return policy.startup_grace_s, policy.max_ejection_percent
 
     # --- running ------------------------------------------------------------------------
 

@@ -307,6 +307,10 @@ class Board:
     def health(self, cluster: str, address: str) -> EndpointHealth:
         return self._clusters[cluster].entries[address].health
 
+    def last_result(self, cluster: str, address: str) -> ProbeResult | None:
+        """The endpoint's last probe result (or adopted verdict), None before any."""
+        return self._clusters[cluster].entries[address].last
+
     def snapshot(self) -> HealthSnapshot:
         if self._cached is None:
             clusters = {name: self._cluster_snapshot(name, c) for name, c in self._clusters.items()}
