@@ -5,7 +5,7 @@ BIN    := $(CURDIR)/$(VENV)/bin
 STAMP  := $(VENV)/.installed
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install tools test test-unit lint typecheck demo bench proto clean
+.PHONY: install tools test test-engine test-unit lint typecheck demo bench proto clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,8 +46,33 @@ tools:
 	esac; \
 	promtool --version 2>&1 | head -1; /usr/bin/chromedriver --version
 
+# tests/engine needs a llama.cpp build (test-engine); everything else runs here.
 test: $(STAMP) tools
-	$(BIN)/pytest -q -p no:cacheprovider
+	$(BIN)/pytest -q -p no:cacheprovider --ignore=tests/engine
+
+# A real inference engine (tests/engine, docs/engines/llama-cpp.md): llama.cpp's
+# llama-server, built once from the llama-cpp-python sdist into
+# $LLM_HEALTH_ENGINE_CACHE (default ~/.cache/llm-health/engine; about 10 min on 2 cores,
+# then a no-op), serving tiny random-weight models made from ENGINE_SEEDS (cached beside it).
+# cmake and g++ are installed from Debian when missing (root or sudo), like `tools`.
+ENGINE_SEEDS := 1 2
+test-engine: $(STAMP)
+	@missing=; \
+	command -v cmake >/dev/null 2>&1 || missing="$$missing cmake"; \
+	command -v g++ >/dev/null 2>&1 || missing="$$missing g++"; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	set -e; \
+	if [ "$$(id -u)" -eq 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	echo "installing Debian packages:$$missing"; \
+	$$SUDO apt-get update -qq; \
+	$$SUDO env DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq --no-install-recommends $$missing >/dev/null
+	@set -e; \
+	built=$$(PIP=$(BIN)/pip bash tests/engine/build-llama-server.sh); \
+	LLM_HEALTH_ENGINE=$$(printf '%s\n' "$$built" | tail -n 1); \
+	export LLM_HEALTH_ENGINE; \
+	$(BIN)/python tests/engine/make_model.py $(ENGINE_SEEDS:%=--seed %) >/dev/null; \
+	$(BIN)/pytest -q -p no:cacheprovider tests/engine
 
 test-unit: $(STAMP)
 	$(BIN)/pytest -q -p no:cacheprovider tests/unit

@@ -36,7 +36,7 @@ FAST = ("--ttft", "20ms", "--tpot", "2ms")
 
 def set_token(config: dict[str, Any], token: str) -> int:
     """Replace the value of every ``authorization`` initial_metadata entry; returns how many
-    grpc_services carry one (ADS, HDS and ext_authz: 3)."""
+    grpc_services carry one (ADS, HDS, ext_authz and access logs: 4)."""
     count = 0
     for node in walk(config):
         for entry in node.get("initial_metadata", []):
@@ -86,7 +86,7 @@ def stack(tmp_path: Path) -> Iterator[Callable[[str], tuple[PluginProcess, Envoy
             initial_fetch_timeout="2s",
             extra=lambda c: carried.append(set_token(c, envoy_token)),
         )
-        assert carried == [3]
+        assert carried == [4]  # xDS, HDS, ext_authz and the access-log service
         envoy = EnvoyProcess(rendered, workdir=tmp_path / "envoy")
         started.append(envoy)
         envoy.start()

@@ -29,6 +29,7 @@ from typing import Any
 import grpc
 import pytest
 from envoy.config.core.v3 import health_check_pb2
+from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 from envoy.service.auth.v3 import external_auth_pb2, external_auth_pb2_grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from envoy.service.endpoint.v3 import eds_pb2_grpc
@@ -168,7 +169,21 @@ SERVICES: dict[str, Callable[[grpc.aio.Channel, Metadata], Any]] = {
         pb.ListEndpointsRequest(), metadata=md, timeout=5
     ),
     "admin_server_stream": lambda ch, md: _first_watch(ch, md),
+    "access_log": lambda ch, md: _one_access_log(ch, md),
 }
+
+
+async def _one_access_log(channel: grpc.aio.Channel, md: Metadata) -> Any:
+    """A client stream of one (empty) batch; the answer comes when it ends."""
+    message = als_pb2.StreamAccessLogsMessage()
+    message.identifier.node.id = "gw-als"
+    message.http_logs.log_entry.add()
+
+    async def one() -> Any:
+        yield message
+
+    stub = als_pb2_grpc.AccessLogServiceStub(channel)
+    return await stub.StreamAccessLogs(one(), metadata=md, timeout=5)
 
 
 async def _first_watch(channel: grpc.aio.Channel, md: Metadata) -> Any:

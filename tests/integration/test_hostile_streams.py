@@ -26,11 +26,13 @@ from llm_health.authz import AuthzCounters, AuthzSettings, Gate, ProblemLog
 from llm_health.core.hub import SnapshotHub
 from llm_health.hds import HdsSettings
 from llm_health.hds.service import HdsService
+from llm_health.servers.accesslog import add_access_log_servicer
 from llm_health.servers.admin import AdminServicer, AuthStats, add_admin_service
 from llm_health.servers.authz import add_authz_servicer
 from llm_health.servers.grpc import start_grpc_server
 from llm_health.servers.hds import add_hds_servicer
 from llm_health.servers.xds import add_xds_servicers
+from llm_health.traffic.stream import LogStreams
 from llm_health.xds.protocol import MAX_UNKNOWN_NAMES
 from llm_health.xds.resources import TYPE_URL
 from llm_health.xds.stream import XdsStats
@@ -66,6 +68,7 @@ async def server() -> AsyncIterator[Server]:
     gate = Gate(hub.current, AuthzSettings)
     add_authz_servicer(grpc_server, gate, AuthzCounters(), ProblemLog(every_s=0.0))
     add_admin_service(grpc_server, AdminServicer(None), None, AuthStats())  # type: ignore[arg-type]
+    add_access_log_servicer(grpc_server, LogStreams(lambda _request, _now: None, time.monotonic))
     runner = await start_http(build_http_app(lambda: [], dict), "127.0.0.1:0")
     try:
         await grpc_server.start()
@@ -233,6 +236,7 @@ UNARY = [
     "/llm_health.v1.Admin/ForceState",
 ]
 SERVER_STREAMS = ["/llm_health.v1.Admin/WatchEndpoints"]
+CLIENT_STREAMS = ["/envoy.service.accesslog.v3.AccessLogService/StreamAccessLogs"]
 
 
 def _bytes(data: bytes) -> bytes:
@@ -252,6 +256,14 @@ async def garbage_call(channel: grpc.aio.Channel, method: str) -> grpc.StatusCod
             async with asyncio.timeout(5):
                 async for _ in call:
                     pass
+        elif method in CLIENT_STREAMS:
+
+            async def logs() -> AsyncIterator[bytes]:
+                yield GARBAGE
+                await asyncio.sleep(10)  # the server must end the call
+
+            async with asyncio.timeout(5):
+                await channel.stream_unary(method, _bytes, _bytes)(logs())
         elif method in SERVER_STREAMS:
             async with asyncio.timeout(5):
                 async for _ in channel.unary_stream(method, _bytes, _bytes)(GARBAGE):
@@ -264,7 +276,7 @@ async def garbage_call(channel: grpc.aio.Channel, method: str) -> grpc.StatusCod
     return grpc.StatusCode.OK
 
 
-@pytest.mark.parametrize("method", STREAMS + UNARY + SERVER_STREAMS)
+@pytest.mark.parametrize("method", STREAMS + UNARY + SERVER_STREAMS + CLIENT_STREAMS)
 async def test_garbage_bytes_answer_invalid_argument_without_traceback(
     server: Server, caplog: pytest.LogCaptureFixture, method: str
 ) -> None:

@@ -12,6 +12,7 @@ from llm_health.model.board import Board, ClusterSpec, EndpointSpec
 from llm_health.model.causes import Cause
 from llm_health.model.machine import (
     Transition,
+    cap,
     drain,
     force_unhealthy,
     initial_health,
@@ -130,6 +131,47 @@ CASES: dict[str, tuple[Callable[[], Transition], State, State, str]] = {
         "h",
         "u",
         "signal",
+    ),
+    "garbage output": (
+        lambda: force_unhealthy(
+            routed(State.HEALTHY, "F").after, T0 + 200, "garbage output: '!!!'", Cause.GARBAGE
+        ),
+        "h",
+        "u",
+        "garbage_output",
+    ),
+    "wrong answer": (
+        lambda: force_unhealthy(
+            routed(State.DEGRADED, "S").after, T0 + 200, "wrong answer", Cause.WRONG_ANSWER
+        ),
+        "d",
+        "u",
+        "wrong_answer",
+    ),
+    "wrong model": (
+        lambda: force_unhealthy(
+            routed(State.HEALTHY, "F").after, T0 + 200, "serves x, expected y", Cause.WRONG_MODEL
+        ),
+        "h",
+        "u",
+        "wrong_model",
+    ),
+    "saturated engine": (
+        lambda: cap(routed(State.HEALTHY, "F").after, T0 + 200, "12 waiting ≥ 5", Cause.SATURATED),
+        "h",
+        "d",
+        "saturated",
+    ),
+    "poor real traffic": (
+        lambda: cap(
+            routed(State.HEALTHY, "F").after,
+            T0 + 200,
+            "error rate 3.1 % over 60 s (412 requests)",
+            Cause.QUALITY,
+        ),
+        "h",
+        "d",
+        "quality",
     ),
     "a probe that changes nothing": (lambda: routed(State.HEALTHY, "F"), "h", "h", "other"),
     "silent in flight": (

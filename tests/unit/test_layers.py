@@ -3,7 +3,7 @@
     rank 0  llm_health (version), errors, model        the pure domain
     rank 1  core                                        the seam: hub, BoardControl
     rank 2  probe | xds | hds | authz | alerts | sim |     features, never each other
-            discovery | fleet | remediation
+            discovery | fleet | remediation | traffic
     rank 3  config | bootstrap                          the file's words -> features' types
     rank 4  servers                                     thin gRPC adapters
     rank 5  app                                         wiring and lifecycle
@@ -64,6 +64,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "llm_health.discovery",
         "llm_health.fleet",
         "llm_health.remediation",
+        "llm_health.traffic",
         "llm_health.adminpb",
     ),
     ("llm_health.config", "llm_health.bootstrap"),

@@ -17,6 +17,7 @@ from llm_health.app.authz import AuthzComponent
 from llm_health.app.component import Component
 from llm_health.app.discovery import DiscoveryComponent
 from llm_health.app.endpoints import EndpointCatalog
+from llm_health.app.engines import EngineChecks
 from llm_health.app.fleet import FleetComponent
 from llm_health.app.grpc_auth import GrpcAuthComponent
 from llm_health.app.hds import HdsComponent
@@ -25,11 +26,15 @@ from llm_health.app.live import LiveConfig
 from llm_health.app.metrics import RuntimeMetrics
 from llm_health.app.remediation import RemediationComponent
 from llm_health.app.runtime import Runtime
+from llm_health.app.traffic import TrafficComponent
 from llm_health.config import Config
 from llm_health.core.control import ProberStats
 from llm_health.discovery.settings import DiscoverySettings, DnsSettings
 from llm_health.model.board import Board
+from llm_health.model.states import State
+from llm_health.probe.engine_metrics import EngineLoad
 from llm_health.probe.lag import LoopLagMonitor
+from llm_health.probe.target import ProbeTarget
 from llm_health.xds.nodes import OpenNodes
 from llm_health.xds.stream import XdsStats
 
@@ -102,10 +107,57 @@ def build_components(
         components.append(DiscoveryComponent(lambda: _discovery(live), catalog, control))
     if config.remediation:
         components.append(_remediation(config, control, catalog))
+    traffic = _traffic(live, control, clock, catalog)
+    components.append(traffic)
+    components.append(_engine_checks(live, control, clock, catalog, traffic.feed_load))
     if catalog is not None and config.fleet is not None:
         member = f"{socket.gethostname()}-{os.getpid()}"
         components.append(FleetComponent(config.fleet.to_settings(member), control, catalog))
     return components
+
+
+def _traffic(
+    live: LiveConfig,
+    control: BoardKeeper,
+    clock: Callable[[], float],
+    catalog: EndpointCatalog | None,
+) -> TrafficComponent:
+    """Passive health: Envoy's access logs and the engines' TTFT, per endpoint."""
+
+    def state_of(cluster: str, address: str) -> State | None:
+        board = control.board
+        return (
+            board.health(cluster, address).state if board.has_endpoint(cluster, address) else None
+        )
+
+    targets = catalog.targets() if catalog is not None else live.current.probe_targets()
+    traffic = TrafficComponent(
+        control, lambda: live.current.traffic_settings(), targets, state_of, clock
+    )
+    traffic.set_probed(catalog.probed(targets) if catalog is not None else targets)
+    if catalog is not None:
+
+        def follow(targets: list[ProbeTarget]) -> None:
+            traffic.set_targets(targets)
+            traffic.set_probed(catalog.probed(targets))
+
+        catalog.on_targets(follow)
+    return traffic
+
+
+def _engine_checks(
+    live: LiveConfig,
+    control: BoardKeeper,
+    clock: Callable[[], float],
+    catalog: EndpointCatalog | None,
+    on_load: Callable[[ProbeTarget, EngineLoad], None] | None = None,
+) -> EngineChecks:
+    """Known-answer, served-model and saturation checks on the endpoints probed here."""
+    if catalog is None:
+        return EngineChecks(control, live.current.probe_targets(), clock, on_load)
+    checks = EngineChecks(control, catalog.probed(catalog.targets()), clock, on_load)
+    catalog.on_targets(lambda targets: checks.set_targets(catalog.probed(targets)))
+    return checks
 
 
 def _remediation(

@@ -24,7 +24,8 @@ from llm_health.core.control import (
 from llm_health.core.hub import SnapshotHub
 from llm_health.model.board import Board, HealthSnapshot
 from llm_health.model.machine import Transition, trusted
-from llm_health.model.outcome import FAILURES, ProbeResult, round_ms
+from llm_health.model.outcome import FAILURES, Outcome, ProbeResult, round_ms
+from llm_health.model.states import State
 
 T = TypeVar("T")
 ProbeNow = Callable[[str, str], Awaitable[ProbeResult]]  # (cluster, address) -> result
@@ -100,7 +101,11 @@ class BoardKeeper:
         if transition.changed:
             self.notify(cluster, address, transition, None)
             await self._publish()
-        return transition.changed or self.board.health(cluster, address).last_outcome in FAILURES
+        health = self.board.health(cluster, address)
+        # A DEGRADED endpoint whose probes were FAST (held there by a limit: saturated,
+        # quality) falls silent as meaningfully as a HEALTHY one: confirm beside it too.
+        fast_but_limited = health.state is State.DEGRADED and health.last_outcome is Outcome.FAST
+        return transition.changed or fast_but_limited or health.last_outcome in FAILURES
 
     async def _publish(self) -> None:
         await self.hub.publish(self.board.snapshot())

@@ -66,6 +66,8 @@ _LABELLED = {
     "fleet": ("endpoints",),
     "remediation": ("recent",),
     "authz": ("decisions",),
+    "engines": ("consensus", "endpoints"),
+    "traffic": ("clusters", "endpoints"),
 }
 MAX_COMPONENT_SERIES = 200  # per component: a status() that grows cannot flood Prometheus
 MAX_COMPONENT_DEPTH = 4
@@ -250,6 +252,8 @@ class _ScrapeCollector(Collector):
         yield from component_families(scrape.components)
         yield from discovery_families(scrape.components.get("discovery", {}))
         yield from authz_families(scrape.components.get("authz", {}))
+        yield from engine_families(scrape.components.get("engines", {}))
+        yield from traffic_families(scrape.components.get("traffic", {}))
 
 
 def authz_families(status: Mapping[str, Any]) -> Iterator[Metric]:
@@ -303,6 +307,81 @@ def discovery_families(status: Mapping[str, Any]) -> Iterator[Metric]:
         resolutions.add_metric([name], cluster["resolutions"])
         failures.add_metric([name], cluster["failures"])
     yield from (endpoints, failing, resolutions, failures)
+
+
+def engine_families(status: Mapping[str, Any]) -> Iterator[Metric]:
+    """The engines' own load as each endpoint's /metrics reports it (docs/design.md §14.3),
+    and whether it counts as saturated: one series per probed endpoint."""
+    endpoints = status.get("endpoints")
+    if not isinstance(endpoints, Mapping) or not endpoints:
+        return
+    labels = ["cluster", "endpoint", "engine"]
+    waiting = GaugeMetricFamily(
+        "llm_health_engine_requests_waiting", "Requests the engine has queued.", labels=labels
+    )
+    running = GaugeMetricFamily(
+        "llm_health_engine_requests_running", "Requests the engine is running.", labels=labels
+    )
+    kv_cache = GaugeMetricFamily(
+        "llm_health_engine_kv_cache_usage", "KV cache used, 0 to 1.", labels=labels
+    )
+    saturated = GaugeMetricFamily(
+        "llm_health_engine_saturated",
+        "1 while a queue or KV-cache threshold holds the endpoint at DEGRADED.",
+        labels=labels,
+    )
+    for key, entry in endpoints.items():
+        cluster, _, address = str(key).partition("/")
+        names = [cluster, address, str(entry.get("engine") or "unknown")]
+        saturated.add_metric(names, 1 if entry.get("saturated") else 0)
+        load = entry.get("load")
+        if not isinstance(load, Mapping):
+            continue
+        for family, key in ((waiting, "waiting"), (running, "running"), (kv_cache, "kv_cache")):
+            if isinstance(load.get(key), int | float):
+                family.add_metric(names, float(load[key]))
+    yield from (waiting, running, kv_cache, saturated)
+
+
+_QUALITY_SERIES = (
+    ("requests", "requests", "Real requests in the quality window (access logs)."),
+    ("error_rate", "error_rate", "Share of real requests that failed (5xx, resets, timeouts)."),
+    ("ttft_p50_seconds", "p50_ttft_s", "Median TTFT of real traffic (engine histogram)."),
+    ("ttft_p95_seconds", "p95_ttft_s", "p95 TTFT of real traffic (engine histogram)."),
+    ("duration_p95_seconds", "p95_duration_s", "p95 duration of real requests (access logs)."),
+)
+
+
+def traffic_families(status: Mapping[str, Any]) -> Iterator[Metric]:
+    """Real traffic's quality window (docs/design.md §15) per endpoint and per cluster: the
+    series an autoscaler reads (deploy/kubernetes/hpa-quality.yaml)."""
+    for level, labels in (("endpoints", ["cluster", "endpoint"]), ("clusters", ["cluster"])):
+        entries = status.get(level)
+        if not isinstance(entries, Mapping) or not entries:
+            continue
+        prefix = "llm_health_quality" if level == "endpoints" else "llm_health_cluster_quality"
+        families = {
+            key: GaugeMetricFamily(f"{prefix}_{name}", what, labels=labels)
+            for name, key, what in _QUALITY_SERIES
+        }
+        for name, entry in entries.items():
+            values = [*str(name).partition("/")[::2]] if level == "endpoints" else [str(name)]
+            for key, family in families.items():
+                value = entry.get(key)
+                if isinstance(value, int | float):
+                    family.add_metric(values, float(value))
+        yield from families.values()
+        if level == "endpoints":
+            limited = GaugeMetricFamily(
+                "llm_health_quality_limited",
+                "1 while real traffic's quality holds the endpoint at DEGRADED.",
+                labels=labels,
+            )
+            for name, entry in entries.items():
+                limited.add_metric(
+                    [*str(name).partition("/")[::2]], 1 if entry.get("limited") else 0
+                )
+            yield limited
 
 
 def _info() -> Metric:

@@ -24,11 +24,13 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 from aiohttp import web
 
 from llm_health.app.component import Component
 from llm_health.app.endpoints import EndpointCatalog
+from llm_health.app.engines import EngineChecks
 from llm_health.app.grpc_auth import GrpcAuthComponent, GrpcSecurity
 from llm_health.app.http import build_http_app, start_http
 from llm_health.app.keeper import BoardKeeper
@@ -36,6 +38,7 @@ from llm_health.app.live import LiveConfig
 from llm_health.app.metrics import RuntimeMetrics
 from llm_health.app.redaction import Secrets, scrubbed_logs
 from llm_health.app.status import status_document
+from llm_health.app.traffic import TrafficComponent
 from llm_health.config import Config, load_config
 from llm_health.config.loader import MAX_FILE_BYTES
 from llm_health.core.control import ProberStats
@@ -109,7 +112,7 @@ class Runtime:
 
     async def _run(self, stop: asyncio.Event) -> None:
         async with new_session() as session:
-            slots = _ProbeSlots(MicroProbe(session, self.lag).probe)
+            slots = _ProbeSlots(self._probe_fn(session))
             self.control.attach_prober(
                 lambda cluster, address: slots.probe(self._target(cluster, address))
             )
@@ -123,6 +126,7 @@ class Runtime:
                 on_silence=self.on_silence,
                 confirm=self._confirm(slots),
                 lag=self.lag,
+                skip=self._skip_fn(),
             )
             self.scheduler = scheduler
             try:
@@ -135,6 +139,18 @@ class Runtime:
             finally:
                 self.control.attach_prober(None)
                 await http.cleanup()
+
+    def _probe_fn(self, session: aiohttp.ClientSession) -> ProbeFn:
+        """The micro-probe, through the engine checks when they run (known-answer probes
+        in some slots; the request body by detected engine)."""
+        checks = next((c for c in self.components if isinstance(c, EngineChecks)), None)
+        prober = MicroProbe(session, self.lag, engines=checks.engines if checks else None)
+        return checks.wrap(prober) if checks is not None else prober.probe
+
+    def _skip_fn(self) -> Callable[[ProbeTarget], bool] | None:
+        """The busy rule (probe.backoff_when_busy) when the traffic component runs."""
+        traffic = next((c for c in self.components if isinstance(c, TrafficComponent)), None)
+        return traffic.skip if traffic is not None else None
 
     async def on_result(self, target: ProbeTarget, result: ProbeResult) -> None:
         """The scheduler's callback: fold the result into the board."""

@@ -45,6 +45,7 @@ def _endpoint(endpoint: EndpointSnapshot) -> dict[str, Any]:
         if endpoint.override_until is None
         else _iso(endpoint.override_until),
         "signals": dict(endpoint.signals),
+        "limits": dict(endpoint.limits),
         "removing": endpoint.removing,
         "envoy": {
             "health_status": endpoint.view.health.value,

@@ -250,6 +250,12 @@ _JS = """
         out.push(el("div", "small", e.signals[source]));
       });
     }
+    if (e.limits && typeof e.limits === "object") {
+      Object.keys(e.limits).forEach(function (source) {
+        out.push(badge("limit " + source, "degraded"));
+        out.push(el("div", "small", e.limits[source]));
+      });
+    }
     if (e.removing) { out.push(badge("removing", "draining")); }
     return out.length ? out : [el("span", "muted", "-")];
   }

@@ -13,7 +13,8 @@ import sys
 from typing import Any
 
 from llm_health.cli.argtypes import MAX_PORT, duration, port, positive_int
-from llm_health.sim.faults import FAULTS, OVERLOAD_STATUSES, FaultSpec
+from llm_health.sim.engines import ENGINE_NAMES
+from llm_health.sim.faults import AFFECTS_MODES, FAULTS, OVERLOAD_STATUSES, FaultSpec
 from llm_health.sim.server import SimHandle, SimSettings, serve
 
 
@@ -59,7 +60,13 @@ def _add_server_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-num-seqs",
         type=positive_int,
         default=256,
-        help="capacity behind vllm:kv_cache_usage_perc (default %(default)s)",
+        help="capacity behind the KV-cache usage gauge (default %(default)s)",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=ENGINE_NAMES,
+        default="vllm",
+        help="engine played: its /metrics names and info endpoint (default %(default)s)",
     )
     parser.add_argument("--seed", type=int, default=None, help="RNG seed for jitter and fault_rate")
 
@@ -78,6 +85,15 @@ def _add_fault_arguments(parser: argparse.ArgumentParser) -> None:
         type=_fraction,
         default=defaults.fault_rate,
         help="fraction 0..1 of inference requests the fault applies to (default 1.0)",
+    )
+    parser.add_argument(
+        "--affects",
+        choices=AFFECTS_MODES,
+        default=defaults.affects,
+        help=(
+            "requests the fault applies to: all, or users (not those with "
+            "'X-LLM-Probe: true', which are served normally) (default %(default)s)"
+        ),
     )
     parser.add_argument(
         "--startup-delay",
@@ -133,6 +149,7 @@ def settings_from_args(args: argparse.Namespace) -> SimSettings:
         overload_status=args.overload_status,
         load_ttft_per_request=args.load_ttft_per_request,
         hang_max=args.hang_max,
+        affects=args.affects,
     )
     return SimSettings(
         model=args.model,
@@ -141,6 +158,7 @@ def settings_from_args(args: argparse.Namespace) -> SimSettings:
         max_num_seqs=args.max_num_seqs,
         accept_any_model=args.accept_any_model,
         api_key=args.api_key,
+        engine=args.engine,
     )
 
 
@@ -157,6 +175,8 @@ def run(args: argparse.Namespace) -> int:
 def announce(handle: SimHandle, settings: SimSettings) -> str:
     """The one start-up line, e.g. ``llm-health sim listening on http://127.0.0.1:8000 (…)``."""
     details = f"model {settings.model}, fault {settings.fault.fault}"
+    if settings.engine != "vllm":
+        details += f", engine {settings.engine}"
     if len(handle.ports) > 1:
         details += f", ports {handle.ports[0]}-{handle.ports[-1]}"
     return f"llm-health sim listening on {handle.base_url} ({details})"

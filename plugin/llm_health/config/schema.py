@@ -48,11 +48,14 @@ from llm_health.model.redact import secret_forms
 from llm_health.model.states import State
 from llm_health.probe.target import (
     DEFAULT_FATAL_PATTERNS,
+    MetricsSpec,
     ProbeTarget,
+    VerifySpec,
     compile_fatal_patterns,
     endpoint_url,
 )
 from llm_health.remediation.settings import Limits, Rule
+from llm_health.traffic.settings import BusySettings, QualitySettings
 
 MAX_WEIGHT_SUM = 4_294_967_295  # Envoy: per-locality weight sum must fit in uint32
 MAX_CLUSTERS = 2_000  # per file (README "Limits")
@@ -121,6 +124,81 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", str_strip_whitespace=True)
 
 
+def _regex(value: str | None) -> str | None:
+    if value is not None:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f'"{value}" is not a regular expression: {exc}') from None
+    return value
+
+
+class VerifyConfig(_Frozen):
+    """``probe.verify``: the known-answer probe (docs/design.md §14). ``expect``: a regex
+    the answer must match (searched, not anchored); null: the cluster's consensus."""
+
+    enabled: bool = True
+    every: Duration = Field(30.0, ge=1.0, le=86400.0)
+    prompt: str = Field("The capital of France is", min_length=1, max_length=500)
+    max_tokens: Int = Field(3, ge=1, le=32)
+    expect: Annotated[str | None, AfterValidator(_regex)] = Field(None, max_length=500)
+
+    def to_spec(self) -> VerifySpec | None:
+        if not self.enabled:
+            return None
+        expect = re.compile(self.expect) if self.expect is not None else None
+        return VerifySpec(self.every, self.prompt, self.max_tokens, expect)
+
+
+class EngineMetricsConfig(_Frozen):
+    """``probe.engine_metrics``: saturation from the engine's own /metrics (§14.3);
+    ``path: null`` disables it."""
+
+    path: UrlPath | None = "/metrics"
+    interval: Duration = Field(1.0, ge=0.1, le=3600.0)
+    queue_threshold: Number = Field(5.0, gt=0, le=1_000_000)
+    kv_cache_threshold: Number = Field(0.8, gt=0, le=1)
+
+    def to_spec(self) -> MetricsSpec | None:
+        if self.path is None:
+            return None
+        return MetricsSpec(self.path, self.interval, self.queue_threshold, self.kv_cache_threshold)
+
+
+class QualityConfig(_Frozen):
+    """``probe.quality``: the rolling window of real traffic (docs/design.md §15)."""
+
+    window: Duration = Field(60.0, ge=10.0, le=3600.0)
+    min_requests: Int = Field(50, ge=1, le=1_000_000)
+    max_error_rate: Number = Field(0.01, ge=0, le=1)
+    max_p95_ttft: Duration = Field(0.8, le=600.0)
+
+    def to_settings(self) -> QualitySettings:
+        return QualitySettings(
+            self.window, self.min_requests, self.max_error_rate, self.max_p95_ttft
+        )
+
+
+def _busy_shorthand(value: object) -> object:
+    """``backoff_when_busy: true`` is the section with its defaults; ``false``: off."""
+    if value is True:
+        return {}
+    if value is False:
+        return None
+    return value
+
+
+class BusyConfig(_Frozen):
+    """``probe.backoff_when_busy``: probe at most every ``every`` intervals an endpoint
+    whose last interval held ``min_requests`` successful real requests and no error."""
+
+    min_requests: Int = Field(10, ge=1, le=1_000_000)
+    every: Int = Field(5, ge=2, le=100)
+
+    def to_settings(self) -> BusySettings:
+        return BusySettings(self.min_requests, self.every)
+
+
 class ProbeSettings(_Frozen):
     """Micro-probe and health policy settings; any key can be overridden per cluster."""
 
@@ -142,7 +220,15 @@ class ProbeSettings(_Frozen):
     silence_degrade: Number | None = Field(None, ge=1.5, le=50)
     max_loop_lag: Duration = 0.1
     max_ejection_percent: Int = Field(50, ge=1, le=100)
-    cache_bust: Literal["salt", "prefix", "none"] = "salt"
+    # "auto": by engine (vLLM/SGLang cache_salt, llama.cpp cache_prompt: false, else a
+    # nonce prefix); docs/engines.md says what is detected and how.
+    cache_bust: Literal["auto", "salt", "prefix", "cache_prompt", "none"] = "auto"
+    engine: Literal["auto", "vllm", "sglang", "tgi", "trtllm", "llamacpp", "openai"] = "auto"
+    verify: VerifyConfig | None = Field(default_factory=VerifyConfig)
+    engine_metrics: EngineMetricsConfig | None = Field(default_factory=EngineMetricsConfig)
+    models_path: UrlPath | None = "/v1/models"  # the served-model check; null: none
+    quality: QualityConfig | None = Field(default_factory=QualityConfig)
+    backoff_when_busy: Annotated[BusyConfig | None, BeforeValidator(_busy_shorthand)] = None
     prompt: str = Field("hi", min_length=1, max_length=200)
     model: str | None = Field(None, max_length=500)
     headers: Headers = Field(default_factory=dict)
@@ -191,6 +277,10 @@ class ProbeSettings(_Frozen):
             unhealthy_after=self.unhealthy_after,
             act_on_silence=self.act_on_silence,
             silence_degrade=self.silence_degrade,
+            engine=self.engine,
+            verify=self.verify.to_spec() if self.verify is not None else None,
+            metrics=self.engine_metrics.to_spec() if self.engine_metrics is not None else None,
+            models_path=self.models_path,
             fatal_patterns=compile_fatal_patterns(self.fatal_patterns),
             headers={k: v.get_secret_value() for k, v in self.headers.items()},
             secrets=own | secrets,
@@ -199,6 +289,16 @@ class ProbeSettings(_Frozen):
     def redacted_headers(self) -> dict[str, str]:
         """Header names with values hidden: the only form fit for logs and /status."""
         return {name: "<redacted>" for name in self.headers}
+
+
+_SECTIONS = frozenset(
+    {"verify", "engine_metrics", "quality", "backoff_when_busy"}
+)  # merged key by key per cluster
+_NULLABLE_PROBE_KEYS = frozenset(
+    name
+    for name, info in ProbeSettings.model_fields.items()
+    if not info.is_required() and type(None) in getattr(info.annotation, "__args__", ())
+)
 
 
 def _optional_probe_model() -> type[BaseModel]:
@@ -762,10 +862,22 @@ class Config(_Frozen):
 
     def probe_for(self, cluster: ClusterConfig) -> ProbeSettings:
         """The cluster's effective probe settings: defaults, then its overrides."""
-        overrides = cluster.probe.model_dump(exclude_unset=True, exclude_none=True)
+        # Unset keys inherit; a key set to null overrides only where null means something
+        # (e.g. ``engine_metrics: {path: null}`` turns the scrape off for one cluster).
+        overrides = {
+            key: value
+            for key, value in cluster.probe.model_dump(exclude_unset=True).items()
+            if value is not None or key in _NULLABLE_PROBE_KEYS
+        }
         if cluster.model and "model" not in overrides:
             overrides["model"] = cluster.model
-        merged = {**self.probe.model_dump(), **overrides}
+        merged = self.probe.model_dump()
+        for key, value in overrides.items():
+            inherited = merged.get(key)
+            # A section (verify, engine_metrics) merges key by key with the top level's.
+            if key in _SECTIONS and isinstance(value, dict) and isinstance(inherited, dict):
+                value = {**inherited, **value}
+            merged[key] = value
         return ProbeSettings.model_validate(_unsecret(merged), context=MERGING)
 
     def probe_targets(self, discovered: Discovered | None = None) -> list[ProbeTarget]:
@@ -780,6 +892,18 @@ class Config(_Frozen):
                 for e in self._endpoints_of(cluster, discovered)
             )
         return targets
+
+    def traffic_settings(
+        self,
+    ) -> dict[str, tuple[QualitySettings | None, BusySettings | None]]:
+        """Per cluster: its ``probe.quality`` and ``probe.backoff_when_busy`` (None: off)."""
+        found = {}
+        for cluster in self.clusters:
+            probe = self.probe_for(cluster)
+            quality = probe.quality.to_settings() if probe.quality is not None else None
+            busy = probe.backoff_when_busy
+            found[cluster.name] = (quality, busy.to_settings() if busy is not None else None)
+        return found
 
     def discoveries(self) -> tuple[DiscoverySettings, ...]:
         """Every cluster's discovery, in domain form."""

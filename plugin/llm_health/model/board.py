@@ -21,6 +21,7 @@ from llm_health.model.causes import Cause
 from llm_health.model.envoy_view import EnvoyView, envoy_view
 from llm_health.model.machine import (
     Transition,
+    cap,
     drain,
     force_unhealthy,
     initial_health,
@@ -68,7 +69,9 @@ class EndpointSnapshot:
     ``state``/``reason``/``view`` are the effective ones (an override wins); ``cause``: why
     the state machine's verdict last changed (``Cause.OVERRIDE`` while an override holds);
     ``probe_state`` is the state machine's own verdict. ``signals``: outside sources that
-    currently hold the endpoint down (e.g. {"hds": "unreachable from gw-2"}).
+    currently hold the endpoint down (e.g. {"hds": "unreachable from gw-2"}); ``limits``:
+    outside sources that currently allow it at most DEGRADED (e.g. {"engine": "12 waiting
+    ≥ 5"}).
     ``override_until``: wall-clock end of a forced state, if any.
     """
 
@@ -81,6 +84,7 @@ class EndpointSnapshot:
     last: ProbeResult | None
     probe_state: State | None = None
     signals: Mapping[str, str] = field(default_factory=dict)
+    limits: Mapping[str, str] = field(default_factory=dict)
     override_until: float | None = None
     removing: bool = False
     cause: Cause = Cause.OTHER
@@ -115,12 +119,21 @@ class Change:
     what: str
 
 
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """One outside source's say on an endpoint: why, and the cause label it carries."""
+
+    reason: str
+    cause: Cause
+
+
 @dataclass(slots=True)
 class _Entry:
     spec: EndpointSpec
     health: EndpointHealth
     last: ProbeResult | None = None
-    signals: dict[str, str] = field(default_factory=dict)
+    signals: dict[str, Hold] = field(default_factory=dict)  # held UNHEALTHY
+    limits: dict[str, Hold] = field(default_factory=dict)  # allowed at most DEGRADED
     override: Override | None = None
     removing_at: float | None = None  # removed from config: gone after drain_time
     ejected_by_failure: bool = False  # UNHEALTHY because of TIMEOUT/ERROR probes
@@ -171,6 +184,8 @@ class Board:
             transition = _held(entry, transition)
         elif _ejects_by_failure(transition, result):
             transition = self._cap_ejection(entry_cluster, entry, transition)
+        if entry.limits and transition.after.state in (State.HEALTHY, State.DEGRADED):
+            transition = _limited(entry, transition, now)
         entry.health = transition.after
         if transition.after.state is not State.UNHEALTHY:
             entry.ejected_by_failure = False
@@ -242,18 +257,51 @@ class Board:
         return self._apply(cluster, address, lambda h: undrain(h, now, policy))
 
     def set_signal(
-        self, cluster: str, address: str, source: str, down: str | None, now: float
+        self,
+        cluster: str,
+        address: str,
+        source: str,
+        down: str | None,
+        now: float,
+        cause: Cause = Cause.SIGNAL,
     ) -> Transition:
         """An outside verdict from ``source``: ``down`` is the reason it says the endpoint
-        is unreachable, None when it says it is fine again. Down forces UNHEALTHY; up only
+        is unusable, None when it says it is fine again. Down forces UNHEALTHY; up only
         lifts the hold (recovery then needs the normal ``healthy_after`` successes)."""
         entry = self._clusters[cluster].entries[address]
         if down is None:
             entry.signals.pop(source, None)
             self._touch()
-            return Transition(entry.health.state, entry.health, changed=False, cause=Cause.SIGNAL)
-        entry.signals[source] = down
-        return self._apply(cluster, address, lambda h: force_unhealthy(h, now, down))
+            return Transition(entry.health.state, entry.health, changed=False, cause=cause)
+        entry.signals[source] = Hold(down, cause)
+        return self._apply(cluster, address, lambda h: force_unhealthy(h, now, down, cause))
+
+    def set_limit(
+        self,
+        cluster: str,
+        address: str,
+        source: str,
+        reason: str | None,
+        now: float,
+        cause: Cause = Cause.SATURATED,
+    ) -> Transition:
+        """An outside limit from ``source`` (the engine's own metrics): ``reason`` says why
+        the endpoint may be at most DEGRADED, None lifts the limit. A HEALTHY endpoint goes
+        DEGRADED now; lifting changes nothing at once (the fast streak was reset, so the
+        usual ``healthy_after`` fast probes bring it back)."""
+        entry = self._clusters[cluster].entries[address]
+        if reason is None:
+            had = entry.limits.pop(source, None)
+            if had is not None:
+                entry.health = _still_limited(entry, had)
+                self._touch()
+            return Transition(entry.health.state, entry.health, changed=False, cause=cause)
+        if entry.limits.get(source) == Hold(reason, cause) and (
+            entry.health.state is not State.HEALTHY
+        ):
+            return Transition(entry.health.state, entry.health, changed=False, cause=cause)
+        entry.limits[source] = Hold(reason, cause)
+        return self._apply(cluster, address, lambda h: cap(h, now, reason, cause))
 
     def set_override(
         self, cluster: str, address: str, state: State, until: float, reason: str
@@ -426,7 +474,8 @@ class Board:
             view=envoy_view(state, entry.spec.weight, share),
             last=entry.last,
             probe_state=health.state,
-            signals=MappingProxyType(dict(entry.signals)),
+            signals=MappingProxyType({k: v.reason for k, v in entry.signals.items()}),
+            limits=MappingProxyType({k: v.reason for k, v in entry.limits.items()}),
             override_until=override.until + self._wall_offset if override else None,
             removing=entry.removing_at is not None,
         )
@@ -446,19 +495,50 @@ def _ejects_by_failure(transition: Transition, result: ProbeResult) -> bool:
 def _held(entry: _Entry, transition: Transition) -> Transition:
     """Held down by an outside signal: probes are counted (failures, FATAL alerts) but no
     success streak builds up, so recovery starts only once every signal has cleared."""
+    cause = next(iter(entry.signals.values())).cause
     held = replace(
         transition.after,
         state=State.UNHEALTHY,
         since=entry.health.since,
-        reason="; ".join(entry.signals.values()),
-        cause=Cause.SIGNAL,
+        reason="; ".join(hold.reason for hold in entry.signals.values()),
+        cause=cause,
         successes=0,
         all_fast=True,
         fast_streak=0,
     )
-    return Transition(
-        State.UNHEALTHY, held, changed=False, alert=transition.alert, cause=Cause.SIGNAL
+    return Transition(State.UNHEALTHY, held, changed=False, alert=transition.alert, cause=cause)
+
+
+def _still_limited(entry: _Entry, lifted: Hold) -> EndpointHealth:
+    """A limit lifted while others hold: a DEGRADED endpoint that was so for the lifted
+    one now says why it still is (the state does not change)."""
+    health = entry.health
+    if not entry.limits or health.state is not State.DEGRADED or health.cause is not lifted.cause:
+        return health
+    first = next(iter(entry.limits.values()))
+    reason = "; ".join(hold.reason for hold in entry.limits.values())
+    return replace(health, reason=reason, cause=first.cause)
+
+
+def _limited(entry: _Entry, transition: Transition, now: float) -> Transition:
+    """A limit holds: a result that would make the endpoint HEALTHY leaves it DEGRADED with
+    the limit's reason, and no fast streak builds up (recovery begins once the limit
+    lifts)."""
+    if transition.after.state is State.DEGRADED:
+        after = replace(transition.after, fast_streak=0)
+        return replace(transition, after=after)
+    first = next(iter(entry.limits.values()))
+    stays = transition.from_state is State.DEGRADED
+    capped = replace(
+        transition.after,
+        state=State.DEGRADED,
+        since=entry.health.since if stays else now,
+        reason="; ".join(hold.reason for hold in entry.limits.values()),
+        cause=first.cause,
+        fast_streak=0,
+        silenced=False,
     )
+    return Transition(transition.from_state, capped, changed=not stays, cause=first.cause)
 
 
 def _new_cluster(spec: ClusterSpec, now: float, *, known_at_boot: bool) -> _Cluster:

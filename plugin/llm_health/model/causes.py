@@ -22,6 +22,11 @@ class Cause(enum.Enum):
     ERROR = "error"
     FATAL = "fatal"
     SIGNAL = "signal"  # an outside source (e.g. HDS) holds it down
+    GARBAGE = "garbage_output"  # a known-answer probe got degenerate output (NaN logits)
+    WRONG_ANSWER = "wrong_answer"  # known-answer misses: regex or the cluster's consensus
+    WRONG_MODEL = "wrong_model"  # /v1/models does not list the cluster's model
+    SATURATED = "saturated"  # the engine's own metrics: queue or KV cache over a threshold
+    QUALITY = "quality"  # real traffic (access logs, engine TTFT): errors or p95 TTFT over limits
     DRAINED = "drained"  # an operator drained it
     REMOVED = "removed"  # removed from the config (hot reload) or gone from DNS: draining out
     ADDED = "added"  # a new endpoint (hot reload, DNS): STARTING (not a state change)

@@ -327,15 +327,29 @@ def trusted(result: ProbeResult, policy: Policy) -> bool:
     return result.loop_lag_ms <= policy.max_loop_lag_s * 1000
 
 
-def force_unhealthy(health: EndpointHealth, now: float, reason: str) -> Transition:
-    """An outside signal (e.g. HDS: unreachable from the data plane) takes the endpoint
-    out. Success streaks are reset, so recovery goes through the normal hysteresis
-    (``healthy_after`` successes once the signal clears). DRAINING is left alone."""
+def force_unhealthy(
+    health: EndpointHealth, now: float, reason: str, cause: Cause = Cause.SIGNAL
+) -> Transition:
+    """An outside signal (e.g. HDS: unreachable from the data plane; a known-answer probe:
+    garbage output) takes the endpoint out. Success streaks are reset, so recovery goes
+    through the normal hysteresis (``healthy_after`` successes once the signal clears).
+    DRAINING is left alone."""
     if health.state is State.DRAINING:
-        return Transition(health.state, health, changed=False, cause=Cause.SIGNAL)
-    reset = replace(
-        health, successes=0, all_fast=True, fast_streak=0, reason=reason, cause=Cause.SIGNAL
-    )
+        return Transition(health.state, health, changed=False, cause=cause)
+    reset = replace(health, successes=0, all_fast=True, fast_streak=0, reason=reason, cause=cause)
     if health.state is State.UNHEALTHY:
-        return Transition(health.state, reset, changed=False, cause=Cause.SIGNAL)
-    return _move(health, reset, State.UNHEALTHY, reason, now, Cause.SIGNAL)
+        return Transition(health.state, reset, changed=False, cause=cause)
+    return _move(health, reset, State.UNHEALTHY, reason, now, cause)
+
+
+def cap(health: EndpointHealth, now: float, reason: str, cause: Cause) -> Transition:
+    """An outside limit (the engine's own metrics: saturated) allows at most DEGRADED: a
+    HEALTHY endpoint keeps ``degraded_weight`` of its traffic. Its fast streak is reset, so
+    once the limit lifts it needs ``healthy_after`` fast probes, the usual hysteresis. A
+    limit never takes an endpoint out: STARTING, UNHEALTHY and DRAINING are left as they
+    are (the board caps them when they recover)."""
+    if health.state is not State.HEALTHY:
+        kept = replace(health, fast_streak=0) if health.state is State.DEGRADED else health
+        return Transition(health.state, kept, changed=False, cause=cause)
+    capped = replace(health, fast_streak=0)
+    return _move(health, capped, State.DEGRADED, reason, now, cause)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from llm_health.model.answer import Answer
+
 
 class Outcome(enum.Enum):
     """The six classifications of one probe."""
@@ -34,6 +36,7 @@ class ProbeResult:
     ``loop_lag_ms`` is the worst event-loop lag seen while the probe ran: when it is large
     the timings are the prober's fault, not the engine's (docs/design.md §7).
     ``detail`` is a short human text (never a secret, never a whole body).
+    ``answer``: set on a known-answer probe that got a first token (its TTFT counts too).
     """
 
     outcome: Outcome
@@ -45,3 +48,4 @@ class ProbeResult:
     status: int | None = None
     detail: str = ""
     loop_lag_ms: float = 0.0
+    answer: Answer | None = None  # a known-answer probe's answer (docs/design.md §14)

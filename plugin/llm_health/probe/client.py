@@ -8,8 +8,10 @@ Cancellation (shutdown) is the only exception that propagates.
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -17,8 +19,10 @@ from typing import Any
 import aiohttp
 
 from llm_health.errors import ProtocolError
+from llm_health.model.answer import Answer
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.redact import printable_line, redact_secrets
+from llm_health.probe.answer import AnswerReader, answer_request
 from llm_health.probe.events import EventKind, error_message_from_body, interpret
 from llm_health.probe.lag import LoopLagMonitor
 from llm_health.probe.signals import first_token_seen
@@ -28,6 +32,7 @@ from llm_health.probe.target import ProbeTarget
 MAX_ERROR_BODY = 64 * 1024
 MAX_DETAIL = 500  # characters of a result's detail (one printable line: logs, /status)
 MAX_BYTES_BEFORE_TOKEN = 1024 * 1024
+MAX_ANSWER_BYTES = 256 * 1024  # of a known-answer probe's stream after its first token
 OVERLOAD_WORDS = ("overload", "too many", "capacity", "busy", "queue", "rate limit", "throttl")
 PROBE_HEADER = "X-LLM-Probe"
 
@@ -37,7 +42,7 @@ def new_session(limit: int = 0) -> aiohttp.ClientSession:
     The trace hook records when the TCP connection was made (connect timing)."""
     trace = aiohttp.TraceConfig()
     trace.on_connection_create_end.append(_on_connected)
-    trace.on_connection_reuseconn.append(_on_connected)
+    trace.on_connection_reuseconn.append(_on_reused)
     connector = aiohttp.TCPConnector(limit=limit, ttl_dns_cache=30, enable_cleanup_closed=True)
     return aiohttp.ClientSession(
         connector=connector, trace_configs=[trace], auto_decompress=False, trust_env=False
@@ -50,11 +55,18 @@ async def _on_connected(_session: Any, ctx: SimpleNamespace, _params: Any) -> No
         timing.connected = time.perf_counter()
 
 
+async def _on_reused(session: Any, ctx: SimpleNamespace, params: Any) -> None:
+    await _on_connected(session, ctx, params)
+    if isinstance(ctx.trace_request_ctx, _Timing):
+        ctx.trace_request_ctx.reused = True
+
+
 @dataclass(slots=True)
 class _Timing:
     start: float
     connected: float | None = None
     headers: float | None = None
+    reused: bool = False  # sent on a pooled keep-alive connection
     first_token: float | None = None
 
     def ms(self, at: float | None) -> float | None:
@@ -62,29 +74,84 @@ class _Timing:
 
 
 class MicroProbe:
-    """Sends micro-probes over one shared aiohttp session. Task-safe: each call is independent."""
+    """Sends micro-probes over one shared aiohttp session. Task-safe: each call is independent.
 
-    def __init__(self, session: aiohttp.ClientSession, lag: LoopLagMonitor | None = None) -> None:
+    ``engines``: the engine detected per endpoint key (``ProbeTarget.key``), read when a
+    target says ``engine: auto`` (the request body bypasses the prefix cache by engine).
+    """
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        lag: LoopLagMonitor | None = None,
+        engines: Mapping[str, str] | None = None,
+    ) -> None:
         self._session = session
         self._lag = lag
+        self._engines: Mapping[str, str] = engines if engines is not None else {}
+        self.stale_resends = 0  # requests sent again after a dead pooled connection
 
     async def probe(self, target: ProbeTarget) -> ProbeResult:
         """Probe once; the result arrives within ``target.timeout_s`` (plus scheduling)."""
+        return await self._run(target, None)
+
+    async def verify(self, target: ProbeTarget) -> ProbeResult:
+        """A known-answer probe (``target.verify``; a plain probe without it): TTFT and
+        outcome as ``probe``, then the rest of the answer (``ProbeResult.answer``), read
+        within one more ``timeout`` after the first token."""
+        if target.verify is None:
+            return await self.probe(target)
+        return await self._run(target, AnswerReader(target.api))
+
+    def engine_of(self, target: ProbeTarget) -> str | None:
+        return self._engines.get(target.key) if target.engine == "auto" else target.engine
+
+    async def _run(self, target: ProbeTarget, reader: AnswerReader | None) -> ProbeResult:
+        """One probe. A request that fails before any answer on a *reused* keep-alive
+        connection the server had already closed (llama.cpp closes the connection after
+        every streamed answer despite ``Keep-Alive``; aiohttp cannot know) is sent once
+        more on a new connection: the engine never saw it, so that is no retry of a failed
+        probe. Its timing starts with the resend."""
+        result = await self._attempt(target, reader)
+        if result is None:
+            self.stale_resends += 1
+            result = await self._attempt(target, reader, resend=True)
+        assert result is not None
+        return result
+
+    async def _attempt(
+        self, target: ProbeTarget, reader: AnswerReader | None, *, resend: bool = False
+    ) -> ProbeResult | None:
         timing = _Timing(time.perf_counter())
         wall = time.time()
+        answer: Answer | None = None
+        if resend and reader is not None:
+            reader = AnswerReader(target.api)
         try:
-            async with asyncio.timeout(target.timeout_s):
-                outcome, status, detail = await self._exchange(target, timing)
+            async with asyncio.timeout(target.timeout_s) as limit:
+                outcome, status, detail = await self._exchange(target, timing, reader, limit)
         except TimeoutError:
             outcome, status, detail = Outcome.TIMEOUT, None, _timeout_detail(target, timing)
+            if reader is not None and timing.first_token is not None:
+                outcome, status, detail = Outcome.FAST, 200, ""  # the answer ran late
         except (aiohttp.ClientError, OSError, ProtocolError, UnicodeError, ValueError) as exc:
+            if not resend and _stale_connection(exc, timing):
+                return None
             outcome, status, detail = Outcome.ERROR, None, _error_detail(exc)
-        return self._result(target, timing, wall, outcome, status, detail)
+            if reader is not None and timing.first_token is not None:
+                outcome, status, detail = Outcome.FAST, 200, f"answer cut: {_error_detail(exc)}"
+        if reader is not None and timing.first_token is not None:
+            answer = reader.answer(complete=reader.finished)
+        return self._result(target, timing, wall, outcome, status, detail, answer)
 
     async def _exchange(
-        self, target: ProbeTarget, timing: _Timing
+        self,
+        target: ProbeTarget,
+        timing: _Timing,
+        reader: AnswerReader | None = None,
+        limit: asyncio.Timeout | None = None,
     ) -> tuple[Outcome, int | None, str]:
-        body = probe_body(target)
+        body = probe_body(target, self.engine_of(target), verify=reader is not None)
         headers = {**target.headers, PROBE_HEADER: "true", "Accept": "text/event-stream"}
         async with self._session.post(
             target.url, json=body, headers=headers, trace_request_ctx=timing
@@ -92,7 +159,11 @@ class MicroProbe:
             timing.headers = time.perf_counter()
             if response.status != 200:
                 return await _classify_status(response, target)
-            outcome, detail = await _read_first_token(response, target, timing)
+            decoder = SseDecoder()
+            outcome, detail = await _read_first_token(response, target, timing, decoder, reader)
+            if reader is not None and outcome is Outcome.FAST and limit is not None:
+                limit.reschedule(asyncio.get_running_loop().time() + target.timeout_s)
+                await _read_answer(response, decoder, reader)
             response.close()  # abort the stream: the engine stops decoding (docs/design.md §2)
             return outcome, 200, detail
 
@@ -104,6 +175,7 @@ class MicroProbe:
         outcome: Outcome,
         status: int | None,
         detail: str,
+        answer: Answer | None = None,
     ) -> ProbeResult:
         ttft_ms = timing.ms(timing.first_token)
         lag_ms = self._lag.max_since(timing.start) if self._lag else 0.0
@@ -119,6 +191,7 @@ class MicroProbe:
             status=status,
             detail=printable_line(redact_secrets(detail, target.secrets), MAX_DETAIL),
             loop_lag_ms=lag_ms,
+            answer=answer,
         )
 
 
@@ -134,44 +207,109 @@ def _fast_or_slow(ttft_ms: float, lag_ms: float, healthy_ms: float) -> Outcome:
     return Outcome.FAST if ttft_ms - lag_ms <= healthy_ms else Outcome.SLOW
 
 
-def probe_body(target: ProbeTarget) -> dict[str, Any]:
+# cache_bust "auto": what bypasses the prefix cache on each engine (docs/engines.md).
+CACHE_BUST_BY_ENGINE = {"vllm": "salt", "sglang": "salt", "llamacpp": "cache_prompt"}
+
+
+def cache_bust_for(target: ProbeTarget, engine: str | None) -> str:
+    """The cache bypass in force: the configured one, or by engine for "auto" (a nonce
+    prefix while the engine is unknown: it works on every engine)."""
+    if target.cache_bust != "auto":
+        return target.cache_bust
+    return CACHE_BUST_BY_ENGINE.get(engine or "", "prefix")
+
+
+def probe_body(
+    target: ProbeTarget, engine: str | None = None, *, verify: bool = False
+) -> dict[str, Any]:
     """The request body: stream, 1 token, greedy; cache busting per ``target.cache_bust``.
 
-    ``salt``: vLLM's ``cache_salt`` gives the probe its own prefix-cache namespace, so it
-    neither hits nor pollutes users' cached prefixes. ``prefix``: a random nonce in front of
-    the prompt does the same on engines without cache_salt (a few more prompt tokens).
+    ``salt``: vLLM's and SGLang's ``cache_salt`` gives the probe its own prefix-cache
+    namespace, so it neither hits nor pollutes users' cached prefixes. ``cache_prompt``:
+    llama.cpp's ``"cache_prompt": false`` (it reuses a slot's cached prefix otherwise).
+    ``prefix``: a random nonce in front of the prompt does the same on any engine (a few
+    more prompt tokens). ``verify``: the known-answer form (``target.verify``): its prompt,
+    ``max_tokens``, log-probabilities and token ids asked for; never a nonce prefix, which
+    would change the answer (the salt and cache_prompt do not).
     """
     nonce = secrets.token_hex(6)
-    prompt = f"{nonce} {target.prompt}" if target.cache_bust == "prefix" else target.prompt
-    body: dict[str, Any] = {"stream": True, "max_tokens": 1, "temperature": 0, "top_p": 1}
+    bust = cache_bust_for(target, engine)
+    spec = target.verify if verify else None
+    prompt = spec.prompt if spec is not None else target.prompt
+    if bust == "prefix" and spec is None:
+        prompt = f"{nonce} {prompt}"
+    max_tokens = spec.max_tokens if spec is not None else 1
+    body: dict[str, Any] = {"stream": True, "max_tokens": max_tokens, "temperature": 0, "top_p": 1}
     if target.model:
         body["model"] = target.model
     if target.api == "openai-chat":
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
         body["prompt"] = prompt
-    if target.cache_bust == "salt":
+    if bust == "salt":
         body["cache_salt"] = nonce
+    elif bust == "cache_prompt":
+        body["cache_prompt"] = False
+    if spec is not None:
+        body.update(answer_request(target.api))
+        if engine == "vllm":
+            body["return_token_ids"] = True  # vLLM >= 0.10; ids show token-0 garbage
     return body
 
 
 async def _read_first_token(
-    response: aiohttp.ClientResponse, target: ProbeTarget, timing: _Timing
+    response: aiohttp.ClientResponse,
+    target: ProbeTarget,
+    timing: _Timing,
+    decoder: SseDecoder,
+    reader: AnswerReader | None = None,
 ) -> tuple[Outcome, str]:
     """Read events until one carries a token; FAST here means "got a token" (the caller
-    splits FAST/SLOW by TTFT)."""
-    decoder, received = SseDecoder(), 0
+    splits FAST/SLOW by TTFT). ``reader``: also fed every event from the first token on,
+    including the rest of the chunk that carried it."""
+    received = 0
     async for chunk in response.content.iter_any():
         received += len(chunk)
-        for payload in decoder.feed(chunk):
+        payloads = decoder.feed(chunk)
+        for index, payload in enumerate(payloads):
             verdict = _verdict(payload, target, timing)
             if verdict is not None:
+                if reader is not None and verdict[0] is Outcome.FAST:
+                    _feed_all(reader, payloads[index:])
                 return verdict
         if received > MAX_BYTES_BEFORE_TOKEN:
             return Outcome.ERROR, f"no token in the first {MAX_BYTES_BEFORE_TOKEN} bytes"
     last = decoder.close()
     verdict = _verdict(last, target, timing) if last is not None else None
     return verdict or (Outcome.ERROR, "stream ended before the first token")
+
+
+async def _read_answer(
+    response: aiohttp.ClientResponse, decoder: SseDecoder, reader: AnswerReader
+) -> None:
+    """After the first token: the rest of a known-answer stream, until a finish reason,
+    [DONE], the end of the body or MAX_ANSWER_BYTES."""
+    received = 0
+    while not reader.finished:
+        chunk = await response.content.readany()
+        if not chunk:
+            break
+        received += len(chunk)
+        if _feed_all(reader, decoder.feed(chunk)) or received > MAX_ANSWER_BYTES:
+            break
+
+
+def _feed_all(reader: AnswerReader, payloads: list[str]) -> bool:
+    """Feed decoded events; True once the stream says it is done ([DONE])."""
+    for payload in payloads:
+        if payload.strip() == "[DONE]":
+            reader.finished = True
+            return True
+        try:
+            reader.feed(json.loads(payload))
+        except ValueError:
+            continue  # not JSON: the answer is judged on what could be read
+    return reader.finished
 
 
 def _verdict(payload: str, target: ProbeTarget, timing: _Timing) -> tuple[Outcome, str] | None:
@@ -218,6 +356,13 @@ def _classify_error_text(message: str, target: ProbeTarget, where: str) -> tuple
 def _mentions_overload(message: str) -> bool:
     lowered = message.lower()
     return any(word in lowered for word in OVERLOAD_WORDS)
+
+
+def _stale_connection(exc: BaseException, timing: _Timing) -> bool:
+    """The request died on a pooled connection before any response: the server had closed
+    it (writing the request failed, or it disconnected before a status line)."""
+    broken = isinstance(exc, aiohttp.ClientOSError | aiohttp.ServerDisconnectedError)
+    return broken and timing.reused and timing.headers is None
 
 
 def _timeout_detail(target: ProbeTarget, timing: _Timing) -> str:

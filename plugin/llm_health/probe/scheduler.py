@@ -103,8 +103,10 @@ class Scheduler:
         on_silence: SilenceFn | None = None,
         confirm: ProbeFn | None = None,
         lag: LagReader | None = None,
+        skip: Callable[[ProbeTarget], bool] | None = None,
     ) -> None:
         self._targets = {t.key: t for t in targets}
+        self._skip = skip
         self._probe = probe
         self._on_result = on_result
         self._clock = clock
@@ -166,6 +168,11 @@ class Scheduler:
         while True:
             await asyncio.sleep(max(0.0, due - self._clock()))
             target = self._targets[key]  # settings may have been reloaded
+            if failures == 0 and self._skip is not None and self._skip(target):
+                # Real traffic proves this endpoint (backoff_when_busy): this slot is left
+                # out; never while a failure awaits its confirmation.
+                due = next_slot(self._clock(), self._origin, self._phases[key], target.interval_s)
+                continue
             for result in await self._probe_round(target):
                 await self._on_result(target, result)
                 self._remember(key, result)

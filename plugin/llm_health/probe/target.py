@@ -20,6 +20,32 @@ DEFAULT_FATAL_PATTERNS = (
     "cuDNN error",
 )
 API_PATHS = {"openai-completions": "/v1/completions", "openai-chat": "/v1/chat/completions"}
+# Engines llm-health knows by name (docs/engines.md); "auto": detected from the endpoint.
+ENGINES = ("vllm", "sglang", "tgi", "trtllm", "llamacpp", "openai")
+
+
+@dataclass(frozen=True, slots=True)
+class VerifySpec:
+    """``probe.verify``: every ``every_s`` one probe of the endpoint asks ``prompt`` at
+    temperature 0 for ``max_tokens`` tokens and its answer is judged (docs/design.md §14).
+    ``expect``: a regex the answer must match; None: the cluster's consensus."""
+
+    every_s: float
+    prompt: str
+    max_tokens: int
+    expect: re.Pattern[str] | None
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSpec:
+    """``probe.engine_metrics``: the engine's own Prometheus metrics, read every
+    ``interval_s`` from ``path``; a queue of ``queue_threshold`` waiting requests or a KV
+    cache ``kv_cache_threshold`` full makes the endpoint DEGRADED (saturated)."""
+
+    path: str
+    interval_s: float
+    queue_threshold: float
+    kv_cache_threshold: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +74,16 @@ class ProbeTarget:
     secrets: frozenset[str] = field(default=frozenset(), repr=False)
     act_on_silence: bool = True  # see ``silence_after_s``
     silence_degrade: float | None = None
+    engine: str = "auto"  # one of ENGINES, or "auto" (detected: probe.engine)
+    verify: VerifySpec | None = None
+    metrics: MetricsSpec | None = None
+    models_path: str | None = "/v1/models"  # the served-model check (None: never)
+
+    @property
+    def base_url(self) -> str:
+        """scheme://host:port of the endpoint (no path)."""
+        scheme, _, rest = self.url.partition("://")
+        return f"{scheme}://{self.address}" if rest else self.url
 
     @property
     def key(self) -> str:

@@ -1,8 +1,10 @@
 """The simulator's aiohttp application: routes, middleware and request handlers.
 
 It speaks the vLLM flavour of the OpenAI API (``/v1/completions``,
-``/v1/chat/completions``, ``/v1/models``, ``/health``, ``/metrics``) and adds a control
-plane under ``/sim/`` to change the injected fault at run time and to read counters.
+``/v1/chat/completions``, ``/v1/models``, ``/health``, ``/metrics``) plus the info
+endpoint of the engine it plays (``/version``, ``/get_server_info``, ``/info`` or
+``/props``: :mod:`llm_health.sim.engines`), and adds a control plane under ``/sim/`` to
+change the injected fault at run time and to read counters.
 See ``docs/simulator.md`` for the user-facing contract. Each application owns one
 :class:`~llm_health.sim.state.SimState`, stored under :data:`STATE_KEY`.
 """
@@ -16,9 +18,10 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from llm_health.sim.behaviours import serve_fault
-from llm_health.sim.call import ClientGone, Stopping, begin_call, end_call
+from llm_health.sim.call import ClientGone, Stopping, begin_call, end_call, wait_for_client
+from llm_health.sim.engines import ENGINES, info_document
 from llm_health.sim.faults import FaultSpec
-from llm_health.sim.metrics import METRICS_CONTENT_TYPE, render_metrics
+from llm_health.sim.metrics import METRICS_CONTENT_TYPE, METRICS_GARBAGE, render_metrics
 from llm_health.sim.state import SimSettings, SimState
 from llm_health.sim.wire import (
     BadRequest,
@@ -49,6 +52,7 @@ def build_app(settings: SimSettings) -> web.Application:
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
+    app.router.add_get(ENGINES[settings.engine].info_path, _engine_info)
     app.router.add_get("/sim/fault", _get_fault)
     app.router.add_post("/sim/fault", _set_fault)
     app.router.add_get("/sim/stats", _get_stats)
@@ -86,26 +90,47 @@ async def _health(request: web.Request) -> web.Response:
 
 
 async def _models(request: web.Request) -> web.Response:
-    """The OpenAI model list, with the one served model."""
-    settings = request.app[STATE_KEY].settings
+    """The OpenAI model list, with the one model really served (``served_model`` knob)."""
+    state = request.app[STATE_KEY]
+    served = state.served_model
     model = {
-        "id": settings.model,
+        "id": served,
         "object": "model",
         "created": int(time.time()),
-        "owned_by": "vllm",
-        "root": settings.model,
+        "owned_by": ENGINES[state.settings.engine].owned_by,
+        "root": served,
         "parent": None,
         "permission": [],
     }
     return web.json_response({"object": "list", "data": [model]})
 
 
-async def _metrics(request: web.Request) -> web.Response:
-    """Prometheus text with vLLM's gauge names reflecting in-flight requests."""
+async def _engine_info(request: web.Request) -> web.Response:
+    """The played engine's info endpoint (``/version``, ``/get_server_info``, …)."""
     state = request.app[STATE_KEY]
-    return web.Response(
-        body=render_metrics(state).encode(), headers={"Content-Type": METRICS_CONTENT_TYPE}
-    )
+    settings = state.settings
+    document = info_document(settings.engine, state.served_model, settings.max_num_seqs)
+    return web.json_response(document)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    """Prometheus text with the engine's gauge names, unless the ``metrics`` knob says
+    otherwise: "404", "garbage" (200, not Prometheus text) or "hang"."""
+    state = request.app[STATE_KEY]
+    mode = state.fault.metrics
+    if mode == "404":
+        return web.Response(status=404, text="404: Not Found")
+    if mode == "hang":
+        try:
+            await wait_for_client(request, state, state.fault.hang_max)
+        except ClientGone:
+            return web.Response(status=499)  # never sent: the client is gone
+        except Stopping:
+            return error_response(503, "simulator shutting down", "ServiceUnavailableError")
+        message = "simulated hang ended after hang_max"
+        return error_response(504, message, "GatewayTimeoutError")
+    body = METRICS_GARBAGE if mode == "garbage" else render_metrics(state).encode()
+    return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 
 # ------------------------------------------------------------- control plane
@@ -158,6 +183,7 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def _serve_inference(request: web.Request, kind: Kind) -> web.StreamResponse:
     """Validate, account, then serve one inference request under the current fault."""
+    arrived = time.monotonic()
     state = request.app[STATE_KEY]
     try:
         check_auth(request, state.settings)
@@ -171,7 +197,7 @@ async def _serve_inference(request: web.Request, kind: Kind) -> web.StreamRespon
     except ValueError as exc:
         state.counters.bad_requests += 1
         return error_response(400, str(exc), "BadRequestError")
-    call = begin_call(request, state, kind, params)
+    call = begin_call(request, state, kind, params, arrived)
     try:
         return await serve_fault(call)
     except (ClientGone, ConnectionError):

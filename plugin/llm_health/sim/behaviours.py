@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from aiohttp import web
 
 from llm_health.sim.call import Call, open_response, pause, send_whole
+from llm_health.sim.tokens import steps_for
 from llm_health.sim.wire import (
     DONE_EVENT,
     error_body,
@@ -66,27 +67,38 @@ async def _end_stream(response: web.StreamResponse) -> None:
     await response.write_eof()
 
 
-async def _generate(call: Call, ttft: float) -> web.StreamResponse:
-    """Serve ``max_tokens`` tokens, streamed or as one JSON; sets outcome 'completed'."""
+async def _generate(call: Call, ttft: float, garbage: bool = False) -> web.StreamResponse:
+    """Serve ``max_tokens`` tokens, streamed or as one JSON; sets outcome 'completed'.
+
+    The tokens are the spec's answer (repeated as needed), or "!" with NaN logprobs if
+    ``garbage`` (see :mod:`llm_health.sim.tokens`).
+    """
+    steps = steps_for(call.spec, garbage)
     if not call.params.stream:
         await pause(call, ttft)
         call.mark_running()
+        call.mark_first_token()  # the first token exists now: an engine's TTFT ends here
         await pause(call, call.spec.tpot * (call.params.max_tokens - 1))
-        whole = await send_whole(call, web.json_response(full_body(call)))
-        call.outcome = "completed"
+        whole = await send_whole(call, web.json_response(full_body(call, steps)))
+        call.mark_completed()
         return whole
     response = await _open_stream(call)
     await pause(call, ttft)
     call.mark_running()
     last = call.params.max_tokens - 1
+    offset = 0
     for index in range(call.params.max_tokens):
-        await send_event(response, token_chunk(call, index, "length" if index == last else None))
+        step = steps[index % len(steps)]
+        finish = "length" if index == last else None
+        await send_event(response, token_chunk(call, step, offset, finish))
+        call.mark_first_token()  # written: the TTFT ends here (observed once)
+        offset += len(step.text)
         # Also after the last token: a client closing right after it is still seen.
         await pause(call, call.spec.tpot)
     if call.params.include_usage:
         await send_event(response, usage_chunk(call))
     await _end_stream(response)
-    call.outcome = "completed"
+    call.mark_completed()
     return response
 
 
@@ -101,6 +113,11 @@ async def _hang(call: Call) -> None:
 async def _fault_none(call: Call) -> web.StreamResponse:
     """Normal service: TTFT wait, then tokens every tpot."""
     return await _generate(call, call.spec.draw_ttft(call.state.rng))
+
+
+async def _fault_garbage_tokens(call: Call) -> web.StreamResponse:
+    """Normal timing and shape, but every token is "!" with id 0 and NaN logprobs."""
+    return await _generate(call, call.spec.draw_ttft(call.state.rng), garbage=True)
 
 
 async def _fault_slow_under_load(call: Call) -> web.StreamResponse:
@@ -219,4 +236,5 @@ _FAULT_HANDLERS: Mapping[str, Callable[[Call], Awaitable[web.StreamResponse]]] =
     "close_after_headers": _fault_close_after_headers,
     "startup_delay": _fault_startup_delay,
     "slow_under_load": _fault_slow_under_load,
+    "garbage_tokens": _fault_garbage_tokens,
 }

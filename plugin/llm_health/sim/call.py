@@ -34,6 +34,7 @@ __all__ = [
     "open_response",
     "pause",
     "send_whole",
+    "wait_for_client",
 ]
 
 Outcome = Literal["completed", "failed", "aborted"]
@@ -65,10 +66,13 @@ class Call:
     spec: FaultSpec
     fault: str
     call_id: str
+    is_probe: bool = False
+    arrived: float = field(default_factory=time.monotonic)
     created: int = field(default_factory=lambda: int(time.time()))
     response: web.StreamResponse | None = None
     outcome: Outcome = "failed"
     is_running: bool = False
+    first_token_seen: bool = False
 
     def mark_running(self) -> None:
         """Move from 'waiting' to 'running' in the metrics (first token produced)."""
@@ -76,22 +80,47 @@ class Call:
             self.is_running = True
             self.state.running += 1
 
+    def mark_first_token(self) -> None:
+        """Observe the call's TTFT (arrival to now) in the TTFT histogram, once."""
+        if not self.first_token_seen:
+            self.first_token_seen = True
+            self.state.ttft.observe(time.monotonic() - self.arrived)
+
+    def mark_completed(self) -> None:
+        """The response was sent in full: outcome "completed", end-to-end latency observed."""
+        self.outcome = "completed"
+        self.state.e2e.observe(time.monotonic() - self.arrived)
+
 
 # ------------------------------------------------------------ accounting
 
 
-def begin_call(request: web.Request, state: SimState, kind: Kind, params: Params) -> Call:
-    """Create the call, pick its fault, and count it (requests, probes, recent, in-flight)."""
+def begin_call(
+    request: web.Request,
+    state: SimState,
+    kind: Kind,
+    params: Params,
+    arrived: float | None = None,
+) -> Call:
+    """Create the call, pick its fault, and count it (requests, probes, recent, in-flight).
+
+    ``arrived`` is when the request arrived (``time.monotonic()``; default now): the
+    start of its TTFT and end-to-end latency.
+    """
     spec = state.fault
-    fault = state.choose_fault(spec)
-    prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
-    call = Call(request, state, kind, params, spec, fault, prefix + uuid.uuid4().hex)
     probe_header = request.headers.get("X-LLM-Probe")
     is_probe = probe_header is not None and probe_header.strip().lower() == "true"
+    fault = state.choose_fault(spec, is_probe)
+    prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
+    call_id = prefix + uuid.uuid4().hex
+    call = Call(request, state, kind, params, spec, fault, call_id, is_probe)
+    if arrived is not None:
+        call.arrived = arrived
     counters = state.counters
     counters.requests += 1
     counters.probe_requests += is_probe
     counters.faulted += fault != "none"
+    counters.logprobs_requests += params.logprobs is not None
     state.in_flight += 1
     state.recent.append(_record(request, params, fault, probe_header, is_probe))
     return call
@@ -128,6 +157,10 @@ def _record(
         "prompt": _clip(params.prompt),
         "messages": _clip(params.messages),
         "cache_salt": params.cache_salt,
+        "cache_prompt": params.cache_prompt,
+        "logprobs": params.logprobs,
+        "return_token_ids": params.return_token_ids,
+        "temperature": params.temperature,
         "fault": fault,
     }
 
@@ -157,13 +190,18 @@ def _client_gone(request: web.Request) -> bool:
 
 async def pause(call: Call, seconds: float) -> None:
     """Wait ``seconds``; raise ClientGone if the client leaves, Stopping at shutdown."""
+    await wait_for_client(call.request, call.state, seconds)
+
+
+async def wait_for_client(request: web.Request, state: SimState, seconds: float) -> None:
+    """:func:`pause` for any request, counted as a call or not (e.g. a hung ``/metrics``)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
-    stop = call.state.stop_signal()
+    stop = state.stop_signal()
     while True:
-        if call.state.stopping:
+        if state.stopping:
             raise Stopping
-        if _client_gone(call.request):
+        if _client_gone(request):
             raise ClientGone
         remaining = deadline - loop.time()
         if remaining <= 0:

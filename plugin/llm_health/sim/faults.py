@@ -9,7 +9,10 @@ JSON form (durations are strings, as everywhere in llm-health)::
 
     {"fault": "none", "ttft": "50ms", "ttft_jitter": "0ms", "tpot": "10ms",
      "fault_rate": 1.0, "startup_delay": "30s", "overload_status": 429,
-     "load_ttft_per_request": "20ms", "hang_max": "3600s"}
+     "load_ttft_per_request": "20ms", "hang_max": "3600s", "health": "ok",
+     "answer": " Paris is a city", "top_alternatives": [" Lyon", " the", " a", " France"],
+     "served_model": null, "metrics": "ok", "metrics_waiting": null,
+     "metrics_kv_cache": null, "affects": "all"}
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ FAULTS: Mapping[str, str] = {
     "close_after_headers": "send 200 + headers, then abort the TCP connection",
     "startup_delay": "503 'Model is still loading' until startup_delay after the fault was set",
     "slow_under_load": "TTFT grows by load_ttft_per_request per other in-flight request",
+    "garbage_tokens": (
+        "200 SSE at the normal TTFT whose tokens are all '!' (token id 0, NaN logprobs): "
+        "vLLM's NaN-logits symptom"
+    ),
 }
 
 #: Faults that keep the request open without answering (bounded by ``hang_max``).
@@ -52,6 +59,25 @@ OVERLOAD_STATUSES = (429, 503)
 #: aborted with no answer (a check path that is unreachable while inference still works,
 #: e.g. for Envoy HDS HTTP checks).
 HEALTH_MODES = ("ok", "http_503", "reset")
+
+#: What ``GET /metrics`` does (the ``metrics`` knob): "ok" = the engine's Prometheus text;
+#: "404" = 404 (metrics not exposed); "garbage" = 200 whose body is not Prometheus
+#: exposition; "hang" = no answer until ``hang_max`` (then 504) or the client leaves.
+METRICS_MODES = ("ok", "404", "garbage", "hang")
+
+#: Which inference requests the fault may apply to (the ``affects`` knob): "all" = every
+#: one; "users" = only those without ``X-LLM-Probe: true`` (probes are served normally).
+AFFECTS_MODES = ("all", "users")
+
+#: The default ``answer``: the text generated, token by token (see :data:`FaultSpec`).
+DEFAULT_ANSWER = " Paris is a city"
+#: The default ``top_alternatives``: the runner-up tokens shown in ``top_logprobs``.
+DEFAULT_TOP_ALTERNATIVES = (" Lyon", " the", " a", " France")
+MAX_ANSWER_CHARS = 200
+#: At most 19 alternatives: with the chosen token, the 20 ``top_logprobs`` vLLM allows.
+MAX_TOP_ALTERNATIVES = 19
+MAX_ALTERNATIVE_CHARS = 50
+MAX_SERVED_MODEL_CHARS = 200
 
 _DURATION_KEYS = ("ttft", "ttft_jitter", "tpot", "startup_delay", "load_ttft_per_request")
 
@@ -73,6 +99,27 @@ class FaultSpec:
       inference request.
     - ``hang_max``: upper bound of every hang, after which the request is ended.
     - ``health``: what ``GET /health`` does, one of :data:`HEALTH_MODES`.
+    - ``answer``: the generated text (1..200 characters, not only whitespace), split into
+      tokens at word starts, each word with its leading whitespace (" Paris is a city"
+      -> " Paris", " is", " a", " city"). The same at any ``temperature`` (nothing is
+      sampled). A request for more tokens repeats the answer verbatim from its first
+      token, so ``max_tokens`` tokens are always sent (``finish_reason`` "length").
+    - ``top_alternatives``: up to 19 distinct non-empty strings (<= 50 characters each),
+      the runner-up tokens of every step in ``top_logprobs``: the chosen token first
+      (logprob -0.05), then these (-4.0, -5.0, ...), an alternative equal to the chosen
+      token left out.
+    - ``served_model``: the model the engine really serves (listed by ``/v1/models`` and
+      the engine's info endpoint), or None for the configured model. Requests are still
+      accepted under the configured name: wrong weights behind the right name.
+    - ``metrics``: what ``GET /metrics`` does, one of :data:`METRICS_MODES`.
+    - ``metrics_waiting``: if set (an integer >= 0), the waiting-requests gauge reports it
+      instead of the live count (e.g. 12: a saturated engine).
+    - ``metrics_kv_cache``: if set (0..1), the KV-cache usage gauge reports it instead of
+      ``in_flight / max_num_seqs``.
+    - ``affects``: one of :data:`AFFECTS_MODES`. "all" (default): the fault applies to every
+      inference request. "users": only to requests without ``X-LLM-Probe: true``; probes
+      are served normally (no ``fault_rate`` draw, no ``slow_under_load`` extra TTFT): an
+      engine whose failures only real traffic sees.
     """
 
     fault: str = "none"
@@ -85,6 +132,13 @@ class FaultSpec:
     load_ttft_per_request: float = 0.02
     hang_max: float = 3600.0
     health: str = "ok"
+    answer: str = DEFAULT_ANSWER
+    top_alternatives: tuple[str, ...] = DEFAULT_TOP_ALTERNATIVES
+    served_model: str | None = None
+    metrics: str = "ok"
+    metrics_waiting: int | None = None
+    metrics_kv_cache: float | None = None
+    affects: str = "all"
 
     def __post_init__(self) -> None:
         """Reject any invalid field with a ValueError naming it."""
@@ -103,6 +157,67 @@ class FaultSpec:
         if self.health not in HEALTH_MODES:
             raise ValueError(
                 f'"health": must be one of {", ".join(HEALTH_MODES)}, got {self.health!r}'
+            )
+        if self.affects not in AFFECTS_MODES:
+            raise ValueError(
+                f'"affects": must be one of {", ".join(AFFECTS_MODES)}, got {self.affects!r}'
+            )
+        self._check_generation()
+        self._check_metrics()
+
+    def _check_generation(self) -> None:
+        """Validate ``answer``, ``top_alternatives`` and ``served_model``."""
+        answer = self.answer
+        if not isinstance(answer, str) or not answer.strip() or len(answer) > MAX_ANSWER_CHARS:
+            raise ValueError(
+                f'"answer": must be a string of 1..{MAX_ANSWER_CHARS} characters, not only '
+                f"whitespace, got {answer!r}"
+            )
+        alternatives = self.top_alternatives
+        if isinstance(alternatives, list):  # a Python caller's list: keep the spec hashable
+            alternatives = tuple(alternatives)
+            object.__setattr__(self, "top_alternatives", alternatives)
+        if not isinstance(alternatives, tuple) or len(alternatives) > MAX_TOP_ALTERNATIVES:
+            raise ValueError(
+                f'"top_alternatives": must be a list of at most {MAX_TOP_ALTERNATIVES} '
+                f"strings, got {alternatives!r}"
+            )
+        for item in alternatives:
+            if not isinstance(item, str) or not 1 <= len(item) <= MAX_ALTERNATIVE_CHARS:
+                raise ValueError(
+                    f'"top_alternatives": every entry must be a string of '
+                    f"1..{MAX_ALTERNATIVE_CHARS} characters, got {item!r}"
+                )
+        if len(set(alternatives)) != len(alternatives):
+            raise ValueError(f'"top_alternatives": entries must be distinct, got {alternatives!r}')
+        served = self.served_model
+        if served is not None and (
+            not isinstance(served, str) or not served or len(served) > MAX_SERVED_MODEL_CHARS
+        ):
+            raise ValueError(
+                f'"served_model": must be null or a string of 1..{MAX_SERVED_MODEL_CHARS} '
+                f"characters, got {served!r}"
+            )
+
+    def _check_metrics(self) -> None:
+        """Validate ``metrics``, ``metrics_waiting`` and ``metrics_kv_cache``."""
+        if self.metrics not in METRICS_MODES:
+            raise ValueError(
+                f'"metrics": must be one of {", ".join(METRICS_MODES)}, got {self.metrics!r}'
+            )
+        waiting = self.metrics_waiting
+        if waiting is not None and (
+            isinstance(waiting, bool) or not isinstance(waiting, int) or waiting < 0
+        ):
+            raise ValueError(f'"metrics_waiting": must be null or an integer >= 0, got {waiting!r}')
+        kv_cache = self.metrics_kv_cache
+        if kv_cache is not None and (
+            isinstance(kv_cache, bool)
+            or not isinstance(kv_cache, int | float)
+            or not 0.0 <= kv_cache <= 1.0
+        ):
+            raise ValueError(
+                f'"metrics_kv_cache": must be null or a number between 0 and 1, got {kv_cache!r}'
             )
 
     @classmethod
@@ -132,6 +247,13 @@ class FaultSpec:
             "load_ttft_per_request": format_duration(self.load_ttft_per_request),
             "hang_max": format_duration(self.hang_max),
             "health": self.health,
+            "answer": self.answer,
+            "top_alternatives": list(self.top_alternatives),
+            "served_model": self.served_model,
+            "metrics": self.metrics,
+            "metrics_waiting": self.metrics_waiting,
+            "metrics_kv_cache": self.metrics_kv_cache,
+            "affects": self.affects,
         }
 
     def draw_ttft(self, rng: random.Random) -> float:
@@ -143,7 +265,7 @@ class FaultSpec:
 
 def _decode_field(key: object, value: object) -> object:
     """Decode one JSON field of a fault spec, or raise ValueError naming ``key``."""
-    if key in ("fault", "health"):
+    if key in ("fault", "health", "metrics", "answer", "affects"):
         if not isinstance(value, str):
             raise ValueError(f'"{key}": must be a string, got {value!r}')
         return value
@@ -157,6 +279,26 @@ def _decode_field(key: object, value: object) -> object:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f'"overload_status": must be 429 or 503, got {value!r}')
         return value
+    if key == "top_alternatives":
+        if not isinstance(value, list):
+            raise ValueError(f'"top_alternatives": must be a list of strings, got {value!r}')
+        return tuple(value)  # entries checked by FaultSpec
+    if key == "served_model":
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f'"served_model": must be null or a string, got {value!r}')
+        return value
+    if key == "metrics_waiting":
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f'"metrics_waiting": must be null or an integer >= 0, got {value!r}')
+        return value
+    if key == "metrics_kv_cache":
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(
+                f'"metrics_kv_cache": must be null or a number between 0 and 1, got {value!r}'
+            )
+        return float(value)
     known = ", ".join(f.name for f in dataclasses.fields(FaultSpec))
     raise ValueError(f"{key!r}: unknown key in fault spec (known: {known})")
 

@@ -1,34 +1,61 @@
-"""The simulator's ``/metrics`` document: Prometheus text with vLLM's gauge names.
+"""The simulator's ``/metrics`` document: Prometheus text with the engine's gauge names.
 
-Load balancers and autoscalers read ``vllm:num_requests_running``/``_waiting`` and
-``vllm:kv_cache_usage_perc``; the simulator derives them from its in-flight gauges so
-those consumers can be tested against it. Its own counters follow under
-``llm_health_sim_*``.
+Load balancers and autoscalers read the engine's waiting/running gauges and its KV-cache
+usage (``vllm:num_requests_waiting``, ``sglang:num_queue_reqs``, …: the names depend on
+``SimSettings.engine``, see :mod:`llm_health.sim.engines`). The simulator derives them
+from its in-flight gauges, unless the fault spec's ``metrics_waiting`` /
+``metrics_kv_cache`` knobs pin them (a saturated engine). Its own counters follow under
+``llm_health_sim_*``, then, for vLLM and SGLang, the engine's time-to-first-token and
+end-to-end latency histograms (:mod:`llm_health.sim.histogram`), filled with what the
+simulator really served. What ``GET /metrics`` answers instead of this document (404,
+junk, a hang) is the ``metrics`` knob, handled by the application.
 """
 
 from __future__ import annotations
 
+from llm_health.sim.engines import ENGINES
 from llm_health.sim.state import SimState
 
-__all__ = ["METRICS_CONTENT_TYPE", "render_metrics"]
+__all__ = ["METRICS_CONTENT_TYPE", "METRICS_GARBAGE", "render_metrics"]
 
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
+#: The body of ``/metrics`` under ``"metrics": "garbage"``: served as Prometheus text,
+#: but binary junk and unbalanced braces that no exposition parser accepts.
+METRICS_GARBAGE = (
+    b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe\xfd\n"
+    b"{{{ not prometheus {{{\n"
+    b'vllm:num_requests_waiting{model_name="\x00\xff 12 {{{\n'
+)
+
 
 def render_metrics(state: SimState) -> str:
-    """Render ``state`` as Prometheus text exposition (vLLM names, plus sim counters)."""
+    """Render ``state`` as Prometheus text exposition (engine gauges, sim counters, then
+    the engine's latency histograms if it has them)."""
     label = f'model_name="{_escape_label(state.settings.model)}"'
-    kv_usage = min(1.0, state.in_flight / max(1, state.settings.max_num_seqs))
+    engine = ENGINES[state.settings.engine]
+    spec = state.fault
+    # As vLLM counts them: up to max_num_seqs requests are scheduled (running: in prefill
+    # or decoding); only those beyond wait in its queue. A request between arrival and its
+    # first token is running, not waiting, on an engine with room.
+    capacity = state.settings.max_num_seqs
+    running = min(state.in_flight, capacity)
+    queued = max(0, state.in_flight - capacity)
+    waiting = spec.metrics_waiting if spec.metrics_waiting is not None else queued
+    kv_usage = (
+        spec.metrics_kv_cache
+        if spec.metrics_kv_cache is not None
+        else min(1.0, state.in_flight / max(1, state.settings.max_num_seqs))
+    )
     counters = state.counters
     series: list[tuple[str, str, str, float]] = [
-        ("vllm:num_requests_running", "gauge", "Requests producing tokens.", state.running),
-        (
-            "vllm:num_requests_waiting",
-            "gauge",
-            "Requests waiting for a first token.",
-            state.waiting,
-        ),
-        ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent.", kv_usage),
+        (engine.running_metric, "gauge", "Requests scheduled (prefill or decode).", running),
+        (engine.waiting_metric, "gauge", "Requests queued beyond max_num_seqs.", waiting),
+    ]
+    if engine.kv_cache_metric is not None:
+        help_text = "KV-cache usage. 1 means 100 percent."
+        series.append((engine.kv_cache_metric, "gauge", help_text, kv_usage))
+    series += [
         ("llm_health_sim_requests_total", "counter", "Inference requests.", counters.requests),
         (
             "llm_health_sim_probe_requests_total",
@@ -44,11 +71,23 @@ def render_metrics(state: SimState) -> str:
             "Requests aborted by the client.",
             counters.aborted,
         ),
+        (
+            "llm_health_sim_logprobs_requests_total",
+            "counter",
+            "Inference requests that asked for logprobs.",
+            counters.logprobs_requests,
+        ),
     ]
     lines: list[str] = []
     for name, kind, help_text, value in series:
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
         lines.append(f"{name}{{{label}}} {float(value)!r}")
+    if engine.ttft_metric is not None:
+        help_text = "Histogram of time to first token in seconds."
+        lines += state.ttft.render(engine.ttft_metric, help_text, label)
+    if engine.e2e_metric is not None:
+        help_text = "Histogram of e2e request latency in seconds."
+        lines += state.e2e.render(engine.e2e_metric, help_text, label)
     return "\n".join(lines) + "\n"
 
 

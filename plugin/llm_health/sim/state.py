@@ -15,7 +15,9 @@ from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from llm_health.sim.engines import ENGINE_NAMES
 from llm_health.sim.faults import FaultSpec
+from llm_health.sim.histogram import E2E_BUCKETS, TTFT_BUCKETS, LatencyHistogram
 
 __all__ = ["SimCounters", "SimSettings", "SimState"]
 
@@ -31,6 +33,9 @@ class SimSettings:
     - ``accept_any_model``: if False, a request naming another model gets 404 (as vLLM).
     - ``api_key``: if set, ``/v1/*`` requires ``Authorization: Bearer <api_key>`` (401).
     - ``recent_size``: how many recent inference requests ``/sim/stats`` keeps.
+    - ``engine``: the engine flavour played, one of
+      :data:`~llm_health.sim.engines.ENGINE_NAMES` ("vllm", "sglang", "tgi", "llamacpp"):
+      its ``/metrics`` gauge names and its info endpoint (:mod:`llm_health.sim.engines`).
     """
 
     model: str = "sim-model"
@@ -40,6 +45,7 @@ class SimSettings:
     accept_any_model: bool = False
     api_key: str | None = None
     recent_size: int = 100
+    engine: str = "vllm"
 
     def __post_init__(self) -> None:
         """Reject settings no simulator can run with (ValueError naming the field)."""
@@ -49,6 +55,9 @@ class SimSettings:
             raise ValueError(f"max_num_seqs: must be at least 1, got {self.max_num_seqs}")
         if self.recent_size < 0:
             raise ValueError(f"recent_size: must not be negative, got {self.recent_size}")
+        if self.engine not in ENGINE_NAMES:
+            known = ", ".join(ENGINE_NAMES)
+            raise ValueError(f"engine: must be one of {known}, got {self.engine!r}")
 
 
 @dataclass
@@ -63,10 +72,13 @@ class SimCounters:
     faulted: int = 0
     bad_requests: int = 0
     unauthorized: int = 0
+    logprobs_requests: int = 0
 
 
 class SimState:
-    """Mutable state of one simulator: current fault, counters, in-flight gauges.
+    """Mutable state of one simulator: current fault, counters, in-flight gauges and the
+    latency histograms of ``/metrics`` (``ttft``: arrival to first token; ``e2e``: arrival
+    to the end of a completed response).
 
     Single-threaded by design (the asyncio loop); shared by every port of the app.
     """
@@ -80,6 +92,8 @@ class SimState:
         self.counters = SimCounters()
         self.paths: Counter[str] = Counter()
         self.recent: deque[dict[str, Any]] = deque(maxlen=settings.recent_size)
+        self.ttft = LatencyHistogram(TTFT_BUCKETS)
+        self.e2e = LatencyHistogram(E2E_BUCKETS)
         self.in_flight = 0
         self.running = 0
         self.stopping = False
@@ -91,6 +105,11 @@ class SimState:
         return self.in_flight - self.running
 
     @property
+    def served_model(self) -> str:
+        """The model the engine really serves: the ``served_model`` knob, else ``model``."""
+        return self.fault.served_model or self.settings.model
+
+    @property
     def last_request(self) -> dict[str, Any] | None:
         """The record of the most recent inference request, or None."""
         return self.recent[-1] if self.recent else None
@@ -100,13 +119,15 @@ class SimState:
         self.fault = spec
         self.fault_set_at = time.monotonic()
 
-    def choose_fault(self, spec: FaultSpec) -> str:
+    def choose_fault(self, spec: FaultSpec, is_probe: bool = False) -> str:
         """Return the fault to apply to one new request under ``spec`` ("none" if spared).
 
-        ``fault_rate`` decides with the seeded RNG; ``startup_delay`` is spared once its
-        delay since :meth:`set_fault` has passed.
+        With ``affects`` "users" a probe is always spared (and draws nothing from the RNG,
+        so probes do not shift which user requests ``fault_rate`` picks). ``fault_rate``
+        decides with the seeded RNG; ``startup_delay`` is spared once its delay since
+        :meth:`set_fault` has passed.
         """
-        if spec.fault == "none":
+        if spec.fault == "none" or (is_probe and spec.affects == "users"):
             return "none"
         if spec.fault_rate < 1.0 and self.rng.random() >= spec.fault_rate:
             return "none"
@@ -119,8 +140,10 @@ class SimState:
         return time.monotonic() - self.fault_set_at >= spec.startup_delay
 
     def reset_stats(self) -> None:
-        """Zero counters, path counts and the recent-request log (gauges stay)."""
+        """Zero counters, histograms, path counts and the recent-request log (gauges stay)."""
         self.counters = SimCounters()
+        self.ttft.reset()
+        self.e2e.reset()
         self.paths.clear()
         self.recent.clear()
 

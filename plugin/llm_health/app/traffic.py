@@ -1,0 +1,245 @@
+"""The traffic component (docs/design.md §15): passive health from real requests.
+
+- Serves ``AccessLogService`` on the gRPC port (Envoy's ``envoy.access_loggers.http_grpc``;
+  authenticated like every service there): each counted request goes into its endpoint's
+  rolling window (``traffic.window``).
+- Takes the engine's TTFT histogram from every /metrics read of the engine checks
+  (``feed_load``) and adds the deltas of real traffic (our own probes taken out) to the
+  window.
+- Every second, for the endpoints this replica probes (fleet mode: owns), judges the
+  window (``traffic.quality``): over a limit → the board's "quality" limit (DEGRADED,
+  cause ``quality``), lifted when the window is within limits again.
+- ``skip``: the scheduler's busy rule (``probe.backoff_when_busy``).
+
+In fleet mode each replica's Envoy streams to its own replica; the owner judges with the
+share of the traffic its own gateway routed (docs/design.md §15.5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
+
+import grpc
+
+from llm_health.core.control import BoardControl
+from llm_health.model.board import Board
+from llm_health.model.causes import Cause
+from llm_health.model.machine import Transition
+from llm_health.model.outcome import ProbeResult
+from llm_health.model.states import State
+from llm_health.probe.engine_metrics import EngineLoad, Histogram
+from llm_health.probe.target import ProbeTarget
+from llm_health.servers.accesslog import add_access_log_servicer
+from llm_health.traffic.busy import skip as busy_skip
+from llm_health.traffic.entries import Request
+from llm_health.traffic.quality import note, verdict
+from llm_health.traffic.settings import BusySettings, QualitySettings
+from llm_health.traffic.stream import LogStreams
+from llm_health.traffic.ttft import delta
+from llm_health.traffic.window import Counts, Window
+
+QUALITY_LIMIT = "quality"
+JUDGE_EVERY_S = 1.0
+MAX_PENDING_PROBES = 64  # probe TTFTs remembered per endpoint between two metric reads
+log = logging.getLogger("llm_health")
+Settings = Callable[[], Mapping[str, tuple[QualitySettings | None, BusySettings | None]]]
+StateOf = Callable[[str, str], State | None]
+
+
+@dataclasses.dataclass(slots=True)
+class _Endpoint:
+    window: Window
+    limit: str | None = None
+    last_ttft: Histogram | None = None
+    probes_s: list[float] = dataclasses.field(default_factory=list)
+    skipped_in_a_row: int = 0
+
+
+@dataclasses.dataclass(slots=True)
+class _Counters:
+    unknown_endpoint_total: int = 0  # requests to hosts not on the board
+    probes_skipped_total: int = 0  # backoff_when_busy
+    ttft_resets_total: int = 0  # engine histograms that went back (restarts)
+
+
+class TrafficComponent:
+    name = "traffic"
+
+    def __init__(
+        self,
+        control: BoardControl,
+        settings: Settings,
+        targets: list[ProbeTarget],
+        state_of: StateOf,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._control = control
+        self._settings = settings
+        self._state_of = state_of
+        self._clock = clock
+        self._endpoints: dict[tuple[str, str], _Endpoint] = {}
+        self._probed: set[tuple[str, str]] = set()
+        self._counters = _Counters()
+        self.streams = LogStreams(self.record, clock)
+        self._cached: Mapping[str, tuple[QualitySettings | None, BusySettings | None]] = {}
+        self.set_targets(targets)
+        control.on_probe(self._probe_seen)
+
+    # --- endpoints --------------------------------------------------------------------
+
+    def set_targets(self, targets: list[ProbeTarget]) -> None:
+        """The endpoints on the board and which this replica probes (called on reload,
+        discovery and ownership changes); windows of endpoints gone are dropped."""
+        self._cached = self._settings()
+        wanted: dict[tuple[str, str], ProbeTarget] = {(t.cluster, t.address): t for t in targets}
+        for key in [k for k in self._endpoints if k not in wanted]:
+            del self._endpoints[key]
+        for key, target in wanted.items():
+            quality = self._quality(target.cluster)
+            span = quality.window_s if quality is not None else 60.0
+            entry = self._endpoints.get(key)
+            if entry is None or entry.window.window_s != span:
+                self._endpoints[key] = _Endpoint(Window(span, target.timeout_s))
+            else:
+                entry.window.long_after_s = target.timeout_s
+
+    def set_probed(self, targets: list[ProbeTarget]) -> None:
+        self._probed = {(t.cluster, t.address) for t in targets}
+
+    def _quality(self, cluster: str) -> QualitySettings | None:
+        return self._cached.get(cluster, (None, None))[0]
+
+    def _busy(self, cluster: str) -> BusySettings | None:
+        return self._cached.get(cluster, (None, None))[1]
+
+    # --- inputs -----------------------------------------------------------------------
+
+    def record(self, request: Request, now: float) -> None:
+        entry = self._endpoints.get((request.cluster, request.address))
+        if entry is None:
+            self._counters.unknown_endpoint_total += 1
+            return
+        entry.window.add(
+            now, success=request.success, error=request.error, duration_s=request.duration_s
+        )
+
+    def _probe_seen(self, cluster: str, address: str, result: ProbeResult) -> None:
+        """Our own probes reach the engine's TTFT histogram too: remember their TTFTs to
+        take them out of the next delta."""
+        entry = self._endpoints.get((cluster, address))
+        if entry is None or result.ttft_ms is None:
+            return
+        if len(entry.probes_s) < MAX_PENDING_PROBES:
+            entry.probes_s.append(result.ttft_ms / 1000)
+
+    def feed_load(self, target: ProbeTarget, load: EngineLoad) -> None:
+        """An engine metrics read (``EngineChecks``): its TTFT histogram's growth since
+        the last read, probes removed, goes into the window."""
+        entry = self._endpoints.get((target.cluster, target.address))
+        if entry is None or load.ttft is None:
+            return
+        previous, entry.last_ttft = entry.last_ttft, load.ttft
+        probes, entry.probes_s = entry.probes_s, []
+        if previous is None or previous.bounds != load.ttft.bounds:
+            return
+        counts = delta(load.ttft.bounds, previous.cumulative, load.ttft.cumulative, probes)
+        if counts is None:
+            self._counters.ttft_resets_total += 1
+            return
+        if any(counts):
+            entry.window.add_ttft(self._clock(), load.ttft.bounds, counts)
+
+    # --- the scheduler's busy rule ----------------------------------------------------
+
+    def skip(self, target: ProbeTarget) -> bool:
+        """Whether the scheduler may leave out this slot's probe (backoff_when_busy)."""
+        settings = self._busy(target.cluster)
+        entry = self._endpoints.get((target.cluster, target.address))
+        if settings is None or entry is None:
+            return False
+        healthy = self._state_of(target.cluster, target.address) is State.HEALTHY
+        recent = entry.window.recent(self._clock(), target.interval_s)
+        if busy_skip(recent, settings, entry.skipped_in_a_row, healthy):
+            entry.skipped_in_a_row += 1
+            self._counters.probes_skipped_total += 1
+            return True
+        entry.skipped_in_a_row = 0
+        return False
+
+    # --- judging ----------------------------------------------------------------------
+
+    def tasks(self) -> list[Callable[[], Coroutine[Any, Any, None]]]:
+        return [self._judge_loop]
+
+    def register(self, server: grpc.aio.Server) -> None:
+        add_access_log_servicer(server, self.streams)
+
+    async def _judge_loop(self) -> None:
+        while True:
+            await asyncio.sleep(JUDGE_EVERY_S)
+            await self.judge()
+
+    async def judge(self) -> None:
+        """Compare every probed endpoint's window with its limits; apply what changed."""
+        now = self._clock()
+        changes: dict[tuple[str, str], str | None] = {}
+        for key, entry in self._endpoints.items():
+            quality = self._quality(key[0])
+            reason = None
+            if quality is not None and key in self._probed:
+                reason = verdict(entry.window.summary(now), quality)
+            if reason != entry.limit:
+                entry.limit = reason
+                changes[key] = reason
+        if changes:
+            await self._apply(changes)
+
+    async def _apply(self, changes: dict[tuple[str, str], str | None]) -> None:
+        def apply(board: Board, now: float) -> dict[tuple[str, str], Transition]:
+            return {
+                key: board.set_limit(*key, QUALITY_LIMIT, reason, now, Cause.QUALITY)
+                for key, reason in changes.items()
+                if board.has_endpoint(*key)
+            }
+
+        applied = await self._control.update(apply, publish_when=bool)
+        for (cluster, address), transition in applied.items():
+            reason = changes[(cluster, address)]
+            fields = {"cluster": cluster, "endpoint": address, "reason": reason or "within limits"}
+            log.info("traffic quality: degraded" if reason else "traffic quality: ok", extra=fields)
+            if transition.changed:
+                self._control.notify(cluster, address, transition, None)
+
+    # --- reading ----------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        now = self._clock()
+        endpoints: dict[str, Any] = {}
+        clusters: dict[str, Counts] = {}
+        for (cluster, address), entry in sorted(self._endpoints.items()):
+            if self._state_of(cluster, address) is None:
+                continue  # gone from the board before the catalog said so
+            counts = entry.window.counts(now)
+            quality = self._quality(cluster)
+            summary = counts.summary()
+            endpoints[f"{cluster}/{address}"] = {
+                **summary.to_json(),
+                "quality": note(summary, quality) if quality is not None else "off",
+                "limited": entry.limit,
+            }
+            if cluster in clusters:
+                clusters[cluster].merge(counts)
+            else:
+                clusters[cluster] = counts
+        return {
+            **dataclasses.asdict(self.streams.stats),
+            **dataclasses.asdict(self._counters),
+            "limited_now": sum(1 for e in self._endpoints.values() if e.limit),
+            "clusters": {name: c.summary().to_json() for name, c in clusters.items()},
+            "endpoints": endpoints,
+        }

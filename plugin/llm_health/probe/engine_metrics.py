@@ -1,0 +1,198 @@
+"""An engine's own load, read from its Prometheus metrics (pure; docs/design.md §14.3).
+
+Parsed with prometheus-client's text parser. The engine is recognised by its metric
+names (docs/engines.md):
+
+| engine    | waiting requests             | KV cache used (fraction)                     |
+|-----------|------------------------------|----------------------------------------------|
+| vLLM      | ``vllm:num_requests_waiting`` | ``vllm:kv_cache_usage_perc`` (older: ``vllm:gpu_cache_usage_perc``) |
+| SGLang    | ``sglang:num_queue_reqs``     | ``sglang:token_usage``                        |
+| TGI       | ``tgi_queue_size``            | (none)                                        |
+| llama.cpp | ``llamacpp:requests_deferred`` | ``llamacpp:kv_cache_usage_ratio`` (when the build has it) |
+
+Several series of one name (data-parallel ranks, models) add up for the queue; the KV
+figure is the fullest one. A document with none of these names is a failed read (MetricsError): no verdict.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+MAX_DOCUMENT = 4 * 1024 * 1024  # bytes of /metrics read at most
+_PREFIXES = (
+    ("vllm:", "vllm"),
+    ("sglang:", "sglang"),
+    ("llamacpp:", "llamacpp"),
+    ("tgi_", "tgi"),
+    ("nv_trt_llm_", "trtllm"),
+)
+_WAITING = {
+    "vllm": ("vllm:num_requests_waiting",),
+    "sglang": ("sglang:num_queue_reqs",),
+    "tgi": ("tgi_queue_size",),
+    "llamacpp": ("llamacpp:requests_deferred",),
+}
+_RUNNING = {
+    "vllm": ("vllm:num_requests_running",),
+    "sglang": ("sglang:num_running_reqs",),
+    "tgi": ("tgi_batch_current_size",),
+    "llamacpp": ("llamacpp:requests_processing",),
+}
+_TTFT = {  # histograms of real traffic's time to first token (docs/design.md §15.2)
+    "vllm": "vllm:time_to_first_token_seconds",
+    "sglang": "sglang:time_to_first_token_seconds",
+}
+_KV_CACHE = {
+    "vllm": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    "sglang": ("sglang:token_usage",),
+    "llamacpp": ("llamacpp:kv_cache_usage_ratio",),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    """A Prometheus histogram: upper bounds (ascending, the last +Inf) and the cumulative
+    count at each."""
+
+    bounds: tuple[float, ...]
+    cumulative: tuple[float, ...]
+
+
+class MetricsError(ValueError):
+    """The document could not be read as Prometheus text (the message says why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """``engine``: recognised from the names (None: unknown). Figures are None when the
+    engine does not export them."""
+
+    engine: str | None
+    waiting: float | None = None
+    running: float | None = None
+    kv_cache: float | None = None
+    ttft: Histogram | None = None  # the engine's TTFT histogram, cumulative, all series added
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "engine": self.engine,
+            "waiting": self.waiting,
+            "running": self.running,
+            "kv_cache": self.kv_cache,
+        }
+
+
+_WANTED = tuple(
+    sorted(
+        {n for table in (_WAITING, _RUNNING, _KV_CACHE) for names in table.values() for n in names}
+        | {f"{name}_bucket" for name in _TTFT.values()}
+    )
+)
+
+
+def parse_load(text: str) -> EngineLoad:
+    """The engine's load from a /metrics document; MetricsError if the lines it reads are
+    not valid Prometheus text exposition. Only the lines of the series read here are
+    parsed (an engine's document is mostly histograms nobody here reads: parsing all of it
+    every second per endpoint would cost more than the probes)."""
+    engine, lines = _select(text)
+    if engine is None:
+        raise MetricsError("no metric of a known engine (vLLM, SGLang, TGI, llama.cpp)")
+    values: dict[str, list[float]] = {}
+    buckets: dict[float, float] = {}
+    ttft_name = f"{_TTFT.get(engine, '')}_bucket"
+    try:
+        for family in text_string_to_metric_families("\n".join(lines) + "\n"):
+            for sample in family.samples:
+                if not math.isfinite(sample.value) and sample.name != ttft_name:
+                    continue
+                if sample.name == ttft_name:
+                    bound = float(sample.labels.get("le", "nan"))
+                    buckets[bound] = buckets.get(bound, 0.0) + sample.value
+                else:
+                    values.setdefault(sample.name, []).append(float(sample.value))
+    except (ValueError, TypeError, IndexError, KeyError) as exc:
+        raise MetricsError(f"not Prometheus text: {str(exc)[:120]}") from None
+    waiting = _first(values, _WAITING.get(engine, ()), sum)
+    running = _first(values, _RUNNING.get(engine, ()), sum)
+    kv_cache = _first(values, _KV_CACHE.get(engine, ()), max)
+    return EngineLoad(engine, waiting, running, kv_cache, _histogram(buckets))
+
+
+def _select(text: str) -> tuple[str | None, list[str]]:
+    """The engine the names say, and the lines of the series read here."""
+    engine: str | None = None
+    lines = []
+    for line in text.splitlines():
+        name = line[7:] if line.startswith(("# TYPE ", "# HELP ")) else line
+        if engine is None:
+            engine = detect_engine({name})
+        if name.startswith(_WANTED):
+            lines.append(line)
+    return engine, lines
+
+
+def _histogram(buckets: dict[float, float]) -> Histogram | None:
+    """Bounds ascending ending in +Inf, counts cumulative and finite; else None."""
+    if not buckets or math.nan in buckets or any(b != b for b in buckets):
+        return None
+    bounds = tuple(sorted(buckets))
+    counts = tuple(buckets[b] for b in bounds)
+    if not math.isinf(bounds[-1]) or any(not math.isfinite(c) or c < 0 for c in counts):
+        return None
+    if any(later < earlier for earlier, later in itertools.pairwise(counts)):
+        return None
+    return Histogram(bounds, counts)
+
+
+def detect_engine(names: dict[str, list[float]] | set[str]) -> str | None:
+    for name in names:
+        for prefix, engine in _PREFIXES:
+            if name.startswith(prefix):
+                return engine
+    return None
+
+
+def _first(values: dict[str, list[float]], names: tuple[str, ...], fold: object) -> float | None:
+    for name in names:
+        found = values.get(name)
+        if found:
+            return float(fold(found))  # type: ignore[operator]
+    return None
+
+
+def saturation(load: EngineLoad, queue_threshold: float, kv_cache_threshold: float) -> str | None:
+    """Why the engine counts as saturated (the reason text), or None."""
+    if load.waiting is not None and load.waiting >= queue_threshold:
+        return f"{load.waiting:g} waiting ≥ {queue_threshold:g}"
+    if load.kv_cache is not None and load.kv_cache >= kv_cache_threshold:
+        return f"KV cache {load.kv_cache:.0%} used ≥ {kv_cache_threshold:.0%}"
+    return None
+
+
+STALE_AFTER = 3  # failed reads in a row after which the last figures are dropped
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """An endpoint's metrics as the checker knows them: the last good load, how many reads
+    have failed since, and the last failure's text. Figures older than STALE_AFTER failed
+    reads are not used (a missing /metrics is not a dead engine: no verdict)."""
+
+    load: EngineLoad | None = None
+    failures: int = 0
+    error: str = ""
+
+    def read(self, load: EngineLoad) -> Reading:
+        return Reading(load)
+
+    def failed(self, error: str) -> Reading:
+        return Reading(self.load, self.failures + 1, error)
+
+    @property
+    def usable(self) -> EngineLoad | None:
+        return self.load if self.load is not None and self.failures < STALE_AFTER else None

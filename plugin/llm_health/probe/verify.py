@@ -1,0 +1,222 @@
+"""Judging known-answer probes (pure; docs/design.md §14). No I/O, clock passed in.
+
+- ``degenerate``: output no working model produces: every token the same punctuation
+  character (vLLM streams "!!!!" after NaN logits), token id 0, a non-finite logprob, an
+  empty answer. One such answer is enough (cause "garbage output").
+- With ``expect`` (a regex): an answer it does not find is a miss; ``unhealthy_after``
+  misses in a row (the next check comes after ``confirm_delay``) take the endpoint out.
+- Without: the reference is the answer a strict majority of the cluster's recent answers
+  gives, when at least ``MIN_VOTERS`` endpoints answered. An endpoint that answers
+  otherwise, and whose own top logprobs for the first token do not contain the majority's
+  first token either, misses. No majority: no verdict (said in /status).
+"""
+
+from __future__ import annotations
+
+import enum
+import unicodedata
+from collections import Counter
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from llm_health.model.answer import Answer
+from llm_health.model.redact import printable_line
+from llm_health.probe.target import VerifySpec
+
+MIN_VOTERS = 3
+FRESH_EVERY = 2.5  # an answer older than this many ``every`` no longer votes
+SHOWN_CHARS = 60  # of an answer, in reasons
+
+
+class Verdict(enum.Enum):
+    GARBAGE = "garbage"  # out at once
+    MISS = "miss"  # counts toward unhealthy_after
+    PASS = "pass"  # clears misses and any hold
+    NONE = "none"  # no verdict (no majority yet, incomplete answer)
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    """One endpoint's answer judged. ``down``: hold it UNHEALTHY now (``reason`` says
+    why); ``recheck``: verify again after ``confirm_delay`` rather than ``every``."""
+
+    address: str
+    verdict: Verdict
+    reason: str
+    down: bool = False
+    recheck: bool = False
+
+
+def shown(text: str) -> str:
+    """An answer as reasons quote it: one printable line, clipped."""
+    return repr(printable_line(text, SHOWN_CHARS))
+
+
+def degenerate(answer: Answer) -> str | None:
+    """Why ``answer`` is garbage, or None. Judged on what arrived, complete or not."""
+    if 0 in answer.token_ids:
+        return f"garbage output: {shown(answer.text)} (token id 0)"
+    bad = [v for v in answer.logprobs if v != v or v in (float("inf"), float("-inf"))]
+    if bad:
+        return f"garbage output: {shown(answer.text)} (logprob {bad[0]})"
+    visible = "".join(answer.text.split())
+    if answer.complete and not visible:
+        return "garbage output: empty answer"
+    if len(visible) >= 2 and len(set(visible)) == 1 and _punctuation(visible[0]):
+        return f"garbage output: {shown(answer.text)} (one punctuation character repeated)"
+    return None
+
+
+def _punctuation(char: str) -> bool:
+    return unicodedata.category(char)[0] in ("P", "S")
+
+
+def normalized(text: str) -> str:
+    """Answers compare on their words: white space runs are one space, ends trimmed."""
+    return " ".join(text.split())
+
+
+@dataclass(slots=True)
+class _Vote:
+    text: str
+    first: str | None
+    first_top: tuple[str, ...]
+    at: float
+    judged: bool = False
+
+
+@dataclass(slots=True)
+class _Cluster:
+    votes: dict[str, _Vote] = field(default_factory=dict)
+    majority: str | None = None
+    majority_first: str | None = None
+    note: str = "no answers yet"
+
+
+class Verifier:
+    """Per cluster: the latest answer of each endpoint and the running miss counts."""
+
+    def __init__(self) -> None:
+        self._clusters: dict[str, _Cluster] = {}
+        self._misses: dict[tuple[str, str], int] = {}
+
+    def judge(
+        self,
+        cluster: str,
+        address: str,
+        answer: Answer,
+        spec: VerifySpec,
+        unhealthy_after: int,
+        now: float,
+        members: Collection[str],
+    ) -> list[Judgement]:
+        """Judge a new answer of ``cluster``/``address``; with consensus, also every other
+        endpoint whose answer the majority it completes can now judge. ``members``: the
+        cluster's endpoints now (answers of others stop voting)."""
+        garbage = degenerate(answer)
+        if garbage is not None:
+            self._clusters.get(cluster, _Cluster()).votes.pop(address, None)
+            return [Judgement(address, Verdict.GARBAGE, garbage, down=True)]
+        if not answer.complete:
+            return [Judgement(address, Verdict.NONE, "answer incomplete within the timeout")]
+        if spec.expect is not None:
+            found = spec.expect.search(answer.text) is not None
+            miss = f"wrong answer: {shown(answer.text)} does not match /{spec.expect.pattern}/"
+            return [self._count(cluster, address, found, miss, unhealthy_after)]
+        return self._consensus(cluster, address, answer, spec, unhealthy_after, now, members)
+
+    def status(self, cluster: str) -> dict[str, object]:
+        """/status: the cluster's reference answer (or why there is none) and the votes."""
+        book = self._clusters.get(cluster)
+        if book is None:
+            return {"majority": None, "note": "no answers yet", "answers": {}}
+        return {
+            "majority": book.majority,
+            "note": book.note,
+            "answers": {a: v.text for a, v in sorted(book.votes.items())},
+        }
+
+    def misses(self, cluster: str, address: str) -> int:
+        return self._misses.get((cluster, address), 0)
+
+    def forget(self, keep: Collection[tuple[str, str]]) -> None:
+        """Drop the state of endpoints no longer probed here."""
+        for key in [k for k in self._misses if k not in keep]:
+            del self._misses[key]
+        for name, book in self._clusters.items():
+            for address in [a for a in book.votes if (name, a) not in keep]:
+                del book.votes[address]
+
+    def _consensus(
+        self,
+        cluster: str,
+        address: str,
+        answer: Answer,
+        spec: VerifySpec,
+        unhealthy_after: int,
+        now: float,
+        members: Collection[str],
+    ) -> list[Judgement]:
+        book = self._clusters.setdefault(cluster, _Cluster())
+        book.votes[address] = _Vote(
+            normalized(answer.text), answer.first_token, answer.first_top, now
+        )
+        horizon = now - FRESH_EVERY * spec.every_s
+        for gone in [a for a, v in book.votes.items() if a not in members or v.at < horizon]:
+            del book.votes[gone]
+        self._elect(book)
+        if book.majority is None:
+            return [Judgement(address, Verdict.NONE, book.note)]
+        judged = []
+        for voter, vote in sorted(book.votes.items()):
+            if vote.judged:
+                continue
+            vote.judged = True
+            agrees = vote.text == book.majority or (
+                book.majority_first is not None and book.majority_first in vote.first_top
+            )
+            miss = (
+                f"wrong answer: {shown(vote.text)} where {len(book.votes)} endpoints' "
+                f"majority says {shown(book.majority)}"
+            )
+            judged.append(self._count(cluster, voter, agrees, miss, unhealthy_after))
+        return judged
+
+    def _elect(self, book: _Cluster) -> None:
+        counts = Counter(vote.text for vote in book.votes.values())
+        total = sum(counts.values())
+        if total < MIN_VOTERS:
+            book.majority, book.majority_first = None, None
+            book.note = f"no verdict: {total} answers, at least {MIN_VOTERS} needed"
+            return
+        text, count = counts.most_common(1)[0]
+        if 2 * count <= total:
+            if book.majority is not None:  # a new majority must judge everyone again
+                for vote in book.votes.values():
+                    vote.judged = False
+            book.majority, book.majority_first = None, None
+            book.note = f"no verdict: no strict majority among {total} answers"
+            return
+        if text != book.majority:
+            for vote in book.votes.values():
+                vote.judged = False
+        book.majority = text
+        book.majority_first = next(
+            (v.first for v in book.votes.values() if v.text == text and v.first is not None),
+            None,
+        )
+        book.note = f"{count} of {total} endpoints agree"
+
+    def _count(
+        self, cluster: str, address: str, passed: bool, miss: str, unhealthy_after: int
+    ) -> Judgement:
+        key = (cluster, address)
+        if passed:
+            self._misses.pop(key, None)
+            return Judgement(address, Verdict.PASS, "answer as expected")
+        misses = self._misses.get(key, 0) + 1
+        self._misses[key] = misses
+        if misses >= unhealthy_after:
+            checks = f" ({misses} checks)" if misses > 1 else ""
+            return Judgement(address, Verdict.MISS, miss + checks, down=True)
+        return Judgement(address, Verdict.MISS, miss, recheck=True)

@@ -1,0 +1,114 @@
+"""Consuming Envoy's access-log streams (docs/design.md §15.1): each
+``StreamAccessLogsMessage`` of a ``StreamAccessLogs`` call, entry by entry, into a sink.
+
+The streams are untrusted and may flood (a misconfigured Envoy, a retry storm, a hostile
+peer): every stream has a budget of ``max_rate`` entries per second (a token bucket of one
+second's worth); entries beyond it are dropped and counted, never queued. The consumer
+yields to the event loop every ``YIELD_EVERY`` entries, so a burst can never hold up the
+prober or an xDS push for more than that many decodes (a few milliseconds).
+Entries that do not count (probes, no upstream, intermediate) are counted by kind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from llm_health.model.redact import printable_line
+from llm_health.traffic.entries import Request, decode
+
+YIELD_EVERY = 50  # entries between yields: a few ms of work at most
+LOG_EVERY_S = 60.0
+DEFAULT_MAX_RATE = 20_000.0  # entries per second per stream
+log = logging.getLogger("llm_health")
+
+
+@dataclass(slots=True)
+class StreamStats:
+    streams_total: int = 0
+    streams_open: int = 0
+    messages_total: int = 0
+    entries_total: int = 0
+    counted_total: int = 0  # became a Request for the sink
+    skipped_total: int = 0  # probes, intermediate entries, no upstream host
+    dropped_total: int = 0  # over a stream's rate budget
+    tcp_messages_total: int = 0  # TCP logs: not ours to read
+
+
+class LogStreams:
+    """``sink(request, now)`` receives every counted request; ``clock``: monotonic s."""
+
+    def __init__(
+        self,
+        sink: Callable[[Request, float], None],
+        clock: Callable[[], float],
+        max_rate: float = DEFAULT_MAX_RATE,
+    ) -> None:
+        self._sink = sink
+        self._clock = clock
+        self._max_rate = max_rate
+        self.stats = StreamStats()
+
+    async def consume(self, messages: AsyncIterator[Any], peer: str) -> None:
+        """Read one stream to its end. A protobuf DecodeError from the transport
+        propagates (the adapter answers INVALID_ARGUMENT)."""
+        stats = self.stats
+        stats.streams_total += 1
+        stats.streams_open += 1
+        tokens, refilled = self._max_rate, self._clock()
+        since_yield = 0
+        logged_at = -LOG_EVERY_S
+        try:
+            async for message in messages:
+                stats.messages_total += 1
+                if message.HasField("identifier") and stats.messages_total <= 1_000_000:
+                    _note_identifier(message.identifier, peer)
+                if message.HasField("tcp_logs"):
+                    stats.tcp_messages_total += 1
+                    continue
+                entries = message.http_logs.log_entry
+                now = self._clock()
+                tokens = min(self._max_rate, tokens + (now - refilled) * self._max_rate)
+                refilled = now
+                for entry in entries:
+                    stats.entries_total += 1
+                    if tokens < 1:
+                        stats.dropped_total += 1
+                        if now - logged_at >= LOG_EVERY_S:  # once a minute per stream
+                            logged_at = now
+                            log.warning(
+                                "access-log stream over its budget: dropping entries",
+                                extra={
+                                    "peer": printable_line(peer, 100),
+                                    "max_per_s": self._max_rate,
+                                },
+                            )
+                        continue
+                    tokens -= 1
+                    self._one(entry, now)
+                    since_yield += 1
+                    if since_yield >= YIELD_EVERY:
+                        since_yield = 0
+                        await asyncio.sleep(0)
+        finally:
+            stats.streams_open -= 1
+
+    def _one(self, entry: Any, now: float) -> None:
+        request = decode(entry)
+        if request is None:
+            self.stats.skipped_total += 1
+            return
+        self.stats.counted_total += 1
+        self._sink(request, now)
+
+
+def _note_identifier(identifier: Any, peer: str) -> None:
+    node = printable_line(identifier.node.id, 100)
+    name = printable_line(identifier.log_name, 100)
+    log.debug(
+        "access-log stream",
+        extra={"peer": printable_line(peer, 100), "node": node, "log_name": name},
+    )

@@ -1,0 +1,214 @@
+"""Engine checks through the real runtime against three simulators in their own processes
+(docs/design.md §14): known-answer probes (garbage, expect, consensus), the served-model
+check, saturation from the engine's /metrics, engine detection for the request body."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llm_health.app.assemble import build_runtime
+from llm_health.app.runtime import Runtime
+from llm_health.config import parse_config
+from llm_health.model.causes import Cause
+from llm_health.model.states import State
+from tests.envoy_harness import free_port
+from tests.polling import wait_until_async
+from tests.processes import SimProcess
+
+CONFIG = """
+server: {{grpc: "127.0.0.1:{grpc}", http: "127.0.0.1:{http}"}}
+probe:
+  interval: 500ms
+  timeout: 800ms
+  healthy_ttft: 200ms
+  healthy_after: 2
+  verify: {{every: {every}, expect: {expect}}}
+  engine_metrics: {{interval: 300ms}}
+clusters:
+  - name: llama
+    model: sim-model
+    endpoints: [{endpoints}]
+"""
+
+
+@pytest.fixture
+def sims(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[list[SimProcess]]:
+    extra: tuple[str, ...] = getattr(request, "param", ())
+    started: list[SimProcess] = []
+    try:
+        for index in range(3):
+            started.append(SimProcess(tmp_path, f"engine{index}", "--ttft", "20ms", *extra))
+        yield [sim.wait_up() for sim in started]
+    finally:
+        for sim in started:
+            sim.stop()
+
+
+def runtime_for(sims: list[SimProcess], every: str = "3s", expect: str = "null") -> Runtime:
+    endpoints = ", ".join(f'{{address: "{s.address}"}}' for s in sims)
+    text = CONFIG.format(
+        grpc=free_port(), http=free_port(), endpoints=endpoints, every=every, expect=expect
+    )
+    return build_runtime(parse_config(text, "engines.yaml", {}))
+
+
+def endpoint(runtime: Runtime, sim: SimProcess) -> Any:
+    (found,) = [
+        e
+        for e in runtime.control.snapshot().clusters["llama"].endpoints
+        if e.spec.address == sim.address
+    ]
+    return found
+
+
+class Running:
+    """The runtime running in a task for the length of a ``with`` block."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime, self.stop = runtime, asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Running:
+        self.task = asyncio.create_task(self.runtime.run(self.stop))
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        self.stop.set()
+        assert self.task is not None
+        await asyncio.wait_for(self.task, 5)
+
+    async def wait_state(
+        self, sim: SimProcess, state: State, within: float, cause: Cause | None = None
+    ) -> Any:
+        def reached() -> bool:
+            found = endpoint(self.runtime, sim)
+            return found.state is state and (cause is None or found.cause is cause)
+
+        await wait_until_async(reached, within, f"{sim.address} {state.value} ({cause})")
+        return endpoint(self.runtime, sim)
+
+    async def all_healthy(self, sims: list[SimProcess]) -> None:
+        for sim in sims:
+            await self.wait_state(sim, State.HEALTHY, 10)
+
+
+async def set_fault(sim: SimProcess, **knobs: Any) -> None:
+    await asyncio.to_thread(sim.set_fault, **knobs)
+
+
+async def test_garbage_output_takes_one_endpoint_out_within_every_plus_2s(
+    sims: list[SimProcess],
+) -> None:
+    async with Running(runtime_for(sims, every="3s")) as running:
+        await running.all_healthy(sims)
+        await set_fault(sims[0], fault="garbage_tokens")
+        started = time.monotonic()
+        out = await running.wait_state(sims[0], State.UNHEALTHY, 5 + 1, Cause.GARBAGE)
+        took = time.monotonic() - started
+        assert took <= 3 + 2, took
+        assert out.reason.startswith("garbage output: '!!!'"), out.reason
+        assert out.signals == {"verify": out.reason}
+        for sim in sims[1:]:
+            assert endpoint(running.runtime, sim).state is State.HEALTHY
+        # The plain probes stay FAST (a TTFT-only prober sees nothing): still held.
+        await asyncio.sleep(1.5)
+        assert endpoint(running.runtime, sims[0]).state is State.UNHEALTHY
+        # Fixed: the next known-answer probe passes, the usual hysteresis brings it back.
+        await set_fault(sims[0], fault="none")
+        await running.wait_state(sims[0], State.HEALTHY, 3 + 4)
+
+
+async def test_expect_misses_take_it_out_after_the_confirming_check(
+    sims: list[SimProcess],
+) -> None:
+    async with Running(runtime_for(sims, every="3s", expect='"Paris"')) as running:
+        await running.all_healthy(sims)
+        await set_fault(sims[1], answer=" London is big")
+        out = await running.wait_state(sims[1], State.UNHEALTHY, 3 + 3, Cause.WRONG_ANSWER)
+        assert "'London is big'" in out.reason and "/Paris/" in out.reason, out.reason
+        assert "(2 checks)" in out.reason, out.reason
+        checks = running.runtime.component_status()["engines"]
+        assert checks["misses_total"] >= 2
+        assert endpoint(running.runtime, sims[0]).state is State.HEALTHY
+
+
+async def test_the_odd_answer_out_of_three_is_a_wrong_answer(sims: list[SimProcess]) -> None:
+    async with Running(runtime_for(sims, every="3s")) as running:
+        await running.all_healthy(sims)
+        # Another model: a different answer, and " Paris" not among its alternatives.
+        await set_fault(sims[2], answer=" Rome is old", top_alternatives=[" Milan", " the"])
+        out = await running.wait_state(sims[2], State.UNHEALTHY, 3 + 3, Cause.WRONG_ANSWER)
+        assert "majority says 'Paris is a'" in out.reason, out.reason
+        consensus = running.runtime.component_status()["engines"]["consensus"]["llama"]
+        assert consensus["majority"] == "Paris is a"
+        for sim in sims[:2]:
+            assert endpoint(running.runtime, sim).state is State.HEALTHY
+
+
+async def test_a_different_answer_whose_alternatives_hold_the_majority_is_no_miss(
+    sims: list[SimProcess],
+) -> None:
+    async with Running(runtime_for(sims, every="1s")) as running:
+        await running.all_healthy(sims)
+        await set_fault(sims[2], answer=" Lyon is near", top_alternatives=[" Paris", " the"])
+        await asyncio.sleep(3.5)  # three known-answer rounds
+        status = running.runtime.component_status()["engines"]
+        assert status["endpoints"][f"llama/{sims[2].address}"]["last_answer"] == "Lyon is near"
+        assert endpoint(running.runtime, sims[2]).state is State.HEALTHY
+        assert status["misses_total"] == 0
+
+
+async def test_wrong_served_model_is_unhealthy_with_both_names(sims: list[SimProcess]) -> None:
+    async with Running(runtime_for(sims, every="2s")) as running:
+        await running.all_healthy(sims)
+        await set_fault(sims[0], served_model="llama-3-8b-base")
+        out = await running.wait_state(sims[0], State.UNHEALTHY, 2 + 3, Cause.WRONG_MODEL)
+        assert out.reason == "wrong model: serves llama-3-8b-base, expected sim-model"
+        await set_fault(sims[0], served_model=None)
+        await running.wait_state(sims[0], State.HEALTHY, 2 + 4)
+
+
+async def test_saturated_metrics_degrade_and_normal_metrics_restore(
+    sims: list[SimProcess],
+) -> None:
+    async with Running(runtime_for(sims, every="30s")) as running:
+        await running.all_healthy(sims)
+        await set_fault(sims[0], metrics_waiting=12)
+        started = time.monotonic()
+        out = await running.wait_state(sims[0], State.DEGRADED, 3, Cause.SATURATED)
+        assert time.monotonic() - started <= 3 * 0.3 + 0.5
+        assert out.reason == "12 waiting ≥ 5" and out.view.weight == 30
+        load = running.runtime.component_status()["engines"]["endpoints"]
+        assert load[f"llama/{sims[0].address}"]["load"]["waiting"] == 12
+        await set_fault(sims[0], metrics_waiting=None)
+        await running.wait_state(sims[0], State.HEALTHY, 4)
+
+
+@pytest.mark.parametrize("mode", ["404", "garbage"])
+async def test_unreadable_metrics_change_nothing(sims: list[SimProcess], mode: str) -> None:
+    async with Running(runtime_for(sims, every="30s")) as running:
+        await running.all_healthy(sims)
+        await set_fault(sims[0], metrics=mode)
+        await asyncio.sleep(2.0)
+        found = endpoint(running.runtime, sims[0])
+        assert found.state is State.HEALTHY and found.limits == {}
+        status = running.runtime.component_status()["engines"]["endpoints"]
+        assert status[f"llama/{sims[0].address}"]["metrics_failures"] >= 3
+
+
+@pytest.mark.parametrize("sims", [("--engine", "llamacpp")], indirect=True)
+async def test_detected_llamacpp_gets_cache_prompt_false(sims: list[SimProcess]) -> None:
+    async with Running(runtime_for(sims, every="30s")) as running:
+        await running.all_healthy(sims)
+        checks = running.runtime.component_status()["engines"]["endpoints"]
+        assert checks[f"llama/{sims[0].address}"]["engine"] == "llamacpp"
+        await asyncio.sleep(1.2)  # probes sent after the detection
+        last = await asyncio.to_thread(sims[0].stats)
+        request = last["last_request"]
+        assert request.get("cache_prompt") is False and request.get("cache_salt") is None

@@ -1,0 +1,114 @@
+"""Engine load from /metrics (probe.engine_metrics): names per engine, saturation, staleness."""
+
+from __future__ import annotations
+
+import pytest
+
+from llm_health.probe.engine_metrics import (
+    STALE_AFTER,
+    EngineLoad,
+    MetricsError,
+    Reading,
+    parse_load,
+    saturation,
+)
+
+
+def gauge(name: str, value: float, labels: str = 'model_name="m"') -> str:
+    return f"# TYPE {name} gauge\n{name}{{{labels}}} {value}\n"
+
+
+@pytest.mark.parametrize(
+    ("document", "expected"),
+    [
+        (
+            gauge("vllm:num_requests_waiting", 12)
+            + gauge("vllm:num_requests_running", 3)
+            + gauge("vllm:kv_cache_usage_perc", 0.42),
+            EngineLoad("vllm", 12.0, 3.0, 0.42),
+        ),
+        (gauge("vllm:gpu_cache_usage_perc", 0.9), EngineLoad("vllm", None, None, 0.9)),
+        (
+            gauge("sglang:num_queue_reqs", 7) + gauge("sglang:token_usage", 0.5),
+            EngineLoad("sglang", 7.0, None, 0.5),
+        ),
+        (gauge("tgi_queue_size", 4, 'a="b"'), EngineLoad("tgi", 4.0)),
+        (
+            "# TYPE llamacpp:requests_deferred gauge\nllamacpp:requests_deferred 2\n"
+            "# TYPE llamacpp:prompt_tokens_total counter\nllamacpp:prompt_tokens_total 10\n",
+            EngineLoad("llamacpp", 2.0),
+        ),
+    ],
+)
+def test_each_engine_is_read_by_its_names(document: str, expected: EngineLoad) -> None:
+    assert parse_load(document) == expected
+
+
+def test_ranks_add_up_for_the_queue_and_the_fullest_kv_cache_counts() -> None:
+    document = (
+        "# TYPE vllm:num_requests_waiting gauge\n"
+        'vllm:num_requests_waiting{engine="0"} 2\nvllm:num_requests_waiting{engine="1"} 4\n'
+        "# TYPE vllm:kv_cache_usage_perc gauge\n"
+        'vllm:kv_cache_usage_perc{engine="0"} 0.3\nvllm:kv_cache_usage_perc{engine="1"} 0.85\n'
+    )
+    load = parse_load(document)
+    assert load.waiting == 6 and load.kv_cache == 0.85
+
+
+@pytest.mark.parametrize(
+    ("junk", "why"),
+    [
+        ("{{{ junk", "no metric of a known engine"),
+        ("# nothing here\nprocess_cpu_seconds_total 5\n", "no metric of a known engine"),
+        ("vllm:num_requests_waiting{a=} nope\n", "not Prometheus text"),
+    ],
+)
+def test_unreadable_documents_raise_a_metrics_error(junk: str, why: str) -> None:
+    with pytest.raises(MetricsError, match=why):
+        parse_load(junk)
+
+
+def test_the_ttft_histogram_is_read_and_added_over_series() -> None:
+    document = gauge("vllm:num_requests_waiting", 0) + (
+        "# TYPE vllm:time_to_first_token_seconds histogram\n"
+        'vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1"} 3\n'
+        'vllm:time_to_first_token_seconds_bucket{engine="0",le="1.0"} 5\n'
+        'vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf"} 6\n'
+        'vllm:time_to_first_token_seconds_count{engine="0"} 6\n'
+        'vllm:time_to_first_token_seconds_sum{engine="0"} 2.5\n'
+        'vllm:time_to_first_token_seconds_bucket{engine="1",le="0.1"} 1\n'
+        'vllm:time_to_first_token_seconds_bucket{engine="1",le="1.0"} 1\n'
+        'vllm:time_to_first_token_seconds_bucket{engine="1",le="+Inf"} 1\n'
+        "# TYPE vllm:e2e_request_latency_seconds histogram\n"
+        'vllm:e2e_request_latency_seconds_bucket{le="+Inf"} 6\n'
+    )
+    load = parse_load(document)
+    assert load.ttft is not None
+    assert load.ttft.bounds == (0.1, 1.0, float("inf")) and load.ttft.cumulative == (4, 6, 7)
+
+
+@pytest.mark.parametrize(
+    ("load", "reason"),
+    [
+        (EngineLoad("vllm", 12.0, 1.0, 0.1), "12 waiting ≥ 5"),
+        (EngineLoad("vllm", 5.0), "5 waiting ≥ 5"),
+        (EngineLoad("vllm", 4.0, None, 0.95), "KV cache 95% used ≥ 80%"),
+        (EngineLoad("vllm", 4.0, None, 0.79), None),
+        (EngineLoad("tgi", None, None, None), None),
+        (EngineLoad(None), None),
+    ],
+)
+def test_saturation_reasons(load: EngineLoad, reason: str | None) -> None:
+    assert saturation(load, 5, 0.8) == reason
+
+
+def test_failed_reads_keep_the_last_figures_until_stale() -> None:
+    busy = EngineLoad("vllm", 12.0)
+    reading = Reading().read(busy)
+    for _ in range(STALE_AFTER - 1):
+        reading = reading.failed("HTTP 404")
+        assert reading.usable == busy
+    reading = reading.failed("timed out")
+    assert reading.usable is None and reading.error == "timed out"
+    assert reading.read(EngineLoad("vllm", 0.0)).usable == EngineLoad("vllm", 0.0)
+    assert Reading().failed("HTTP 404").usable is None
