@@ -1,12 +1,12 @@
 """``make bench``: run every benchmark, one after the other, within a time budget.
 
-The known benchmarks run first with the arguments that keep the whole set within 15
-minutes on 2 cores; any other ``bench/*.py`` benchmark that appears later (e.g. by
+The known benchmarks run first with the arguments that keep the whole set within the
+default budget on 2 cores; any other ``bench/*.py`` benchmark that appears later (e.g. by
 another issue) runs after them with its own defaults. Helpers are skipped. Each writes
 its table (and plot) to ``bench/results/``. A benchmark that fails or overruns the
 remaining budget is reported and makes the exit status 1; the others still run.
 
-    .venv/bin/python bench/run_all.py [--budget 1320] [--only detection push_latency]
+    .venv/bin/python bench/run_all.py [--budget 1620] [--only detection push_latency]
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-#: Known benchmarks in run order, with the arguments used by `make bench` (~17 minutes:
-#: ~11, plus ~2.5 for discovery and ~3.5 for fleet).
+#: Known benchmarks in run order, with the arguments used by `make bench` (~22 minutes:
+#: ~11, plus ~2.5 for discovery, ~3.5 for fleet and ~5 for passive).
 PLAN: list[tuple[str, list[str]]] = [
     ("detection", []),
     ("probe_scale", ["--profile", "1000"]),
@@ -34,6 +34,10 @@ PLAN: list[tuple[str, list[str]]] = [
     # 1,000 endpoints overload one replica on 2 cores today (bench/results/fleet.md):
     # `make bench` measures the 100-endpoint fleets; run bench/fleet.py alone for the rest.
     ("fleet", ["--endpoints", "100", "--events", "12", "--trials", "3"]),
+    # Its defaults (~4.7 min): 2 modes x (50 s of probe counting + 5 zombie trials) + 43 s CPU.
+    ("passive", []),
+    # ~10 s; needs the llama.cpp build of `make test-engine` (skips itself without it).
+    ("verify_cost", ["--count", "50"]),
 ]
 #: Modules in bench/ that are not benchmarks (or are superseded by one in PLAN).
 HELPERS = {"common", "procs", "route_probe", "run_all", "probe_accuracy"}
@@ -68,7 +72,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--budget", type=float, default=1320.0, help="seconds for all of them")
+    parser.add_argument("--budget", type=float, default=1620.0, help="seconds for all of them")
     parser.add_argument("--only", nargs="+", default=None, help="benchmark names to run")
     args = parser.parse_args()
     env = {

@@ -27,7 +27,7 @@ from common import write_result  # noqa: E402
 from llm_health.config.schema import ProbeSettings  # noqa: E402
 from llm_health.probe.client import MicroProbe, new_session  # noqa: E402
 from llm_health.probe.target import ProbeTarget  # noqa: E402
-from tests.engine.llama import ENGINE_ENV, LlamaServer  # noqa: E402
+from tests.engine.llama import ENGINE_ENV, LlamaServer, server_binary  # noqa: E402
 from tests.engine.make_model import ensure_model  # noqa: E402
 
 DEFAULT_ENGINE = Path.home() / ".cache/llm-health/engine/llama-cpp-python-0.3.36"
@@ -88,6 +88,10 @@ def main() -> int:
     args = parser.parse_args()
     if not 1 <= args.count <= 10_000:
         parser.error("--count: 1 to 10,000")
+    engine = Path(os.environ.get(ENGINE_ENV, DEFAULT_ENGINE))
+    if not server_binary(engine).exists():
+        print(f"skipped: no llama.cpp build at {engine} (run `make test-engine` once)")
+        return 0
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     body = asyncio.run(main_async(args))
     print(body)
