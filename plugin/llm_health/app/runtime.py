@@ -89,6 +89,7 @@ class Runtime:
         self.targets: list[ProbeTarget] = []
         self._by_key: dict[tuple[str, str], ProbeTarget] = {}
         self.scheduler: Scheduler | None = None
+        self.prober: MicroProbe | None = None
         self.grpc_serving = False
         self.grpc_port: int | None = None
         self.http_port: int | None = None
@@ -145,6 +146,7 @@ class Runtime:
         in some slots; the request body by detected engine)."""
         checks = next((c for c in self.components if isinstance(c, EngineChecks)), None)
         prober = MicroProbe(session, self.lag, engines=checks.engines if checks else None)
+        self.prober = prober
         return checks.wrap(prober) if checks is not None else prober.probe
 
     def _skip_fn(self) -> Callable[[ProbeTarget], bool] | None:
@@ -336,6 +338,9 @@ class Runtime:
                     "probes_ignored_loop_lag": self.stats.probes_ignored_loop_lag,
                     "silences_ignored_loop_lag": self.stats.silences_ignored_loop_lag,
                     "overlapping_confirms": self.stats.overlapping_confirms,
+                    # Requests sent again because a pooled keep-alive connection had been
+                    # closed by the server before it answered (llama.cpp does that).
+                    "stale_connection_resends": self.prober.stale_resends if self.prober else 0,
                     "loop_lag_ms": round(self.lag.current_ms, 2),
                 },
                 "reloads": dict(self.live.reloads),
