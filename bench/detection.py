@@ -1,36 +1,88 @@
 """Detection benchmark: llm-health against the health checks an operator already has.
 
-Four ways of health-checking the same kind of gateway, run side by side, CONCURRENTLY:
-four independent stacks, each its own 3 simulator backends and its own real Envoy (the
+Five ways of health-checking the same kind of gateway, run side by side, CONCURRENTLY:
+five independent stacks, each its own 3 simulator backends and its own real Envoy (the
 shipped ``sidecar-ads.yaml`` listener, route, LEAST_REQUEST, panic threshold 0, update
 merge window 0), each under the same steady user load (non-streamed completions, or
 streamed chat for the role-chunk scenario), with the same fault injected into backend 0
 of every stack at the same instant:
 
-- ``llm-health``: the plugin (``llm-health serve``, default probe settings) over ADS/EDS;
+- ``llm-health``: the plugin (``llm-health serve``) over ADS/EDS, default probe settings
+  except ``probe.verify.every: 5s`` (below), with the cluster's ``model: sim-model`` (the
+  served-model check needs it), the default ``engine_metrics`` (/metrics every 1 s,
+  queue >= 5 or KV cache >= 0.8: DEGRADED, weight 30 %), and the shipped bootstrap's
+  access-log stream to the plugin (passive health: ``probe.quality``, on by default;
+  the sanity section shows how many user requests the plugin counted from it);
 - ``hc-get``: Envoy active HTTP health check ``GET /health``;
 - ``hc-post``: Envoy active HTTP health check that POSTs a 1-token completion
   (``method: POST`` + ``send``, non-streamed: Envoy reads the whole answer and judges by
   the status code);
 - ``outlier``: Envoy outlier detection only (consecutive 5xx / gateway failures; the
-  route gets a 5 s timeout so a hang becomes a 504 it can count).
+  route gets a 5 s timeout so a hang becomes a 504 it can count);
+- ``metrics-only``: an endpoint picker in the manner of the Gateway API Inference
+  Extension's (EPP), judging backends by their engine metrics alone, no probes. A small
+  scraper in this process (its own thread and event loop, aiohttp) reads each backend's
+  ``/metrics`` every 50 ms and takes a backend out of rotation while
+  ``vllm:num_requests_waiting >= 5``, or ``vllm:kv_cache_usage_perc >= 0.8``, or its
+  metrics are stale (no successful scrape for 200 ms); back in when none holds
+  (``picker_in``). These are the thresholds this benchmark sets, not any EPP release's
+  defaults, and it is not the EPP's code (no prefix-cache or LoRA scoring: only its
+  "is this endpoint usable" filters). How it reaches Envoy: the real EPP picks the
+  endpoint per request over ext_proc; emulated here with Envoy's own active HTTP health
+  check pointed at a judge server of the scraper's thread (every endpoint's
+  ``health_check_config`` sends the check to the judge's port with ``Host: backend-<i>``;
+  the judge answers 200 or 503 from the scraper's verdict at that instant), interval
+  100 ms, timeout 100 ms, unhealthy_threshold 1, healthy_threshold 1. So Envoy follows
+  the scraper's verdict within ~100-150 ms (check interval + one round trip), with no
+  hysteresis either way; a real EPP reading its datastore per request would follow it
+  up to that much sooner (at 20 req/s, about one request per verdict change). The
+  sanity section reports the scraper's own verdict changes, its scrapes and failures,
+  and the largest gap between two checks Envoy sent the judge.
 
-Both Envoy checkers mirror llm-health's defaults: interval 1 s, timeout 800 ms,
+The Envoy checkers mirror llm-health's defaults: interval 1 s, timeout 800 ms,
 unhealthy_threshold 2, healthy_threshold 3.
+
+``probe.verify.every: 5s`` for llm-health (default 30 s): the known-answer probe (garbage
+output) and the served-model check (``GET /v1/models``) run every ``verify.every``, and an
+endpoint held UNHEALTHY by either is released only by the next passing check, then the
+usual hysteresis. At 30 s the garbage and wrong-model scenarios would need up to 30 s of
+fault to be sure to see a check and 30 s + 3 probes after the heal to see it back: at
+least ~66 s per scenario with the 3 s lead, over this benchmark's 60 s bound and far over
+its 25 s. At 5 s both fit the default 12 s fault / 10 s heal. The setting is the same in
+every scenario (a known-answer probe replaces one of the scheduled probes, it adds none).
 
 Per scenario and method it measures, from Envoy's access log (which upstream got which
 request), the client's own records and Envoy's admin ``/clusters`` polled every 100 ms:
 time from fault to isolation (the last user request routed to the faulty backend), user
-requests failed or stalled (no answer within 5 s), the faulty backend's share of the
-traffic while faulty, the state changes Envoy applied (false alarms in the healthy
-baseline and the flapping scenario), and the time from heal to full traffic again.
+requests hurt, the faulty backend's share of the traffic while faulty, the state changes
+Envoy applied (false alarms in the healthy baseline and the flapping scenario), and the
+time from heal to full traffic again.
+
+What "hurt" means: a user request that failed (non-200, broken stream, connection error)
+or stalled (no answer, or first token, within 5 s). In three scenarios the faulty
+backend answers 200 on time and the harm is in what it serves, so there a request routed
+to the faulty backend while faulty (sent between fault and heal; Envoy's access log) is
+hurt too, even if it got a 200:
+
+- ``garbage`` (fault ``garbage_tokens``: fast, well-formed answers that are all "!",
+  vLLM's NaN-logits symptom): the user got garbage (the client also checks the text:
+  the sanity section counts the all-"!" answers users saw);
+- ``wrong-model`` (``served_model`` another id: wrong weights behind the right name, the
+  answer looks normal): the user was served by the wrong model;
+- ``saturated`` (``/metrics`` says 12 requests waiting; service is NOT slowed, the
+  simulator only reports the queue): the request joined a queue of 12 on a real engine.
+  Notional harm: read it as the faulty backend's traffic while saturated (the share
+  table), which metrics-based methods should cut and Envoy's checks cannot see.
 
     .venv/bin/python bench/detection.py                    # every scenario, ~6 min
     .venv/bin/python bench/detection.py --scenarios zombie cuda --fault-seconds 8
 
 Timeline per scenario (scaled down from the issue's 60 s so all fits ``make bench``):
 ``--lead`` s of normal traffic, ``--fault-seconds`` s faulty, ``--heal-seconds`` s after
-the heal, at ``--rate`` requests/s per stack throughout (every loop bounded in count).
+the heal, at ``--rate`` requests/s per stack throughout (every loop bounded in count). In
+the crash scenario the heal is a process restart; it counts from when the new process
+listens (seconds later on a busy machine, at most 30 s), and the load runs on
+``--heal-seconds`` after that.
 
 ``--trials N`` (N > 1) repeats each scenario N times on the same stacks, each trial with
 the fault at a random phase within one probe interval after the lead time (seeded by
@@ -50,11 +102,13 @@ import dataclasses
 import json
 import math
 import random
+import re
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -62,6 +116,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "plugin"), str(Path(__file__).resolve().parent)]
@@ -88,6 +143,7 @@ METHODS = {
     "hc-get": "Envoy HC GET /health",
     "hc-post": "Envoy HC POST 1-token",
     "outlier": "outlier detection",
+    "metrics-only": "metrics-only picker",
 }
 BACKENDS = 3
 BASE_TTFT = "50ms"
@@ -106,6 +162,10 @@ HEAL = {
     "fault_rate": 1.0,
     "load_ttft_per_request": "20ms",
     "startup_delay": "30s",
+    "served_model": None,
+    "metrics": "ok",
+    "metrics_waiting": None,
+    "metrics_kv_cache": None,
 }
 #: Host flags of Envoy's /clusters that keep a host out of load balancing.
 OUT_FLAGS = frozenset(
@@ -134,6 +194,29 @@ OUTLIER = {
     "max_ejection_percent": 50,
 }
 OUTLIER_ROUTE_TIMEOUT = "5s"
+#: How the crash scenario's heal is timed (in the report).
+RESTART_NOTE = (
+    "crash: the heal instant is when the restarted backend's port accepts connections "
+    "(a new simulator process takes seconds to start on a busy machine; the time is in "
+    "the sanity section), and the load runs on --heal-seconds after that"
+)
+#: llm-health's known-answer / served-model check period here (default 30 s; docstring).
+VERIFY_EVERY = "5s"
+#: The metrics-only picker (docstring): scrape period, scrape timeout, and its rule.
+PICKER_SCRAPE_S = 0.05
+PICKER_SCRAPE_TIMEOUT_S = 0.5
+PICKER_QUEUE = 5.0  # vllm:num_requests_waiting at or above: out
+PICKER_KV = 0.8  # vllm:kv_cache_usage_perc at or above: out
+PICKER_STALE_S = 0.2  # no successful scrape for this long: out
+#: Envoy's active check of the picker's judge: how fast Envoy follows its verdict.
+PICKER_CHECK = {
+    "timeout": "0.1s",
+    "interval": "0.1s",
+    "no_traffic_interval": "0.1s",
+    "unhealthy_threshold": 1,
+    "healthy_threshold": 1,
+    "http_health_check": {"path": "/verdict"},
+}
 
 
 @dataclass(frozen=True)
@@ -142,6 +225,9 @@ class Scenario:
     title: str
     fault: dict[str, Any] | None  # POST /sim/fault body at the fault instant; None: crash
     chat: bool = False  # users stream chat completions; probes/checks use chat too
+    #: Non-empty: the faulty backend answers on time but a request it serves while faulty
+    #: is hurt anyway (this says how); it counts with the failed and stalled ones.
+    served_hurts: str = ""
 
 
 def scenarios(fault_s: float) -> list[Scenario]:
@@ -172,14 +258,37 @@ def scenarios(fault_s: float) -> list[Scenario]:
             {"fault": "startup_delay", "startup_delay": f"{fault_s:g}s"},
         ),
         Scenario("crash", "crash (connection refused), then restart", None),
+        Scenario(
+            "garbage",
+            "garbage tokens: fast 200s of '!!!!' (NaN logits)",
+            {"fault": "garbage_tokens"},
+            served_hurts="garbage",
+        ),
+        Scenario(
+            "wrong-model",
+            "wrong model: /v1/models lists org/other-model",
+            {"served_model": "org/other-model"},
+            served_hurts="wrong model",
+        ),
+        Scenario(
+            "saturated",
+            "saturated: /metrics says 12 waiting (service normal)",
+            {"metrics_waiting": 12},
+            served_hurts="queued",
+        ),
     ]
 
 
 # --------------------------------------------------------------------------- Envoy configs
 
 
-def set_access_log(config: dict[str, Any], path: Path) -> None:
-    """One JSON line per request (which upstream, when, outcome) into ``path``."""
+GRPC_LOGGER = "envoy.access_loggers.http_grpc"
+
+
+def set_access_log(config: dict[str, Any], path: Path, keep_grpc: bool = False) -> None:
+    """One JSON line per request (which upstream, when, outcome) into ``path``, instead of
+    the shipped stdout logger; the shipped access-log stream to the plugin (passive
+    health) is kept with ``keep_grpc`` (method llm-health), dropped otherwise (no plugin)."""
     logger = {
         "name": "envoy.access_loggers.file",
         "typed_config": {
@@ -190,7 +299,9 @@ def set_access_log(config: dict[str, Any], path: Path) -> None:
     }
     for node in walk(listeners(config)):
         if node.get("stat_prefix") and "route_config" in node:
-            node["access_log"] = [logger]
+            shipped = node.get("access_log") or []
+            kept = [a for a in shipped if keep_grpc and a.get("name") == GRPC_LOGGER]
+            node["access_log"] = [*kept, logger]
 
 
 def health_check(http: dict[str, Any]) -> dict[str, Any]:
@@ -221,15 +332,18 @@ def post_check(chat: bool) -> dict[str, Any]:
     }
 
 
-def make_static(config: dict[str, Any], ports: list[int], method: str, chat: bool) -> None:
-    """Turn the shipped EDS bootstrap into a static cluster checked by Envoy itself."""
+def make_static(
+    config: dict[str, Any], ports: list[int], method: str, chat: bool, judge_port: int = 0
+) -> None:
+    """Turn the shipped EDS bootstrap into a static cluster checked by Envoy itself
+    (``metrics-only``: checked against the picker's judge on ``judge_port``)."""
     config.pop("dynamic_resources", None)
     resources = config["static_resources"]
     resources["clusters"] = [c for c in resources["clusters"] if c["name"] != XDS_CLUSTER]
     cluster = next(c for c in resources["clusters"] if c["name"] == CLUSTER)
     cluster["type"] = "STATIC"
     cluster.pop("eds_cluster_config", None)
-    hosts = [
+    hosts: list[dict[str, Any]] = [
         {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": p}}}}
         for p in ports
     ]
@@ -238,10 +352,194 @@ def make_static(config: dict[str, Any], ports: list[int], method: str, chat: boo
         cluster["health_checks"] = [health_check({"path": "/health"})]
     elif method == "hc-post":
         cluster["health_checks"] = [health_check(post_check(chat))]
+    elif method == "metrics-only":
+        if not judge_port:
+            raise ValueError("metrics-only needs the picker's judge port")
+        cluster["health_checks"] = [json.loads(json.dumps(PICKER_CHECK))]
+        for i, host in enumerate(hosts):
+            host["endpoint"]["health_check_config"] = {
+                "port_value": judge_port,
+                "hostname": f"backend-{i}",
+            }
     else:
         cluster["outlier_detection"] = dict(OUTLIER)
         for route in routes(config):
             route["route"]["timeout"] = OUTLIER_ROUTE_TIMEOUT
+
+
+# --------------------------------------------------------------------------- metrics-only
+
+
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)")
+PICKER_WAITING = "vllm:num_requests_waiting"
+PICKER_KV_NAMES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+
+
+def picker_metrics(text: str) -> tuple[float, float | None]:
+    """(requests waiting, KV-cache usage or None) from a vLLM Prometheus document: the
+    sum of the waiting series, the fullest KV-cache series. ValueError if there is no
+    waiting series or a value of either is not a finite number (a failed scrape)."""
+    waiting: float | None = None
+    kv: float | None = None
+    for line in text.splitlines():
+        match = _SAMPLE.match(line.strip())
+        if match is None or (name := match.group(1)) not in (PICKER_WAITING, *PICKER_KV_NAMES):
+            continue
+        value = float(match.group(2))
+        if not math.isfinite(value):
+            raise ValueError(f"{name} is {match.group(2)}")
+        if name == PICKER_WAITING:
+            waiting = (waiting or 0.0) + value
+        else:
+            kv = value if kv is None else max(kv, value)
+    if waiting is None:
+        raise ValueError(f"no {PICKER_WAITING}")
+    return waiting, kv
+
+
+def picker_in(queue: float | None, kv: float | None, since_scrape_s: float | None) -> bool:
+    """The metrics-only picker's rule: a backend is in rotation unless its queue is at or
+    over PICKER_QUEUE, its KV cache at or over PICKER_KV, or its metrics are stale (no
+    successful scrape yet, or none for PICKER_STALE_S). No KV figure: judged on the rest."""
+    if since_scrape_s is None or since_scrape_s >= PICKER_STALE_S:
+        return False
+    if queue is None or queue >= PICKER_QUEUE:
+        return False
+    return kv is None or kv < PICKER_KV
+
+
+@dataclass
+class _Scraped:
+    queue: float | None = None
+    kv: float | None = None
+    at: float | None = None  # monotonic time of the last successful scrape
+    scrapes: int = 0
+    failures: int = 0
+    verdict: bool | None = None  # the last one the judge gave
+    changes: int = 0  # verdict changes the judge gave (the first verdict not counted)
+    checks: int = 0
+    last_check: float | None = None
+    max_gap_s: float = 0.0  # largest time between two checks Envoy sent the judge
+
+
+class Picker:
+    """Scraper + judge of the metrics-only method, in its own thread and event loop (so
+    the benchmark's user load cannot delay a 100 ms judge answer). ``start`` returns the
+    judge's port; ``stop`` ends the thread. Its figures are read after ``stop``."""
+
+    def __init__(self, ports: list[int]) -> None:
+        self.ports = ports
+        self.backends = [_Scraped() for _ in ports]
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._port = 0
+        self._error: BaseException | None = None
+
+    def start(self) -> int:
+        self._thread = threading.Thread(target=self._main, name="picker", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10) or self._error is not None:
+            self.stop()
+            raise RuntimeError(f"picker did not start: {self._error!r}")
+        return self._port
+
+    def stop(self) -> None:
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(stop.set)
+        if self._thread is not None:
+            self._thread.join(10)
+
+    @property
+    def changes(self) -> int:
+        return sum(b.changes for b in self.backends)
+
+    def sanity(self) -> str:
+        scrapes = sum(b.scrapes for b in self.backends)
+        failures = sum(b.failures for b in self.backends)
+        checks = sum(b.checks for b in self.backends)
+        gap = max(b.max_gap_s for b in self.backends)
+        return (
+            f"picker {self.changes} verdict changes, {scrapes} scrapes ({failures} failed), "
+            f"{checks} checks judged, max gap {1000 * gap:.0f} ms"
+        )
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as exc:  # reported by start(); the thread must not die silently
+            self._error = exc
+            self._ready.set()
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        app = web.Application()
+        app.router.add_get("/verdict", self._judge)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            self._port = int(runner.addresses[0][1])
+            timeout = aiohttp.ClientTimeout(total=PICKER_SCRAPE_TIMEOUT_S)
+            async with aiohttp.ClientSession(timeout=timeout, trust_env=False) as session:
+                scrapers = [
+                    asyncio.create_task(self._scrape(session, i)) for i in range(len(self.ports))
+                ]
+                self._ready.set()
+                await self._stop.wait()
+                for task in scrapers:
+                    task.cancel()
+                await asyncio.gather(*scrapers, return_exceptions=True)
+        finally:
+            await runner.cleanup()
+
+    async def _scrape(self, session: aiohttp.ClientSession, i: int) -> None:
+        """Every PICKER_SCRAPE_S (a late scrape skips the ticks it missed, never bursts)."""
+        url = f"http://127.0.0.1:{self.ports[i]}/metrics"
+        state = self.backends[i]
+        loop = asyncio.get_running_loop()
+        due = loop.time()
+        while True:
+            state.scrapes += 1
+            try:
+                async with session.get(url) as response:
+                    text = await response.text()
+                    if response.status != 200:
+                        raise ValueError(f"HTTP {response.status}")
+                state.queue, state.kv = picker_metrics(text)
+                state.at = time.monotonic()
+            except (aiohttp.ClientError, OSError, TimeoutError, ValueError, UnicodeError):
+                state.failures += 1
+            due = max(due + PICKER_SCRAPE_S, loop.time())
+            await asyncio.sleep(due - loop.time())
+
+    def verdict(self, i: int, now: float) -> bool:
+        state = self.backends[i]
+        since = None if state.at is None else now - state.at
+        return picker_in(state.queue, state.kv, since)
+
+    async def _judge(self, request: web.Request) -> web.Response:
+        """Envoy's check of backend <i> (``Host: backend-<i>``): 200 in, 503 out."""
+        host = (request.headers.get("Host") or "").split(":")[0]
+        try:
+            i = int(host.removeprefix("backend-"))
+            state = self.backends[i]
+        except (ValueError, IndexError):
+            return web.Response(status=404, text=f"no backend {host!r}")
+        now = time.monotonic()
+        verdict = self.verdict(i, now)
+        if state.last_check is not None:
+            state.max_gap_s = max(state.max_gap_s, now - state.last_check)
+        state.last_check, state.checks = now, state.checks + 1
+        if state.verdict is not None and verdict != state.verdict:
+            state.changes += 1
+        state.verdict = verdict
+        return web.Response(status=200 if verdict else 503)
 
 
 # --------------------------------------------------------------------------- one stack
@@ -253,6 +551,7 @@ class Request:
     sent: float  # wall clock
     outcome: str  # ok | failed | stalled
     latency_s: float | None
+    garbage: bool = False  # a 200 whose text is nothing but "!" (garbage_tokens)
 
 
 @dataclass
@@ -263,6 +562,7 @@ class Stack:
     sims: list[Sim]
     workdir: Path
     plugin: PluginProcess | None = None
+    picker: Picker | None = None
     envoy: EnvoyProcess | None = None
     url: str = ""
     access_log: Path = Path()
@@ -271,7 +571,8 @@ class Stack:
     t_fault: float = 0.0
     t_heal: float = 0.0
     rid_prefix: str = ""  # "t3-" in trial 3 of a --trials run: ids unique in the access log
-    plugin_changes: int | None = None  # state changes the plugin logged in this run
+    own_changes: int | None = None  # state changes the plugin / picker logged in this run
+    als_counted: int | None = None  # requests the plugin counted from Envoy's access-log stream
 
     @property
     def faulty(self) -> str:
@@ -288,12 +589,17 @@ class Stack:
             await asyncio.to_thread(self.plugin.start)
             await asyncio.to_thread(self.plugin.wait_ready, 30.0)
             xds_port = self.plugin.grpc_port
+        judge_port = 0
+        if self.method == "metrics-only":
+            self.picker = Picker([s.port for s in self.sims])
+            judge_port = await asyncio.to_thread(self.picker.start)
         listener_port = free_port()
 
         def edit(config: dict[str, Any]) -> None:
-            set_access_log(config, self.access_log)
+            set_access_log(config, self.access_log, keep_grpc=self.method == "llm-health")
             if self.method != "llm-health":
-                make_static(config, [s.port for s in self.sims], self.method, scenario.chat)
+                ports = [s.port for s in self.sims]
+                make_static(config, ports, self.method, scenario.chat, judge_port)
 
         rendered = render_config(
             SHIPPED,
@@ -313,9 +619,14 @@ class Stack:
             await self.envoy.astop()
         if self.plugin is not None:
             await asyncio.to_thread(self.plugin.stop)
+        if self.picker is not None:
+            await asyncio.to_thread(self.picker.stop)
 
     def transitions(self) -> int | None:
-        """State changes the plugin logged after warm-up, in all (method llm-health only)."""
+        """State changes the plugin logged after warm-up, in all (llm-health), or the
+        verdict changes the picker's judge gave (metrics-only); None for the others."""
+        if self.picker is not None:
+            return self.picker.changes
         if self.plugin is None:
             return None
         return sum(
@@ -327,10 +638,11 @@ class Stack:
 
 def plugin_settings(stack: Stack, scenario: Scenario) -> dict[str, Any]:
     api = "openai-chat" if scenario.chat else "openai-completions"
+    endpoints = [{"address": s.address} for s in stack.sims]
     return {
-        "probe": {"model": "sim-model", "api": api},
+        "probe": {"model": "sim-model", "api": api, "verify": {"every": VERIFY_EVERY}},
         "xds": {"warm_start_timeout": "5s"},
-        "clusters": [{"name": CLUSTER, "endpoints": [{"address": s.address} for s in stack.sims]}],
+        "clusters": [{"name": CLUSTER, "model": "sim-model", "endpoints": endpoints}],
     }
 
 
@@ -415,25 +727,44 @@ async def user_request(session: aiohttp.ClientSession, url: str, rid: str, chat:
                 if chat and not await first_token(r):
                     return Request(rid, sent, "failed", time.perf_counter() - started)
                 latency = time.perf_counter() - started
-                await r.read()
+                body = await r.read()
     except TimeoutError:
         return Request(rid, sent, "stalled", None)
     except (aiohttp.ClientError, OSError):
         return Request(rid, sent, "failed", time.perf_counter() - started)
-    return Request(rid, sent, "ok" if latency <= STALL_S else "stalled", latency)
+    outcome = "ok" if latency <= STALL_S else "stalled"
+    return Request(rid, sent, outcome, latency, garbage=not chat and is_garbage(body))
+
+
+def is_garbage(body: bytes) -> bool:
+    """A non-streamed completion whose text is nothing but "!" (and white space)."""
+    try:
+        text = json.loads(body)["choices"][0]["text"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return False
+    visible = "".join(str(text).split())
+    return bool(visible) and set(visible) == {"!"}
 
 
 async def run_load(
-    session: aiohttp.ClientSession, stack: Stack, chat: bool, rate: float, count: int
+    session: aiohttp.ClientSession,
+    stack: Stack,
+    chat: bool,
+    rate: float,
+    count: int,
+    more: Callable[[int], bool] = lambda i: False,
 ) -> None:
-    """``count`` requests at ``rate``/s, each bounded by CLIENT_TIMEOUT_S."""
+    """``count`` requests at ``rate``/s, then more at the same pace while ``more(i)``
+    (bounded by its caller), each bounded by CLIENT_TIMEOUT_S."""
     loop = asyncio.get_running_loop()
     start = loop.time()
     tasks = []
-    for i in range(count):
+    i = 0
+    while i < count or more(i):
         await asyncio.sleep(max(0.0, start + i / rate - loop.time()))
         rid = f"{stack.method}-{stack.rid_prefix}{i}"
         tasks.append(asyncio.create_task(user_request(session, stack.url, rid, chat)))
+        i += 1
     stack.requests = list(await asyncio.gather(*tasks))
 
 
@@ -531,13 +862,21 @@ def analyse(stack: Stack, sc: Scenario, end: float) -> dict[str, Any]:
     # too (a crash resets them); the lead phase before it is healthy.
     latencies = sorted(r.latency_s for r in window if r.latency_s is not None and r.outcome == "ok")
     out, full = _envoy_timeline(stack, t0, t1)
+    failed = sum(r.outcome == "failed" for r in stack.requests)
+    stalled = sum(r.outcome == "stalled" for r in stack.requests)
+    served = served_hurt(window, hit) if sc.served_hurts else 0
     return {
         "isolated": isolated_at is not None and sc.fault != {},
         "isolation_s": None if isolated_at is None else max(0.0, isolated_at - t0),
         "readmitted": readmitted,
         "share": len(to_faulty) / len(window) if window else math.nan,
-        "failed": sum(r.outcome == "failed" for r in stack.requests),
-        "stalled": sum(r.outcome == "stalled" for r in stack.requests),
+        "failed": failed,
+        "stalled": stalled,
+        "served": served,
+        "hurt": failed + stalled + served,
+        "garbage_seen": sum(r.garbage for r in stack.requests),
+        "healed_after_s": t1 - t0,
+        "picker": None if stack.picker is None else stack.picker.sanity(),
         "hurt_before": sum(r.outcome != "ok" for r in stack.requests if r.sent < t0 - 1.0),
         "mean_ms": 1000 * statistics.fmean(latencies) if latencies else math.nan,
         "p95_ms": 1000 * latencies[int(0.95 * (len(latencies) - 1))] if latencies else math.nan,
@@ -547,9 +886,16 @@ def analyse(stack: Stack, sc: Scenario, end: float) -> dict[str, Any]:
         "heal_full_s": None if full is None else full - t1,
         "changes": _changes(stack.views),
         "changes_faulty": _changes(stack.views, only=stack.faulty),
-        "plugin_transitions": stack.plugin_changes,
+        "own_changes": stack.own_changes,
+        "als_counted": stack.als_counted,
         "series": _share_series(stack, hit, end),
     }
+
+
+def served_hurt(window: list[Request], hit: dict[str, float]) -> int:
+    """Requests of the fault window the faulty backend answered in time (``ok``) that are
+    hurt all the same (``Scenario.served_hurts``); failed and stalled ones count apart."""
+    return sum(1 for r in window if r.outcome == "ok" and r.rid in hit)
 
 
 def _removal(stack: Stack, t0: float, t1: float) -> tuple[float | None, bool]:
@@ -597,7 +943,7 @@ def _envoy_timeline(stack: Stack, t0: float, t1: float) -> tuple[float | None, f
 def _changes(
     views: list[tuple[float, dict[str, tuple[bool, int]]]], only: str | None = None
 ) -> int:
-    changes, last = 0, {}
+    changes, last = 0, dict[str, tuple[bool, int]]()
     for _at, view in views:
         for address, state in view.items():
             if only is not None and address != only:
@@ -666,7 +1012,7 @@ async def run_scenario(
         await asyncio.gather(*(s.stop() for s in stacks), return_exceptions=True)
     if len(phases) == 1 and trials[0] is not None:
         for snapshot, stack in zip(trials[0].stacks, stacks, strict=True):
-            snapshot.plugin_changes = stack.transitions()  # the whole log, as ever
+            snapshot.own_changes = stack.transitions()  # the whole log, as ever
     return [
         None if t is None else {s.method: analyse(s, sc, t.end) for s in t.stacks} for t in trials
     ]
@@ -692,10 +1038,25 @@ async def run_trial(
     pollers = [asyncio.create_task(poll_views(session, s, stop)) for s in stacks]
     total_s = args.lead + phase + args.fault_seconds + args.heal_seconds
     count = int(total_s * args.rate)
-    loads = [asyncio.create_task(run_load(session, s, sc.chat, args.rate, count)) for s in stacks]
-    await _at(time.time() + args.lead + phase, inject(session, stacks, sc))
+    started = time.time()
+    # A restarted backend (crash) listens only seconds after the heal instant (the process
+    # starts: RESTART_NOTE); the heal phase then runs --heal-seconds from when it listens.
+    until: list[float] = [started + total_s]
+
+    rate: float = args.rate
+
+    def more(i: int) -> bool:
+        return started + i / rate < until[0]
+
+    loads = [
+        asyncio.create_task(run_load(session, s, sc.chat, args.rate, count, more)) for s in stacks
+    ]
+    await _at(started + args.lead + phase, inject(session, stacks, sc))
     await _at(stacks[0].t_fault + args.fault_seconds, heal(session, stacks, sc))
+    if sc.fault is None:
+        until[0] = max(until[0], max(s.t_heal for s in stacks) + args.heal_seconds)
     await asyncio.gather(*loads)
+    await asyncio.gather(*(_als_counted(session, s) for s in stacks))
     end = time.time()
     stop.set()
     await asyncio.gather(*pollers)
@@ -703,7 +1064,7 @@ async def run_trial(
     for stack, before in zip(stacks, changes_before, strict=True):
         total = stack.transitions()
         snapshots.append(
-            dataclasses.replace(stack, plugin_changes=None if total is None else total - before)
+            dataclasses.replace(stack, own_changes=None if total is None else total - before)
         )
     return Trial(phase, snapshots, end)
 
@@ -755,6 +1116,20 @@ async def _steady(session: aiohttp.ClientSession, stack: Stack) -> bool:
         return False
 
 
+async def _als_counted(session: aiohttp.ClientSession, stack: Stack) -> None:
+    """llm-health: how many user requests the plugin has counted from Envoy's access-log
+    stream so far (passive health is live), from its /status; None if unreadable."""
+    if stack.plugin is None:
+        return
+    url = f"http://127.0.0.1:{stack.plugin.http_port}/status"
+    try:
+        async with session.get(url) as response:
+            document = await response.json(content_type=None)
+        stack.als_counted = int(document["traffic"]["counted_total"])
+    except (aiohttp.ClientError, ValueError, KeyError, TypeError, TimeoutError):
+        stack.als_counted = None
+
+
 async def _at(when: float, action: Awaitable[None]) -> None:
     await asyncio.sleep(max(0.0, when - time.time()))
     await action
@@ -785,6 +1160,13 @@ def _cell_heal(r: dict[str, Any], sc: Scenario) -> str:
     return "not back" if r["heal_full_s"] is None else f"{r['heal_full_s']:.1f} s"
 
 
+def _cell_hurt(r: dict[str, Any], sc: Scenario) -> str:
+    parts = f"{r['failed']} + {r['stalled']}"
+    if sc.served_hurts:
+        parts += f" + {r['served']} {sc.served_hurts}"
+    return f"{r['hurt']} ({parts})"
+
+
 TABLES: list[tuple[str, Callable[[dict[str, Any], Scenario], str]]] = [
     (
         "Time from fault to isolation (last user request routed to the faulty backend)",
@@ -792,8 +1174,9 @@ TABLES: list[tuple[str, Callable[[dict[str, Any], Scenario], str]]] = [
     ),
     ("Time from fault to Envoy's first action on it (weight cut or removal)", _cell_out),
     (
-        "User requests hurt (failed + stalled > 5 s)",
-        lambda r, sc: f"{r['failed'] + r['stalled']} ({r['failed']} + {r['stalled']})",
+        "User requests hurt (failed + stalled > 5 s; in garbage, wrong-model and saturated "
+        "+ those the faulty backend served while faulty)",
+        _cell_hurt,
     ),
     (
         "Faulty backend's share of the traffic while faulty (healthy: 33 %)",
@@ -850,7 +1233,8 @@ def plot(
             series = results[name][method]["series"]
             ax.plot([x for x, _ in series], [100 * y for _, y in series], label=METHODS[method])
         ax.axvline(0, color="red", linestyle=":")
-        ax.axvline(fault_s, color="green", linestyle=":")
+        healed = [results[name][m]["healed_after_s"] for m in methods]
+        ax.axvline(statistics.fmean(healed) if healed else fault_s, color="green", linestyle=":")
         ax.set_title(scs[name].title, fontsize=9)
         ax.set_ylim(-3, 103)
         ax.set_xlabel("s since fault (red) / heal (green)", fontsize=8)
@@ -902,7 +1286,7 @@ async def main_async(args: argparse.Namespace) -> int:
                     + ", ".join(
                         "skipped"
                         if r is None
-                        else f"{_cell_isolation(r[m], sc)} hurt {r[m]['failed'] + r[m]['stalled']}"
+                        else f"{_cell_isolation(r[m], sc)} hurt {r[m]['hurt']}"
                         for r in runs[sc.name]
                     )
                     for m in methods
@@ -936,7 +1320,13 @@ async def main_async(args: argparse.Namespace) -> int:
     png = RESULTS / "detection.png"
     RESULTS.mkdir(exist_ok=True)
     plot(results, scs, methods, png, args.fault_seconds)
-    body = describe(args, load_before, elapsed) + "\n\n" + table + "\n\n" + checks(results, methods)
+    body = (
+        describe(args, methods, load_before, elapsed)
+        + "\n\n"
+        + table
+        + "\n\n"
+        + checks(results, scs, methods)
+    )
     write_result("detection", body + "\n\n![faulty backend share](detection.png)", command)
     return 0
 
@@ -968,8 +1358,8 @@ def summarize(trials: list[dict[str, Any]], sc: Scenario) -> dict[str, Any]:
     faulty = sc.fault != {}
     isolated = [r["isolation_s"] for r in trials if r["isolated"]]
     acted = [r["envoy_out_s"] for r in trials if r["envoy_out_s"] is not None]
-    hurt = [float(r["failed"] + r["stalled"]) for r in trials]
-    plugin = [r["plugin_transitions"] for r in trials if r["plugin_transitions"] is not None]
+    hurt = [float(r["hurt"]) for r in trials]
+    plugin = [r["own_changes"] for r in trials if r["own_changes"] is not None]
     return {
         "trials": len(trials),
         "faulty": faulty,
@@ -1000,7 +1390,7 @@ def render_trials(
     lines = [
         "| scenario | method | trials | isolation p50 | p90 | max | never isolated "
         "| Envoy first action p50 | hurt p50 | hurt p90 | state changes / trial (faulty) "
-        "| plugin-logged changes / trial |",
+        "| plugin / picker logged changes / trial |",
         "|---" * 12 + "|",
     ]
     for name, trials in runs.items():
@@ -1059,7 +1449,7 @@ def per_trial(
                 iso = "-" if not r["isolated"] else f"{r['isolation_s']:.2f}"
                 if scs[name].fault == {}:
                     iso = "·"
-                cells.append(f"{phase:.2f}→{iso}/{r['failed'] + r['stalled']}/{r['changes']}")
+                cells.append(f"{phase:.2f}→{iso}/{r['hurt']}/{r['changes']}")
                 before += r["hurt_before"]
                 unlogged += r["requests"] - r["logged"]
             lines.append(f"- {name} / {m}: " + ", ".join(cells) + f" (sanity {before}, {unlogged})")
@@ -1091,11 +1481,16 @@ def plugin_identity() -> str:
     return f"plugin commit `{commit}`{state} (tree {ROOT}); llm_health imported from {imported}"
 
 
-def describe(args: argparse.Namespace, load: str, elapsed: float) -> str:
+def describe(args: argparse.Namespace, methods: list[str], load: str, elapsed: float) -> str:
     return (
-        f"Four stacks run concurrently, each 3 simulator backends (TTFT {BASE_TTFT}) + its own "
-        f"Envoy 1.40 (shipped sidecar-ads.yaml: LEAST_REQUEST, panic threshold 0, merge window "
-        f"0); method llm-health adds `llm-health serve` with default probe settings. Users: "
+        f"{len(methods)} stacks run concurrently ({', '.join(methods)}), each 3 simulator "
+        f"backends (TTFT {BASE_TTFT}) + its own Envoy 1.40 (shipped sidecar-ads.yaml: "
+        f"LEAST_REQUEST, panic threshold 0, merge window 0); method llm-health adds "
+        f"`llm-health serve` with default probe settings except `probe.verify.every: "
+        f"{VERIFY_EVERY}` (default 30 s: the garbage and wrong-model checks run that often, "
+        f"and at 30 s a scenario would need at least ~66 s, see bench/detection.py), cluster "
+        f"`model: sim-model`, and the shipped access-log stream from Envoy to the plugin "
+        f"(passive health); the other methods' Envoys drop that stream (no plugin). Users: "
         f"{args.rate:g} req/s per stack, {USER_MAX_TOKENS}-token non-streamed completions "
         f"(streamed chat in the role-chunk scenario), client timeout {CLIENT_TIMEOUT_S:g} s, "
         f"'stalled' = no answer (first token) within {STALL_S:g} s. Per scenario: "
@@ -1110,8 +1505,28 @@ def describe(args: argparse.Namespace, load: str, elapsed: float) -> str:
         f"backend out of load balancing; the time given is that of the last user request "
         f"it routed there until then (access log). Without isolation a backend can still "
         f"get less traffic: LEAST_REQUEST avoids backends where requests pile up (share "
-        f"table). 're-admitted': Envoy put it back while still faulty.\n\n"
-        f"Load average before the run: {load}. Wall time: {elapsed:.0f} s."
+        f"table). 're-admitted': Envoy put it back while still faulty. {RESTART_NOTE}; "
+        f"the faulty window (share, latency) lasts until then.\n\n"
+        f"Metrics-only picker (an emulation of an endpoint picker judging by engine metrics "
+        f"alone): a scraper in the benchmark reads each backend's /metrics every "
+        f"{PICKER_SCRAPE_S * 1000:g} ms (timeout {PICKER_SCRAPE_TIMEOUT_S * 1000:g} ms); a "
+        f"backend is out while vllm:num_requests_waiting >= {PICKER_QUEUE:g}, "
+        f"vllm:kv_cache_usage_perc >= {PICKER_KV:g}, or no scrape succeeded for "
+        f"{PICKER_STALE_S * 1000:g} ms. Envoy follows that verdict by an active HTTP check "
+        f"of the scraper's judge (interval 100 ms, timeout 100 ms, thresholds 1 / 1), i.e. "
+        f"within ~100-150 ms.\n\n"
+        f"Hurt: failed (non-200, broken stream, connection error) or stalled (no answer, "
+        f"first token, within {STALL_S:g} s). In garbage (fault garbage_tokens: fast 200s "
+        f"whose tokens are all '!'), wrong-model (/v1/models lists another model; answers "
+        f"look normal) and saturated (/metrics reports 12 waiting; service is NOT slowed) "
+        f"the faulty backend answers on time, so there every request it served while "
+        f"faulty (sent between fault and heal, routed there by Envoy's access log) is hurt "
+        f"too: garbage output, the wrong model, a place in a queue of 12 on a real engine "
+        f"(notional: the simulator does not slow down; read it as traffic sent to a "
+        f"saturated engine).\n\n"
+        f"Measured: {plugin_identity()}.\n\n"
+        f"Load average before the run: {load}; after: {load_average()}. Wall time: "
+        f"{elapsed:.0f} s."
     )
 
 
@@ -1126,9 +1541,11 @@ def describe_trials(
     return (
         f"{args.trials} trials per scenario, methods {', '.join(methods)} (one stack each, "
         f"run concurrently: 3 simulator backends, TTFT {BASE_TTFT}, + its own Envoy 1.40 "
-        f"from the shipped sidecar-ads.yaml; llm-health with default probe settings; the "
-        f"Envoy checkers as in detection.md). Users: {args.rate:g} req/s per stack, "
-        f"'hurt' = failed or no answer (first token) within {STALL_S:g} s.\n\n"
+        f"from the shipped sidecar-ads.yaml; llm-health with default probe settings but "
+        f"verify.every {VERIFY_EVERY}; the other methods as in detection.md). Users: "
+        f"{args.rate:g} req/s per stack, 'hurt' = failed or no answer (first token) within "
+        f"{STALL_S:g} s, plus, in garbage / wrong-model / saturated, every request the faulty "
+        f"backend served while faulty.\n\n"
         f"Each trial: {args.lead:g} s normal + a random fault phase, {args.fault_seconds:g} s "
         f"faulty, {args.heal_seconds:g} s healed. The fault phase is uniform in "
         f"[0, {PROBE_INTERVAL_S:g} s) (the probe interval), from random.Random(seed "
@@ -1145,26 +1562,39 @@ def describe_trials(
         f"'never isolated' counts the others. 'Envoy first action': weight cut or removal. "
         f"Hurt p50 / p90 over all trials. State changes: of Envoy's view (routable, "
         f"weight) of all 3 backends, polled every {POLL_S * 1000:g} ms, mean per trial (the "
-        f"faulty backend's in brackets); plugin-logged: 'state change' records of "
-        f"llm-health during the trial.\n\n"
+        f"faulty backend's in brackets); logged: 'state change' records of "
+        f"llm-health, or verdict changes of the metrics-only picker, during the trial.\n\n"
         f"Measured: {plugin_identity()}.\n\n"
         f"Load average before the run: {load}; after: {load_average()}. Wall time: "
         f"{elapsed:.0f} s ({took})."
     )
 
 
-def checks(results: dict[str, dict[str, dict[str, Any]]], methods: list[str]) -> str:
+def checks(
+    results: dict[str, dict[str, dict[str, Any]]], scs: dict[str, Scenario], methods: list[str]
+) -> str:
     lines = [
         "Sanity: requests sent / logged by Envoy, hurt more than 1 s before the fault, "
-        "state changes the plugin logged:"
+        "state changes the plugin logged (llm-health) / the metrics-only picker's scrapes, "
+        "verdict changes and the largest gap between two checks Envoy sent its judge; in "
+        "garbage, the all-'!' answers users saw (should equal the served-while-faulty "
+        "count, give or take a request at the fault and heal instants):"
     ]
     for name, per_method in results.items():
         cells = []
         for m in methods:
             r = per_method[m]
-            extra = (
-                f", {r['plugin_transitions']} logged" if r["plugin_transitions"] is not None else ""
-            )
+            extra = ""
+            if r["picker"] is not None:
+                extra = f", {r['picker']}"
+            elif r["own_changes"] is not None:
+                extra = f", {r['own_changes']} logged"
+            if r["als_counted"] is not None:
+                extra += f", {r['als_counted']} requests counted from the access-log stream"
+            if scs[name].name == "garbage":
+                extra += f", {r['garbage_seen']} garbage answers seen"
+            if scs[name].fault is None:
+                extra += f", restarted backend listening {r['healed_after_s']:.1f} s after the kill"
             cells.append(f"{m} {r['requests']}/{r['logged']}, {r['hurt_before']}{extra}")
         lines.append(f"- {name}: " + "; ".join(cells))
     return "\n".join(lines)

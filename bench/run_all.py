@@ -21,8 +21,8 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-#: Known benchmarks in run order, with the arguments used by `make bench` (~22 minutes:
-#: ~11, plus ~2.5 for discovery, ~3.5 for fleet and ~5 for passive).
+#: Known benchmarks in run order, with the arguments used by `make bench` (~24 minutes:
+#: ~13 (detection ~6 of it), plus ~2.5 for discovery, ~3.5 for fleet and ~5 for passive).
 PLAN: list[tuple[str, list[str]]] = [
     ("detection", []),
     ("probe_scale", ["--profile", "1000"]),

@@ -1,18 +1,23 @@
 """The detection benchmark's building blocks (bench/detection.py), so it keeps measuring
 what it claims when the shipped configs or the simulator change.
 
-- the four Envoy configs it derives from ``sidecar-ads.yaml`` pass ``envoy --mode
+- the five Envoy configs it derives from ``sidecar-ads.yaml`` pass ``envoy --mode
   validate``;
 - against a real Envoy 1.40, the "Envoy HC POST 1-token" method really sends its body: the
   simulator sees well-formed 1-token completions marked as probes, the host turns healthy,
   and a CUDA error takes it out;
-- the pure analysis (isolation gap, Envoy view changes, access-log parsing) on fixed input.
+- against a real Envoy 1.40, the metrics-only picker: Envoy's check reaches its judge for
+  the right backend, a saturated /metrics takes the host out and a normal one puts it back;
+- the pure parts on fixed input: the picker's rule (queue / KV cache / staleness -> in or
+  out) and its /metrics parsing, what counts as hurt when the faulty backend answers on
+  time, the analysis (isolation gap, Envoy view changes, access-log parsing).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +33,13 @@ import detection  # noqa: E402
 pytestmark = [pytest.mark.envoy, pytest.mark.timeout(60)]
 
 
-def render(tmp_path: Path, method: str, ports: list[int], chat: bool = False) -> Path:
+def render(
+    tmp_path: Path, method: str, ports: list[int], chat: bool = False, judge_port: int = 0
+) -> Path:
     def edit(config: dict[str, Any]) -> None:
-        detection.set_access_log(config, tmp_path / "access.log")
+        detection.set_access_log(config, tmp_path / "access.log", method == "llm-health")
         if method != "llm-health":
-            detection.make_static(config, ports, method, chat)
+            detection.make_static(config, ports, method, chat, judge_port or free_port())
 
     return render_config(
         detection.SHIPPED,
@@ -50,9 +57,20 @@ def test_method_configs_validate(tmp_path: Path, method: str) -> None:
     result = validate_config(path)
     assert result.returncode == 0, result.stdout
     text = path.read_text()
-    assert ("health_checks" in text) == method.startswith("hc-")
+    checked = method.startswith("hc-") or method == "metrics-only"
+    assert ("health_checks" in text) == checked
+    assert ("health_check_config" in text) == (method == "metrics-only")
     assert ("outlier_detection" in text) == (method == "outlier")
     assert ("ads_config" in text) == (method == "llm-health")
+    # The shipped access-log stream to the plugin stays only where a plugin serves it.
+    assert (detection.GRPC_LOGGER in text) == (method == "llm-health")
+    assert "envoy.access_loggers.file" in text and "access_loggers.stdout" not in text
+
+
+def test_metrics_only_needs_a_judge_port() -> None:
+    with pytest.raises(ValueError, match="judge port"):
+        config = {"static_resources": {"clusters": [{"name": detection.CLUSTER}]}}
+        detection.make_static(config, [1], "metrics-only", False)
 
 
 def _host(envoy: EnvoyProcess, address: str) -> tuple[bool, int]:
@@ -82,6 +100,114 @@ def test_post_health_check_sends_a_completion(tmp_path: Path) -> None:
         if envoy is not None:
             envoy.stop()
         sim.stop()
+
+
+def test_metrics_only_picker_drives_envoy(tmp_path: Path) -> None:
+    """The whole metrics-only path: scraper -> judge -> Envoy's 100 ms check -> host out
+    while /metrics says 12 waiting, back in when it no longer does."""
+    sim = SimProcess(tmp_path, "picked", "--ttft", "20ms")
+    picker = detection.Picker([sim.port])
+    envoy = None
+    try:
+        sim.wait_up()
+        judge = picker.start()
+        path = render(tmp_path, "metrics-only", [sim.port], judge_port=judge)
+        envoy = EnvoyProcess(path, workdir=tmp_path / "envoy")
+        envoy.start()
+        envoy.wait_until(lambda: _host(envoy, sim.address) == (True, 1), 10, "host in")
+        sim.set_fault(metrics_waiting=12)
+        out = time.monotonic()
+        envoy.wait_until(lambda: _host(envoy, sim.address)[0] is False, 5, "saturated out")
+        assert time.monotonic() - out < 2.0
+        sim.set_fault(metrics_waiting=None)
+        envoy.wait_until(lambda: _host(envoy, sim.address)[0] is True, 5, "back in")
+    finally:
+        if envoy is not None:
+            envoy.stop()
+        picker.stop()
+        sim.stop()
+    state = picker.backends[0]
+    assert state.checks >= 3 and state.changes == 2, picker.sanity()
+    assert state.scrapes > state.failures >= 0
+
+
+@pytest.mark.parametrize(
+    ("queue", "kv", "since", "want"),
+    [
+        (0.0, 0.0, 0.0, True),  # idle, fresh
+        (4.0, 0.79, 0.199, True),  # just under every limit
+        (5.0, 0.0, 0.0, False),  # queue at the threshold
+        (12.0, 0.1, 0.05, False),  # saturated queue
+        (0.0, 0.8, 0.05, False),  # KV cache at the threshold
+        (0.0, 0.97, 0.05, False),
+        (0.0, 0.0, 0.2, False),  # stale: no successful scrape for 200 ms
+        (0.0, 0.0, 3.0, False),
+        (0.0, 0.0, None, False),  # never scraped
+        (None, None, 0.01, False),  # no queue figure: not judged usable
+        (1.0, None, 0.05, True),  # no KV figure (e.g. TGI): judged on the queue alone
+        (12.0, 0.97, 1.0, False),  # everything at once
+    ],
+)
+def test_picker_rule(
+    queue: float | None, kv: float | None, since: float | None, want: bool
+) -> None:
+    assert detection.picker_in(queue, kv, since) is want
+
+
+def test_picker_metrics_parsing() -> None:
+    text = "\n".join(
+        [
+            "# HELP vllm:num_requests_waiting Requests waiting.",
+            "# TYPE vllm:num_requests_waiting gauge",
+            'vllm:num_requests_waiting{model_name="m",engine="0"} 3.0',
+            'vllm:num_requests_waiting{model_name="m",engine="1"} 4.0',
+            'vllm:num_requests_running{model_name="m"} 9.0',
+            'vllm:kv_cache_usage_perc{model_name="m",engine="0"} 0.25',
+            'vllm:kv_cache_usage_perc{model_name="m",engine="1"} 0.5',
+            "vllm:num_requests_waiting_total 100.0",  # another name, same prefix
+        ]
+    )
+    assert detection.picker_metrics(text) == (7.0, 0.5)
+    assert detection.picker_metrics("vllm:num_requests_waiting 0\n") == (0.0, None)
+    assert detection.picker_metrics(
+        "vllm:num_requests_waiting 1\nvllm:gpu_cache_usage_perc 0.9"
+    ) == (
+        1.0,
+        0.9,
+    )
+    for bad in ("", "{{{ junk", "vllm:num_requests_waiting NaN", "vllm:kv_cache_usage_perc 0.1"):
+        with pytest.raises(ValueError):
+            detection.picker_metrics(bad)
+
+
+def test_served_hurt_and_garbage_answers() -> None:
+    R = detection.Request
+    window = [
+        R("m-1", 10.0, "ok", 0.09),  # served by the faulty backend: hurt
+        R("m-2", 10.1, "ok", 0.09),  # served elsewhere: fine
+        R("m-3", 10.2, "failed", 0.01),  # counted as failed already, not twice
+        R("m-4", 10.3, "stalled", None),
+    ]
+    hit = {"m-1": 10.0, "m-3": 10.2, "m-4": 10.3}
+    assert detection.served_hurt(window, hit) == 1
+    garbage = {"choices": [{"text": "!!!!!!!!"}]}
+    fine = {"choices": [{"text": " Paris is a city!"}]}
+    assert detection.is_garbage(json.dumps(garbage).encode())
+    assert not detection.is_garbage(json.dumps(fine).encode())
+    assert not detection.is_garbage(b'{"choices": [{"text": "  "}]}')
+    assert not detection.is_garbage(b"not json")
+
+
+def test_new_scenarios_and_heal() -> None:
+    scs = {s.name: s for s in detection.scenarios(12)}
+    assert {"garbage", "wrong-model", "saturated"} <= set(scs)
+    assert all(scs[n].served_hurts for n in ("garbage", "wrong-model", "saturated"))
+    assert not any(
+        s.served_hurts for n, s in scs.items() if n not in ("garbage", "wrong-model", "saturated")
+    )
+    # The heal undoes every knob a scenario sets.
+    for sc in scs.values():
+        assert set(sc.fault or {}) <= set(detection.HEAL), sc.name
 
 
 @pytest.mark.parametrize(
