@@ -216,7 +216,9 @@ class Demo:
     def _plugin_config(self) -> Path:
         endpoints = "\n".join(f"      - {{address: 127.0.0.1:{b.port}}}" for b in self.backends)
         text = f"""server: {{grpc: 127.0.0.1:{self.grpc_port}, http: 127.0.0.1:{self.http_port}}}
-probe: {{interval: 1s, timeout: 800ms, healthy_ttft: 200ms, model: demo-model}}
+probe:
+  {{interval: 1s, timeout: 800ms, healthy_ttft: 200ms, model: demo-model,
+   quality: {{window: 15s, min_requests: 20}}}}
 xds: {{warm_start_timeout: 3s}}
 clusters:
   - name: {CLUSTER}
