@@ -13,7 +13,16 @@ actually achieved, the plugin's CPU during the with-filter phases (probing alone
 the without-filter phases, for reference), and Envoy's ext_authz counters (a check that
 failed or timed out is allowed by failure_mode_allow and counted as failure_mode_allowed).
 
+``--with-probing N`` adds N simulated endpoints (``llm-health sim`` processes of at most
+500 ports, TTFT 100 ms, as in probe_scale.py) as a second cluster of the plugin's config:
+the same plugin process probes them at 1/s while the admission latency is measured (Envoy
+does not route to them). Reported: the probes/s the simulators received during the
+measured rounds, and the target "added latency <= 1 ms p99 at 1,000 req/s while the prober
+runs 1,000 endpoints". ``--workers N`` sets ``server.probe_workers: N`` (probe worker
+processes; their CPU is counted in the plugin's); left out, the config's default applies.
+
     .venv/bin/python bench/authz_overhead.py --rates 200 1000 --phase 5 --rounds 5
+    .venv/bin/python bench/authz_overhead.py --rates 1000 --with-probing 1000
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import argparse
 import asyncio
 import copy
 import json
+import resource
 import statistics
 import sys
 import tempfile
@@ -31,13 +41,14 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "plugin"), str(Path(__file__).resolve().parent)]
 
-from procs import cpu_seconds, load_average  # noqa: E402
+from procs import Sim, cpu_seconds, load_average  # noqa: E402
 
-from common import write_result  # noqa: E402
+from common import free_port_block, write_result  # noqa: E402
 from tests.envoy_harness import EnvoyProcess, free_port, listeners, render_config  # noqa: E402
 from tests.processes import PluginProcess, SimProcess  # noqa: E402
 
@@ -45,6 +56,12 @@ CLUSTER = "llama-70b"
 BODY = json.dumps({"model": "sim-model", "prompt": "hi", "max_tokens": 1}).encode()
 MAX_CONNECTIONS = 256  # bound on concurrent requests (and connections) per phase
 WITH, WITHOUT = "with ext_authz", "without"
+PROBED_CLUSTER = "probed"  # --with-probing: in the plugin's config only, not in Envoy's
+PORTS_PER_SIM = 500
+PROBED_SIM_ARGS = ("--ttft", "100ms", "--tpot", "5ms")
+TARGET_RATE, TARGET_ENDPOINTS, TARGET_P99_MS = 1000.0, 1000, 1.0
+LOW_PORTS = (10000, 20000)  # blocks that do not fit above 61000 (see probe_scale.py)
+STATS_TIMEOUT = aiohttp.ClientTimeout(total=10, sock_connect=5)
 
 
 @dataclass
@@ -57,6 +74,87 @@ class Phase:
     plugin_cpu_s: float = 0.0
     envoy_cpu_s: float = 0.0
     self_cpu_s: float = 0.0
+
+
+@dataclass
+class Probing:
+    """``--with-probing``: the simulators of the probed cluster and, per rate, the probes
+    they received during the measured rounds and over how many seconds."""
+
+    sims: list[Sim] = field(default_factory=list)
+    probes: dict[float, tuple[int, float]] = field(default_factory=dict)
+
+    @property
+    def endpoints(self) -> int:
+        return sum(s.count for s in self.sims)
+
+    async def probe_count(self) -> int:
+        """Probe requests the simulators have received so far (``/sim/stats``)."""
+        async with aiohttp.ClientSession(timeout=STATS_TIMEOUT) as session:
+            counts = await asyncio.gather(*(_probe_requests(session, s) for s in self.sims))
+        return sum(counts)
+
+
+async def _probe_requests(session: aiohttp.ClientSession, sim: Sim) -> int:
+    async with session.get(f"{sim.base_url}/sim/stats") as response:
+        response.raise_for_status()
+        return int((await response.json())["probe_requests"])
+
+
+async def start_probed(probing: Probing, count: int) -> None:
+    """``count`` simulated endpoints on consecutive ports, at most 500 per process (kept
+    in ``probing.sims`` as soon as spawned, so the caller stops them whatever happens)."""
+    if count <= 0:
+        return
+    try:
+        base = free_port_block(count)
+    except RuntimeError:
+        base = free_port_block(count, *LOW_PORTS)
+    for i in range(0, count, PORTS_PER_SIM):
+        sim = Sim(base + i, min(PORTS_PER_SIM, count - i), PROBED_SIM_ARGS)
+        probing.sims.append(sim.spawn())
+    await asyncio.gather(*(s.up(60) for s in probing.sims))
+
+
+def probed_cluster(probing: Probing) -> dict[str, Any]:
+    addresses = [f"127.0.0.1:{s.port + i}" for s in probing.sims for i in range(s.count)]
+    return {"name": PROBED_CLUSTER, "endpoints": [{"address": a} for a in addresses]}
+
+
+def set_probe_workers(plugin: PluginProcess, workers: int | str) -> None:
+    """``server.probe_workers`` in the plugin's config file (PluginProcess writes
+    ``server`` itself, so it is added after)."""
+    config = yaml.safe_load(plugin.config_path.read_text())
+    config["server"]["probe_workers"] = workers
+    plugin.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def raise_fd_limit() -> None:
+    """Soft RLIMIT_NOFILE up to the hard limit: the plugin (a child) keeps one connection
+    per probed endpoint."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft != resource.RLIM_INFINITY and soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def process_tree_cpu(pid: int) -> float:
+    """CPU seconds of ``pid`` and its live descendants (e.g. the plugin's probe workers)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        parents.setdefault(parent, []).append(int(stat.parent.name))
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            total += cpu_seconds(current)
+        except (OSError, IndexError, ValueError):
+            continue  # exited meanwhile
+        todo += parents.get(current, [])
+    return total
 
 
 async def run_phase(session: aiohttp.ClientSession, url: str, phase: Phase, seconds: float) -> None:
@@ -111,18 +209,25 @@ def add_plain_listener(config: dict[str, Any], port: int) -> None:
     config["static_resources"]["listeners"].append(plain)
 
 
-async def measure(args: argparse.Namespace, work: Path) -> tuple[list[Phase], dict[str, Any]]:
+async def measure(
+    args: argparse.Namespace, work: Path, probing: Probing
+) -> tuple[list[Phase], dict[str, Any]]:
     sim = SimProcess(work, "backend", "--ttft", "0ms", "--tpot", "0ms")
     plugin: PluginProcess | None = None
     envoy: EnvoyProcess | None = None
     try:
         await asyncio.to_thread(sim.wait_up)
-        settings = {
-            "probe": {"model": "sim-model"},
-            "clusters": [{"name": CLUSTER, "endpoints": [{"address": sim.address}]}],
-        }
+        await start_probed(probing, args.with_probing)
+        clusters = [{"name": CLUSTER, "endpoints": [{"address": sim.address}]}]
+        if probing.sims:
+            clusters.append(probed_cluster(probing))
+        settings = {"probe": {"model": "sim-model"}, "clusters": clusters}
         plugin = PluginProcess(work / "plugin", settings)
-        await asyncio.to_thread(lambda: plugin.start().wait_ready())  # type: ignore[union-attr]
+        if args.workers is not None:
+            set_probe_workers(plugin, args.workers)
+        ready_s = 20.0 + probing.endpoints / 50  # the first probe round of every endpoint
+        started = plugin.start()
+        await asyncio.to_thread(started.wait_ready, ready_s)
         authz_port, plain_port = free_port(), free_port()
         rendered = render_config(
             ROOT / "envoy-configs" / "ext-authz.yaml",
@@ -138,21 +243,28 @@ async def measure(args: argparse.Namespace, work: Path) -> tuple[list[Phase], di
             WITH: f"http://127.0.0.1:{authz_port}/v1/completions",
             WITHOUT: f"http://127.0.0.1:{plain_port}/v1/completions",
         }
-        return await drive(args, urls, plugin, envoy)
+        return await drive(args, urls, plugin, envoy, probing)
     finally:
         if envoy is not None:
             await envoy.astop()
         if plugin is not None:
             plugin.stop()
         sim.stop()
+        for probed in probing.sims:
+            probed.stop()
 
 
 async def drive(
-    args: argparse.Namespace, urls: dict[str, str], plugin: PluginProcess, envoy: EnvoyProcess
+    args: argparse.Namespace,
+    urls: dict[str, str],
+    plugin: PluginProcess,
+    envoy: EnvoyProcess,
+    probing: Probing,
 ) -> tuple[list[Phase], dict[str, Any]]:
     """Per rate: a warm-up phase per listener (discarded: new connections, Envoy's gRPC
     client and the plugin's loop ramp up), then the measured rounds. Returns the phases
-    and Envoy's ext_authz counters per stage (warm-up / measured) and rate."""
+    and Envoy's ext_authz counters per stage (warm-up / measured) and rate; with probing,
+    records the probes received during each rate's measured rounds in ``probing``."""
     assert plugin.process is not None and envoy.pid is not None
     phases: list[Phase] = []
     counters: dict[str, Any] = {}
@@ -166,6 +278,8 @@ async def drive(
                 await run_phase(session, urls[name], warm, args.warmup)
                 print("warm-up", summary_line(warm), flush=True)
             middle = authz_counters(envoy)
+            probes0 = await probing.probe_count() if probing.sims else 0
+            started = time.monotonic()
             order = list(urls)
             for _round in range(args.rounds):
                 for name in order:
@@ -174,6 +288,9 @@ async def drive(
                     )
                     print(summary_line(phases[-1]), flush=True)
                 order.reverse()
+            if probing.sims:
+                probes = await probing.probe_count() - probes0
+                probing.probes[rate] = (probes, time.monotonic() - started)
             after = authz_counters(envoy)
             counters[f"{rate:.0f}/s warm-up"] = diff(middle, before)
             counters[f"{rate:.0f}/s measured"] = diff(after, middle)
@@ -191,9 +308,10 @@ async def timed_phase(
 ) -> Phase:
     assert plugin.process is not None and envoy.pid is not None
     phase = Phase(name, rate)
-    cpu = cpu_seconds(plugin.process.pid), cpu_seconds(envoy.pid), time.process_time()
+    plugin_pid = plugin.process.pid
+    cpu = process_tree_cpu(plugin_pid), cpu_seconds(envoy.pid), time.process_time()
     await run_phase(session, url, phase, args.phase)
-    phase.plugin_cpu_s = cpu_seconds(plugin.process.pid) - cpu[0]
+    phase.plugin_cpu_s = process_tree_cpu(plugin_pid) - cpu[0]
     phase.envoy_cpu_s = cpu_seconds(envoy.pid) - cpu[1]
     phase.self_cpu_s = time.process_time() - cpu[2]
     return phase
@@ -246,7 +364,52 @@ def added(phases: list[Phase], rate: float, q: float) -> list[float]:
     ]
 
 
-def report(phases: list[Phase], envoy_stats: dict[str, Any], args: argparse.Namespace) -> str:
+def probing_lines(phases: list[Phase], probing: Probing, args: argparse.Namespace) -> list[str]:
+    """With --with-probing: the endpoints probed, probes/s achieved per rate during the
+    measured rounds, and the target with met / not met (nothing without probing)."""
+    if not probing.sims:
+        return []
+    workers = "" if args.workers is None else f", `server.probe_workers: {args.workers}`"
+    lines = [
+        f"Probing meanwhile: the same plugin probed {probing.endpoints} more endpoints "
+        f"(cluster `{PROBED_CLUSTER}`, {len(probing.sims)} simulator processes, TTFT 100 ms, "
+        f"interval 1 s{workers}) besides the backend; probes the simulators received "
+        "during the measured rounds: "
+        + "; ".join(
+            f"at {rate:.0f} req/s {count / seconds:.0f} probes/s "
+            f"({100 * count / seconds / probing.endpoints:.1f} % of {probing.endpoints}/s)"
+            for rate, (count, seconds) in probing.probes.items()
+        )
+        + "."
+    ]
+    return [*lines, target_line(phases, probing)]
+
+
+def target_line(phases: list[Phase], probing: Probing) -> str:
+    """The issue's target: added p99 (median of rounds) at 1,000 req/s, 1,000 probed."""
+    head = (
+        f"Target: added latency <= {TARGET_P99_MS:g} ms p99 at {TARGET_RATE:,.0f} req/s while "
+        f"the prober runs {TARGET_ENDPOINTS:,} endpoints: "
+    )
+    if TARGET_RATE not in probing.probes:
+        return head + f"not measured (rate {TARGET_RATE:.0f} req/s not run)."
+    p99 = statistics.median(added(phases, TARGET_RATE, 0.99))
+    count, seconds = probing.probes[TARGET_RATE]
+    measured = (
+        f"{p99:+.2f} ms p99 added with {probing.endpoints} endpoints probed "
+        f"({count / seconds:.0f} probes/s)"
+    )
+    if probing.endpoints < TARGET_ENDPOINTS:
+        return head + f"{measured}: not applicable (fewer than {TARGET_ENDPOINTS:,} probed)."
+    return head + f"{measured}: {'met' if p99 <= TARGET_P99_MS else 'not met'}."
+
+
+def report(
+    phases: list[Phase],
+    envoy_stats: dict[str, Any],
+    args: argparse.Namespace,
+    probing: Probing | None = None,
+) -> str:
     overhead = [
         "| rate (req/s) | p50 added: median of rounds | p99 added: median of rounds "
         "| p99 added per round | plugin CPU (one core) |",
@@ -305,6 +468,7 @@ def report(phases: list[Phase], envoy_stats: dict[str, Any], args: argparse.Name
             "",
             f"Envoy's ext_authz counters (listener with the filter) per stage: {counters}.",
             f"So: {verdict}.",
+            *probing_lines(phases, probing or Probing(), args),
             f"Load average at the start: {args.load_at_start}; at the end: {load_average()}.",
         ]
     )
@@ -317,15 +481,49 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds, per listener/rate")
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument(
+        "--with-probing",
+        type=int,
+        default=0,
+        metavar="N",
+        help="meanwhile the plugin probes N more simulated endpoints at 1/s (TTFT 100 ms; "
+        "a second cluster; default 0: only the backend)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=_workers,
+        default=None,
+        metavar="N",
+        help="server.probe_workers: N probe worker processes, or 'auto' (default: the "
+        "config's default)",
+    )
     args = parser.parse_args()
+    if args.with_probing < 0:
+        parser.error("--with-probing: must not be negative")
+    if args.with_probing:
+        raise_fd_limit()
     args.load_at_start = load_average()
+    probing = Probing()
     with tempfile.TemporaryDirectory(prefix="authz-bench-") as tmp:
-        phases, stats = asyncio.run(measure(args, Path(tmp)))
-    body = report(phases, stats, args)
+        phases, stats = asyncio.run(measure(args, Path(tmp), probing))
+    body = report(phases, stats, args, probing)
     print(body)
     if not args.no_write:
         command = "python bench/authz_overhead.py " + " ".join(sys.argv[1:])
         print(write_result("authz_overhead", body, command.strip()))
+
+
+def _workers(text: str) -> int | str:
+    """argparse type of ``--workers``: a count >= 0 or "auto"."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count or 'auto'") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Prober scale: the plugin's CPU, memory, probe rate and TTFT error for 10 .. 2,000 endpoints.
+"""Prober scale: the plugin's CPU, memory, probe rate and TTFT error for 10 .. 5,000 endpoints.
 
 For each size N, simulator processes serve N ports (``--port-count``, at most
 ``--ports-per-sim`` each; TTFT fixed at 100 ms, no jitter) and the real plugin runtime
@@ -6,11 +6,21 @@ For each size N, simulator processes serve N ports (``--port-count``, at most
 probes all of them at ``interval: 1s`` in this process. After the first probe round and
 a short warm-up it measures, for ``--duration`` seconds:
 
-- the plugin's CPU (this process: ``getrusage``) and RSS (``VmRSS``), the simulators' CPU;
+- the plugin's CPU (this process: ``getrusage``, plus the CPU of the child processes it
+  spawned, e.g. probe workers: every child that is not a simulator) and RSS (``VmRSS``,
+  the same processes summed), the simulators' CPU;
 - probes/s achieved against the N/s scheduled;
 - the TTFT error: measured TTFT minus the simulator's 100 ms, p50/p99, and the prober's
   own event-loop lag p99 next to it (docs/design.md §7);
+- the observation delay: the prober's wall-clock time of reading a probe's first token
+  minus the simulator's wall-clock time of writing it (simulators run with
+  ``--record-first-tokens``; read back from ``/sim/stats`` after the window), p50/p99: the
+  TTFT error without the simulators' own lateness;
 - how many probes the plugin ignored because its loop lagged (``max_loop_lag``).
+
+After the table it prints the targets (2,000 and 5,000 endpoints) with met / not met.
+``--workers N`` sets ``server.probe_workers: N`` (probe worker processes); left out, the
+config's default applies.
 
 ``--profile N`` also runs size N under cProfile and prints where the plugin's CPU goes.
 ``--gc-tuned N ...`` adds rows at those sizes with the plugin process's garbage collector
@@ -18,16 +28,20 @@ tuned after start-up (``gc.freeze()``, gen0 threshold 50,000): an experiment tha
 how much of the error is collector pauses (the shipped plugin does not do this).
 
     .venv/bin/python bench/probe_scale.py --endpoints 10 100 300 500 1000 2000 --profile 1000
+    .venv/bin/python bench/probe_scale.py --endpoints 2000 5000 --workers 2
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
+import contextlib
 import cProfile
 import gc
 import io
 import math
+import os
 import pstats
 import resource
 import statistics
@@ -35,6 +49,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import aiohttp
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "plugin"), str(Path(__file__).resolve().parent)]
@@ -56,12 +72,29 @@ ERROR_LIMIT_MS = 5.0
 DEFAULT_GC = gc.get_threshold()
 TUNED_GC = (50_000, 50, 1000)
 CLUSTER = "bench"
+# Simulator first-token write times kept per port (--record-first-tokens): the measured
+# window (12-20 s at 1 probe/s), the warm-up before it and the /sim/stats fetch after it.
+RECORD_FIRST_TOKENS = 64
+# A sim write matches a probe if it lies in [started_at - slack, read + slack].
+MATCH_SLACK_S = 0.005
+STATS_TIMEOUT = aiohttp.ClientTimeout(total=30, sock_connect=5)
+# 61000-65535 (above the ephemeral range) holds 4,535 ports; larger blocks come from below
+# the 20000-32000 that free_port() picks from.
+LOW_PORTS = (10000, 20000)
+FD_HEADROOM = 1024  # file descriptors beyond one per endpoint: servers, pipes, logs
 
 
-def make_config(addresses: list[str]) -> Config:
+def make_config(addresses: list[str], workers: int | str | None = None) -> Config:
+    """``workers``: ``server.probe_workers`` (only set when given: the config's default)."""
+    server: dict[str, Any] = {
+        "grpc": f"127.0.0.1:{free_port()}",
+        "http": f"127.0.0.1:{free_port()}",
+    }
+    if workers is not None:
+        server["probe_workers"] = workers
     return Config.model_validate(
         {
-            "server": {"grpc": f"127.0.0.1:{free_port()}", "http": f"127.0.0.1:{free_port()}"},
+            "server": server,
             "probe": {"model": "sim-model", "interval": "1s", "timeout": "800ms"},
             "xds": {"warm_start_timeout": "30s"},
             "clusters": [{"name": CLUSTER, "endpoints": [{"address": a} for a in addresses]}],
@@ -70,11 +103,12 @@ def make_config(addresses: list[str]) -> Config:
 
 
 class Recorder:
-    """Wraps the runtime's result handler: keeps every probe result (trusted or not),
-    counts state changes and times garbage-collector pauses while recording."""
+    """Wraps the runtime's result handler: keeps every probe result (trusted or not) with
+    its endpoint's address, counts state changes and times garbage-collector pauses while
+    recording."""
 
     def __init__(self, runtime: Runtime) -> None:
-        self.results: list[tuple[float, ProbeResult]] = []
+        self.results: list[tuple[float, str, ProbeResult]] = []
         self.recording = False
         self.transitions = 0
         self.started_degraded = 0
@@ -90,7 +124,7 @@ class Recorder:
 
     async def on_result(self, target: ProbeTarget, result: ProbeResult) -> None:
         if self.recording:
-            self.results.append((time.monotonic(), result))
+            self.results.append((time.monotonic(), target.address, result))
         await self._inner(target, result)
 
     def on_transition(self, _cluster: str, _address: str, change: Transition, *_: object) -> None:
@@ -108,23 +142,158 @@ class Recorder:
             self.gc_pauses_ms.append((time.perf_counter() - self._gc_started) * 1000)
 
 
+def port_block(count: int) -> int:
+    """First port of ``count`` consecutive free loopback ports (5,000 do not fit above
+    61000: then from 10000-20000, below every range other ports are picked from)."""
+    try:
+        return free_port_block(count)
+    except RuntimeError:
+        return free_port_block(count, *LOW_PORTS)
+
+
+def raise_fd_limit(endpoints: int) -> str:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (simulators inherit it): one
+    connection per endpoint plus headroom. A warning when that is still too low, else ""."""
+    needed = endpoints + FD_HEADROOM
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, needed)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        return f"warning: open-files limit {soft} < {needed} needed; large sizes may fail"
+    return ""
+
+
+def sim_args(duration_s: float) -> tuple[str, ...]:
+    # 64 covers a window of up to ~20 s with warm-up and fetch; longer windows get more.
+    ring = max(RECORD_FIRST_TOKENS, math.ceil(duration_s) + 45)
+    timing = ("--ttft", f"{TTFT_MS:g}ms", "--tpot", "5ms")
+    return (*timing, "--record-first-tokens", str(ring))
+
+
 async def measure(
-    count: int, duration_s: float, ports_per_sim: int, profile: bool, gc_tuned: bool = False
+    count: int,
+    duration_s: float,
+    ports_per_sim: int,
+    profile: bool,
+    gc_tuned: bool = False,
+    workers: int | str | None = None,
 ) -> dict[str, Any]:
-    base = free_port_block(count)
+    base = port_block(count)
     sims = [
-        Sim(base + i, min(ports_per_sim, count - i), ("--ttft", f"{TTFT_MS:g}ms", "--tpot", "5ms"))
+        Sim(base + i, min(ports_per_sim, count - i), sim_args(duration_s))
         for i in range(0, count, ports_per_sim)
     ]
     for sim in sims:
         sim.spawn()
     try:
         await asyncio.gather(*(s.up(60) for s in sims))
-        config = make_config([f"127.0.0.1:{base + i}" for i in range(count)])
+        config = make_config([f"127.0.0.1:{base + i}" for i in range(count)], workers)
         return await _run(config, sims, duration_s, profile, gc_tuned)
     finally:
         for sim in sims:
             sim.stop()
+
+
+def _proc_children(pid: int) -> list[int]:
+    """Child pids of ``pid``: ``/proc/PID/task/*/children`` where the kernel has it, else
+    a scan of every ``/proc/N/stat`` for its parent pid."""
+    files = list(Path(f"/proc/{pid}/task").glob("*/children"))
+    if files:
+        found: list[int] = []
+        for path in files:
+            try:
+                found += [int(p) for p in path.read_text().split()]
+            except OSError:
+                continue
+        return found
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == pid:
+            children.append(int(stat.parent.name))
+    return children
+
+
+def plugin_children(sims: list[Sim]) -> list[int]:
+    """This process's descendants that are not simulators (e.g. probe worker processes):
+    part of the plugin's CPU and memory."""
+    skip = {s.pid for s in sims}
+    found: list[int] = []
+    todo = [p for p in _proc_children(os.getpid()) if p not in skip]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += _proc_children(pid)
+    return found
+
+
+def _children_cpu(pids: list[int]) -> dict[int, float]:
+    cpu = {}
+    for pid in pids:
+        try:
+            cpu[pid] = cpu_seconds(pid)
+        except (OSError, IndexError, ValueError):
+            continue  # exited meanwhile
+    return cpu
+
+
+def _children_rss(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            total += rss_mb(pid)
+        except OSError:
+            continue
+    return total
+
+
+async def fetch_first_token_writes(sims: list[Sim]) -> dict[int, list[float]]:
+    """Every simulator's ``first_token_writes`` (port -> sorted write times); a simulator
+    that does not answer in time contributes nothing (its probes count as unmatched)."""
+    writes: dict[int, list[float]] = {}
+    async with aiohttp.ClientSession(timeout=STATS_TIMEOUT) as session:
+        documents = await asyncio.gather(
+            *(_sim_stats(session, s) for s in sims), return_exceptions=True
+        )
+    for document in documents:
+        if isinstance(document, BaseException):
+            print(f"  /sim/stats failed: {document!r}", file=sys.stderr)
+            continue
+        for port, times in document.get("first_token_writes", {}).items():
+            writes[int(port)] = sorted(times)
+    return writes
+
+
+async def _sim_stats(session: aiohttp.ClientSession, sim: Sim) -> dict[str, Any]:
+    async with session.get(f"{sim.base_url}/sim/stats") as response:
+        response.raise_for_status()
+        document: dict[str, Any] = await response.json()
+        return document
+
+
+def observation_delays(
+    results: list[tuple[float, str, ProbeResult]], writes: dict[int, list[float]]
+) -> tuple[list[float], int]:
+    """(sorted delays in ms, probes with a first token): for each such probe, its read time
+    (``started_at`` + TTFT) minus the latest simulator write on its port that is at most
+    ``MATCH_SLACK_S`` after the read and at least that before the probe started."""
+    delays, total = [], 0
+    for _, address, result in results:
+        if result.ttft_ms is None:
+            continue
+        total += 1
+        read = result.started_at + result.ttft_ms / 1000
+        times = writes.get(int(address.rsplit(":", 1)[1]), [])
+        index = bisect.bisect_right(times, read + MATCH_SLACK_S) - 1
+        if index >= 0 and times[index] >= result.started_at - MATCH_SLACK_S:
+            delays.append((read - times[index]) * 1000)
+    return sorted(delays), total
 
 
 async def _run(
@@ -146,6 +315,7 @@ async def _run(
             gc.set_threshold(*TUNED_GC)
         ignored0 = runtime.stats.probes_ignored_loop_lag
         sim_cpu0 = sum(cpu_seconds(s.pid) for s in sims)
+        children_cpu0 = _children_cpu(plugin_children(sims))
         cpu0, wall0 = _cpu_s(), time.monotonic()
         profiler = cProfile.Profile() if profile else None
         if profiler is not None:
@@ -158,17 +328,28 @@ async def _run(
         wall = time.monotonic() - wall0
         cpu = _cpu_s() - cpu0
         sim_cpu = sum(cpu_seconds(s.pid) for s in sims) - sim_cpu0
-        rss = rss_mb()
+        children = plugin_children(sims)
+        children_cpu = _children_cpu(children)
+        cpu += sum(t - children_cpu0.get(pid, 0.0) for pid, t in children_cpu.items())
+        rss = rss_mb() + _children_rss(children)
         ignored = runtime.stats.probes_ignored_loop_lag - ignored0
+        writes = await fetch_first_token_writes(sims)
     finally:
         if gc_tuned:
             gc.set_threshold(*DEFAULT_GC)
             gc.unfreeze()
         stop.set()
         recorder.close()
-        await asyncio.wait_for(task, 10)
+        await asyncio.wait_for(task, 120)  # an overloaded runtime stops slowly
     row = _summarise(recorder.results, len(config.clusters[0].endpoints), wall)
+    delays, with_token = observation_delays(recorder.results, writes)
     row.update(
+        obs_p50_ms=statistics.median(delays) if delays else math.nan,
+        obs_p99_ms=_pct(delays, 0.99),
+        obs_matched=len(delays),
+        obs_total=with_token,
+        plugin_procs=len(children),
+        workers=getattr(config.server, "probe_workers", 0),
         transitions=recorder.transitions,
         started_degraded=recorder.started_degraded,
         gc_ms=sum(recorder.gc_pauses_ms),
@@ -185,10 +366,12 @@ async def _run(
     return row
 
 
-def _summarise(results: list[tuple[float, ProbeResult]], count: int, wall: float) -> dict[str, Any]:
-    errors = sorted(r.ttft_ms - TTFT_MS for _, r in results if r.ttft_ms is not None)
-    lags = sorted(r.loop_lag_ms for _, r in results)
-    no_token = sum(1 for _, r in results if r.ttft_ms is None)
+def _summarise(
+    results: list[tuple[float, str, ProbeResult]], count: int, wall: float
+) -> dict[str, Any]:
+    errors = sorted(r.ttft_ms - TTFT_MS for _, _, r in results if r.ttft_ms is not None)
+    lags = sorted(r.loop_lag_ms for _, _, r in results)
+    no_token = sum(1 for _, _, r in results if r.ttft_ms is None)
     return {
         "endpoints": count,
         "scheduled_per_s": float(count),  # interval 1 s
@@ -214,61 +397,95 @@ def _cpu_s() -> float:
 
 def _profile_text(profiler: cProfile.Profile, lines: int = 30) -> str:
     out = io.StringIO()
-    stats = pstats.Stats(profiler, stream=out).strip_dirs().sort_stats("cumulative")
+    order = os.environ.get("PROFILE_SORT", "cumulative")  # or "tottime"
+    stats = pstats.Stats(profiler, stream=out).strip_dirs().sort_stats(order)
     stats.print_stats(lines)
     text = out.getvalue()
     return text[text.find("ncalls") :] if "ncalls" in text else text
 
 
 READING = (
-    "Reading it: a probe's TTFT error is, in the first place, the prober's own event-loop "
-    "lag (compare the loop lag column): everything the plugin does runs on one asyncio "
-    "loop. What lags it, visible in the columns and the profile: (1) CPU: the aiohttp "
-    "client costs about half a core per 1,000 probes/s, on the same 2 cores as the "
-    "simulators; (2) garbage-collector pauses (full collections; total and worst pause in "
-    "the GC column); (3) every state change rebuilds the whole board snapshot, O(endpoints) "
-    "(`board.snapshot` / `envoy_view` in the profile, about 10 ms at 1,000 endpoints), and "
-    "components that follow snapshots (HDS) re-sync on each. Lag makes probes in flight "
-    "read SLOW, SLOW makes state changes, state changes make lag: that feedback is the "
-    "'state changes' column (in the measured window), false DEGRADED verdicts on a fleet "
-    "that is healthy. Probes taken while the loop lagged more than `max_loop_lag` (100 ms) "
-    "are ignored (column), which bounds the damage to lag below that. 'started DEGRADED': "
-    "endpoints whose first probe read SLOW. The first round is compressed (up to 1,000 "
-    "probe starts/s, so the plugin can push to Envoy early) and here lands on simulator "
-    "processes serving 500 ports each, so part of that is the simulators' own lateness "
-    "(a real fleet spreads the first round over as many servers); those endpoints are "
-    "pushed to Envoy at 30 % weight for about 3 s after every plugin start. At 1,000+ "
-    "endpoints the simulators share the 2 cores with the plugin too: the error column "
-    "then includes their lateness, the loop lag column is the plugin's own part."
+    "Reading it: a probe's TTFT error is, in the first place, the prober's own lateness "
+    "(compare the loop lag and observation delay columns): with `server.probe_workers: 0` "
+    "everything the plugin does runs on one asyncio loop. What lags it (docs/design.md "
+    "§16.1; the profile below): (1) CPU: the aiohttp client per probe, the scheduler's "
+    "silence timers per probe, the engine-metrics side reads (held to 100 reads/s in all), "
+    "the known-answer judge, on the same 2 cores as the simulators; (2) garbage-collector "
+    "pauses (GC column; the start-up heap is frozen once warm). Board snapshots and EDS "
+    "resources are rebuilt per changed endpoint, no longer per state change in full. Lag "
+    "makes probes in flight read SLOW, SLOW makes state changes: the 'state changes' "
+    "column (in the measured window) counts false verdicts on a fleet that is healthy. "
+    "Probes taken while the loop lagged more than `max_loop_lag` (100 ms) are ignored "
+    "(column): the worst band is where the lag stays just under that bound and the "
+    "simulators' own lateness (they share the cores) adds the rest. 'started DEGRADED': "
+    "endpoints whose first probe read SLOW twice (a SLOW first result is re-checked once, "
+    "§16.6). At 1,000+ endpoints the simulators share the 2 cores with the plugin too: "
+    "the TTFT error then includes their lateness; the observation delay does not."
+)
+
+OBSERVATION = (
+    "Observation delay: for each probe with a first token, the prober's wall-clock time of "
+    "reading it (`started_at`, the `time.time()` when the probe was sent, plus its TTFT) "
+    "minus the simulator's wall-clock time of writing it (`time.time()` right after the "
+    "first token's bytes were written to the socket, `--record-first-tokens`, read back "
+    "from `/sim/stats` after the window; matched to the latest write on the endpoint's "
+    f"port between {MATCH_SLACK_S * 1000:g} ms before the probe's start and "
+    f"{MATCH_SLACK_S * 1000:g} ms after its read). One clock: `time.time()` in two "
+    "processes of one machine. It includes the kernel's loopback and the prober's loop "
+    "lag (how long the bytes waited for the prober's loop); it excludes the simulator's "
+    "own lateness (a simulator starved of CPU writes the token late, which the TTFT error "
+    "counts and this does not). 'matched' is given when some probes found no write (a "
+    "simulator's ring overflowed or its /sim/stats did not answer)."
 )
 
 HEADER = (
     "| endpoints | sim procs | probes/s achieved / scheduled | TTFT error p50 | p99 | max "
+    "| observation delay p50 | p99 "
     "| loop lag p99 | ignored (lag) | no token | state changes | started DEGRADED "
     "| GC pauses total / max "
     "| plugin CPU | plugin RSS | sims CPU |"
 )
 
 
+def _matched(r: dict[str, Any]) -> str:
+    """The suffix ' (matched 98 %, n / total)' when some probes found no simulator
+    write, else ''."""
+    if r["obs_matched"] == r["obs_total"]:
+        return ""
+    share = 100 * r["obs_matched"] / r["obs_total"]
+    return f" (matched {share:.0f} %, {r['obs_matched']} / {r['obs_total']})"
+
+
+def _size_label(r: dict[str, Any]) -> str:
+    label = f"{r['endpoints']}" + (" (GC tuned)" if r["gc_tuned"] else "")
+    workers = r.get("workers")
+    if not workers:
+        return label
+    return label + f" ({workers} worker{'' if workers == 1 else 's'})"
+
+
 def render(rows: list[dict[str, Any]]) -> str:
-    lines = [HEADER, "|" + "---|" * 15]
+    lines = [HEADER, "|" + "---|" * (HEADER.count("|") - 1)]
     for r in rows:
         achieved = r["probes_per_s"] / r["scheduled_per_s"]
+        children = f" ({r['plugin_procs']} child procs incl.)" if r["plugin_procs"] else ""
         cells = [
-            f"{r['endpoints']}" + (" (GC tuned)" if r["gc_tuned"] else ""),
+            _size_label(r),
             f"{r['sims']}",
-            f"{r['probes_per_s']:.0f} / {r['scheduled_per_s']:.0f} ({100 * achieved:.0f} %)",
+            f"{r['probes_per_s']:.0f} / {r['scheduled_per_s']:.0f} ({100 * achieved:.1f} %)",
             f"{r['err_p50_ms']:.1f} ms",
             f"{r['err_p99_ms']:.1f} ms",
             f"{r['err_max_ms']:.0f} ms",
+            f"{r['obs_p50_ms']:.1f} ms",
+            f"{r['obs_p99_ms']:.1f} ms" + _matched(r),
             f"{r['lag_p99_ms']:.1f} ms",
             f"{r['ignored']}",
             f"{r['no_token']}",
             f"{r['transitions']}",
             f"{r['started_degraded']}",
             f"{r['gc_ms']:.0f} / {r['gc_max_ms']:.0f} ms",
-            f"{r['cpu_percent']:.0f} %",
-            f"{r['rss_mb']:.0f} MiB",
+            f"{r['cpu_percent']:.0f} %" + children,
+            f"{r['rss_mb']:.0f} MiB" + children,
             f"{r['sim_cpu_percent']:.0f} %",
         ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -294,6 +511,58 @@ def crossing(rows: list[dict[str, Any]]) -> str:
     )
 
 
+def observation_line(rows: list[dict[str, Any]]) -> str:
+    """The observation delay per size, beside the TTFT error (one line)."""
+    parts = [
+        f"{_size_label(r)}: p50 {r['obs_p50_ms']:.1f} / p99 {r['obs_p99_ms']:.1f} ms"
+        f"{_matched(r)} (TTFT error p99 {r['err_p99_ms']:.1f} ms)"
+        for r in rows
+    ]
+    return "Observation delay (prober read - simulator write, one clock): " + "; ".join(parts)
+
+
+def _row_at(rows: list[dict[str, Any]], size: int) -> dict[str, Any] | None:
+    return next((r for r in rows if r["endpoints"] == size and not r["gc_tuned"]), None)
+
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "not met"
+
+
+def targets(rows: list[dict[str, Any]]) -> str:
+    """The issue's targets, each with the measured value and met / not met; a size that
+    was not run is skipped."""
+    lines = ["targets:"]
+    at = _row_at(rows, 2000)
+    if at is not None:
+        p99, sent = at["err_p99_ms"], 100 * at["probes_per_s"] / at["scheduled_per_s"]
+        aim = "aim 2 ms " + _verdict(p99 <= 2.0)
+        lines += [
+            f"- 2,000: TTFT error p99 <= 5 ms (aim 2): {p99:.1f} ms: {_verdict(p99 <= 5.0)} "
+            f"({aim}; observation delay p99 {at['obs_p99_ms']:.1f} ms)",
+            f"- 2,000: 0 state changes: {at['transitions']}: {_verdict(at['transitions'] == 0)}",
+            f"- 2,000: >= 99.9 % probes sent: {sent:.2f} %: {_verdict(sent >= 99.9)}",
+            f"- 2,000: 0 started DEGRADED: {at['started_degraded']}: "
+            f"{_verdict(at['started_degraded'] == 0)}",
+        ]
+    at = _row_at(rows, 5000)
+    if at is not None:
+        sent = 100 * at["probes_per_s"] / at["scheduled_per_s"]
+        lines += [
+            f"- 5,000: no false verdict (0 state changes): {at['transitions']}: "
+            f"{_verdict(at['transitions'] == 0)}",
+            f"- 5,000: achieved {at['probes_per_s']:.0f} / {at['scheduled_per_s']:.0f} "
+            f"probes/s ({sent:.2f} %), TTFT error p50 {at['err_p50_ms']:.1f} / p99 "
+            f"{at['err_p99_ms']:.1f} ms, observation delay p99 {at['obs_p99_ms']:.1f} ms: "
+            "reported",
+            f"- 5,000: RSS <= 150 MiB (plugin + its non-simulator children): "
+            f"{at['rss_mb']:.0f} MiB: {_verdict(at['rss_mb'] <= 150.0)}",
+        ]
+    if len(lines) == 1:
+        lines.append("- none: neither 2,000 nor 5,000 endpoints was run")
+    return "\n".join(lines)
+
+
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -307,6 +576,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     left.plot(xs, [r["err_p50_ms"] for r in rows], "o-", label="TTFT error p50")
     left.plot(xs, [r["err_p99_ms"] for r in rows], "o-", label="TTFT error p99")
     left.plot(xs, [r["lag_p99_ms"] for r in rows], "x--", label="prober loop lag p99")
+    left.plot(xs, [r["obs_p99_ms"] for r in rows], "+:", label="observation delay p99")
     if tuned:
         left.plot(
             [r["endpoints"] for r in tuned],
@@ -341,9 +611,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--endpoints", type=int, nargs="+", default=[10, 100, 300, 500, 1000, 2000])
+    parser.add_argument("--endpoints", type=int, nargs="+", default=[100, 500, 1000, 2000, 5000])
     parser.add_argument("--duration", type=float, default=12.0, help="measured seconds per size")
     parser.add_argument("--ports-per-sim", type=int, default=500)
+    parser.add_argument(
+        "--workers",
+        type=_workers,
+        default=None,
+        metavar="N",
+        help="server.probe_workers: N probe worker processes, or 'auto' (default: the "
+        "config's default)",
+    )
     parser.add_argument("--profile", type=int, default=None, metavar="N", help="cProfile size N")
     parser.add_argument(
         "--gc-tuned",
@@ -354,20 +632,32 @@ def main() -> int:
         help="extra rows with gc.freeze() + gen0 threshold 50,000 in the plugin process",
     )
     args = parser.parse_args()
+    warning = raise_fd_limit(max([*args.endpoints, *args.gc_tuned, args.profile or 0]))
+    if warning:
+        print(warning, file=sys.stderr)
     load = load_average()
     rows = []
+    workers = args.workers
     for count in args.endpoints:
-        row = asyncio.run(measure(count, args.duration, args.ports_per_sim, False))
+        row = asyncio.run(measure(count, args.duration, args.ports_per_sim, False, workers=workers))
         rows.append(row)
         print(render([row]).splitlines()[-1], flush=True)
     for count in args.gc_tuned:
-        row = asyncio.run(measure(count, args.duration, args.ports_per_sim, False, gc_tuned=True))
+        row = asyncio.run(
+            measure(count, args.duration, args.ports_per_sim, False, gc_tuned=True, workers=workers)
+        )
         rows.append(row)
         print(render([row]).splitlines()[-1], flush=True)
     profile = ""
     if args.profile:
         prof = asyncio.run(
-            measure(args.profile, min(args.duration, 10.0), args.ports_per_sim, True)
+            measure(
+                args.profile,
+                min(args.duration, 10.0),
+                args.ports_per_sim,
+                True,
+                workers=workers,
+            )
         )
         profile = (
             f"\n\ncProfile of the plugin at {args.profile} endpoints, 10 s (top functions "
@@ -378,6 +668,8 @@ def main() -> int:
     table = render(rows)
     print(table)
     print(crossing(rows))
+    print(observation_line(rows))
+    print(targets(rows))
     if profile:
         print(profile)
     RESULTS.mkdir(exist_ok=True)
@@ -387,13 +679,34 @@ def main() -> int:
         f"{args.duration:g} s measured per size after the first round + 2 s warm-up. "
         f"Plugin = the real `Runtime` in the benchmark process (scheduler, micro-probe over "
         f"aiohttp, board, xDS + HTTP servers, no Envoy attached); simulators in "
-        f"{args.ports_per_sim}-port processes on the same 2 cores. Load average before: "
-        f"{load}.\n\n{table}\n\n{crossing(rows)}\n\n{READING}{profile}\n\n"
+        f"{args.ports_per_sim}-port processes on the same 2 cores"
+        f"{_workers_note(workers)}. Load average before: {load}.\n\n{table}\n\n"
+        f"{crossing(rows)}\n\n{observation_line(rows)}\n\n{targets(rows)}\n\n"
+        f"{READING}\n\n{OBSERVATION}{profile}\n\n"
         f"![probe scale](probe_scale.png)"
     )
     command = "python bench/probe_scale.py " + " ".join(sys.argv[1:])
     write_result("probe_scale", body, command)
     return 0
+
+
+def _workers(text: str) -> int | str:
+    """argparse type of ``--workers``: a count >= 0 or "auto"."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count or 'auto'") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
+def _workers_note(workers: int | str | None) -> str:
+    if workers is None:
+        return ""
+    return f"; `server.probe_workers: {workers}` (plugin CPU and RSS include the workers)"
 
 
 if __name__ == "__main__":

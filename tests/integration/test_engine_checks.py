@@ -207,8 +207,25 @@ async def test_detected_llamacpp_gets_cache_prompt_false(sims: list[SimProcess])
     async with Running(runtime_for(sims, every="30s")) as running:
         await running.all_healthy(sims)
         checks = running.runtime.component_status()["engines"]["endpoints"]
-        assert checks[f"llama/{sims[0].address}"]["engine"] == "llamacpp"
+        assert checks[f"llama/{sims[0].address}"]["engine"] == "llamacpp", checks
         await asyncio.sleep(1.2)  # probes sent after the detection
         last = await asyncio.to_thread(sims[0].stats)
         request = last["last_request"]
         assert request.get("cache_prompt") is False and request.get("cache_salt") is None
+
+
+def test_metrics_reads_are_stretched_to_the_budget() -> None:
+    """1,000 endpoints read every 300 ms would be 3,333 /metrics reads a second: the
+    budget (MAX_METRICS_READS_PER_S) stretches each endpoint's interval instead."""
+    from llm_health.app.engines import MAX_METRICS_READS_PER_S, EngineChecks
+
+    many = [SimProcess.__new__(SimProcess) for _ in range(1000)]
+    for index, sim in enumerate(many):
+        sim.host, sim.port = "127.0.0.1", 10_000 + index
+    runtime = runtime_for(many)
+    (checks,) = [c for c in runtime.components if isinstance(c, EngineChecks)]
+    stretched = checks.status()["metrics_min_interval_s"]
+    assert stretched == pytest.approx(1000 / MAX_METRICS_READS_PER_S)
+    few = runtime_for(many[:3])
+    (checks,) = [c for c in few.components if isinstance(c, EngineChecks)]
+    assert checks.status()["metrics_min_interval_s"] < 0.3  # the configured 300 ms holds

@@ -309,3 +309,93 @@ def test_silence_can_be_switched_off() -> None:
     assert silences == [] and worst == 1
     # the old way: TIMEOUT at 0.8 s, then the confirm 50 ms after it
     assert starts[1] == ("probe", pytest.approx(starts[0][1] + 0.85))
+
+
+@pytest.mark.parametrize(
+    "outcomes,delivered",
+    [
+        # A SLOW first probe is taken again, and only the second result counts.
+        ([Outcome.SLOW, Outcome.FAST, Outcome.FAST], [Outcome.FAST, Outcome.FAST]),
+        # Slow again: that one is handed on (a really slow engine is DEGRADED at once).
+        ([Outcome.SLOW, Outcome.SLOW, Outcome.FAST], [Outcome.SLOW, Outcome.FAST]),
+        # Only the first round, and only SLOW: a later SLOW or a first failure counts.
+        ([Outcome.FAST, Outcome.SLOW, Outcome.SLOW], [Outcome.FAST, Outcome.SLOW, Outcome.SLOW]),
+        ([Outcome.TIMEOUT, Outcome.FAST], [Outcome.TIMEOUT, Outcome.FAST]),
+    ],
+)
+def test_a_slow_first_probe_is_rechecked_once_before_it_counts(
+    outcomes: list[Outcome], delivered: list[Outcome]
+) -> None:
+    (target,) = targets_for([9], interval="1s", unhealthy_after=3)
+    calls: list[float] = []
+    seen: list[Outcome] = []
+    rechecks: list[int] = []
+
+    async def main() -> None:
+        clock = asyncio.get_running_loop().time
+        queue = iter(outcomes)
+
+        async def scripted(_target: ProbeTarget) -> ProbeResult:
+            calls.append(clock())
+            outcome = next(queue, None)
+            if outcome is None:
+                await asyncio.sleep(3600)  # the script is over: stay in flight
+            assert outcome is not None
+            ttft = 10.0 if outcome in (Outcome.FAST, Outcome.SLOW) else None
+            return ProbeResult(outcome, time.time(), ttft_ms=ttft)
+
+        async def record(_target: ProbeTarget, result: ProbeResult) -> None:
+            seen.append(result.outcome)
+
+        scheduler = Scheduler([target], scripted, record, clock=clock)
+        task = asyncio.create_task(scheduler.run())
+        await asyncio.sleep(len(outcomes) + 1.5)
+        rechecks.append(scheduler.first_slow_rechecks)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    on_virtual_time(main())
+    assert seen == delivered
+    assert rechecks == [len(outcomes) - len(delivered)]
+    assert len(calls) == len(outcomes) + 1  # every scripted probe ran, then one in flight
+
+
+@pytest.mark.parametrize("turns,silent", [(2, False), (12, True)])
+def test_a_token_already_in_the_loop_at_the_silence_point_is_not_silence(
+    turns: int, silent: bool
+) -> None:
+    """On a busy loop the silence timer can fire while the first token is on its way
+    through the loop (socket, read, parse: a few turns). A token that lands within
+    SETTLE_TURNS turns of the silence point is no silence; one that needs many more is."""
+    from llm_health.probe.signals import first_token_seen
+
+    (target,) = targets_for([9], timeout="800ms", healthy_ttft="200ms")
+    silences: list[float] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        clock = loop.time
+
+        async def probe(_target: ProbeTarget) -> ProbeResult:
+            await asyncio.sleep(0.21)  # the silence point: healthy_ttft + the margin
+            for _ in range(turns):  # the token's way through the loop
+                await asyncio.sleep(0)
+            first_token_seen()
+            await asyncio.sleep(0.05)
+            return ProbeResult(Outcome.FAST, time.time(), ttft_ms=210.0)
+
+        async def on_silence(_target: ProbeTarget, silent_ms: float) -> bool:
+            silences.append(silent_ms)
+            return False
+
+        async def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
+            return None
+
+        scheduler = Scheduler([target], probe, ignore, clock=clock, on_silence=on_silence)
+        task = asyncio.create_task(scheduler.run())
+        await asyncio.sleep(0.5)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    on_virtual_time(main())
+    assert bool(silences) is silent, silences

@@ -716,3 +716,22 @@ def test_host_names_are_refused_because_envoy_eds_needs_ips(address: str) -> Non
     message = one_message(text, ENVIRON)
     assert "clusters[0].endpoints[1].address" in message
     assert "IP literals" in message
+
+
+@pytest.mark.parametrize("value", ["0", "2", "64", "auto"])
+def test_probe_workers_accepts_a_count_or_auto(value: str) -> None:
+    text = GOOD.replace(
+        "http: 127.0.0.1:18080}", f"http: 127.0.0.1:18080, probe_workers: {value}}}"
+    )
+    config = parse_config(text, SOURCE, ENVIRON)
+    count = config.server.probe_worker_count()
+    assert count >= 1 if value == "auto" else count == int(value)
+
+
+@pytest.mark.parametrize("value", ["-1", "65", "many", "1.5"])
+def test_probe_workers_rejects_anything_else(value: str) -> None:
+    text = GOOD.replace(
+        "http: 127.0.0.1:18080}", f"http: 127.0.0.1:18080, probe_workers: {value}}}"
+    )
+    message = one_message(text)
+    assert message.startswith("x.yaml:1 server.probe_workers:"), message

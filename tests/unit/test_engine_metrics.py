@@ -85,6 +85,10 @@ def test_the_ttft_histogram_is_read_and_added_over_series() -> None:
     load = parse_load(document)
     assert load.ttft is not None
     assert load.ttft.bounds == (0.1, 1.0, float("inf")) and load.ttft.cumulative == (4, 6, 7)
+    # Without the histogram (most reads: docs/design.md §16.5) the gauges are the same.
+    light = parse_load(document, ttft=False)
+    assert light.ttft is None and light.waiting == load.waiting == 0
+    assert light.engine == load.engine == "vllm"
 
 
 @pytest.mark.parametrize(

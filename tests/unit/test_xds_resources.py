@@ -111,9 +111,11 @@ def test_cache_builds_once_per_name_and_version(monkeypatch: pytest.MonkeyPatch)
     builds: list[str] = []
     real_build = resources.build
 
-    def counting_build(cluster: ClusterSnapshot) -> resources.BuiltResource:
+    def counting_build(
+        cluster: ClusterSnapshot, framed: list[bytes] | None = None
+    ) -> resources.BuiltResource:
         builds.append(cluster.envoy_version)
-        return real_build(cluster)
+        return real_build(cluster, framed)
 
     monkeypatch.setattr(resources, "build", counting_build)
     cache = ResourceCache()
@@ -129,3 +131,57 @@ def test_cache_is_bounded() -> None:
     for version in ("v1", "v2", "v3"):
         cache.get(replace(make_board().snapshot().clusters["llama-70b"], envoy_version=version))
     assert len(cache) == 2
+
+
+def random_cluster(seed: int, count: int) -> ClusterSnapshot:
+    """A cluster of ``count`` endpoints in random states, ports up to 65535 (multi-byte
+    varints), names of several lengths."""
+    import random
+
+    rng = random.Random(seed)
+    specs = tuple(
+        EndpointSpec(
+            f"127.0.0.{i % 250}:{p}", f"127.0.0.{i % 250}", p, rng.choice([1, 7, 100, 5000])
+        )
+        for i, p in enumerate(rng.sample(range(1, 65536), count))
+    )
+    name = "c" * rng.choice([1, 20, 200])
+    board = Board([ClusterSpec(name, Policy(), specs)], now=0.0, wall_offset=0.0)
+    for endpoint in specs:
+        outcome = rng.choice([Outcome.FAST, Outcome.SLOW, Outcome.FATAL, None])
+        if outcome is not None:
+            board.record(name, endpoint.address, probe(outcome, 10), 1.0)
+    return board.snapshot().clusters[name]
+
+
+@pytest.mark.parametrize("seed,count", [(1, 0), (2, 1), (3, 7), (4, 300), (5, 2000)])
+def test_assembled_bytes_are_what_protobuf_serialises(seed: int, count: int) -> None:
+    cluster = random_cluster(seed, count)
+    built = resources.build(cluster)
+    expected = cluster_load_assignment(cluster)
+    assert built.packed.type_url == TYPE_URL
+    assert built.packed.value == expected.SerializeToString(deterministic=True)
+    assert endpoint_pb2.ClusterLoadAssignment.FromString(built.packed.value) == expected
+
+
+def test_endpoint_bytes_are_reused_and_bounded() -> None:
+    cluster = random_cluster(6, 10)
+    parts = resources.EndpointBytes(max_entries=4)
+    first = [parts.get(e) for e in cluster.endpoints[:3]]
+    assert [parts.get(e) for e in cluster.endpoints[:3]] == first
+    assert all(parts.get(e) is f for e, f in zip(cluster.endpoints[:3], first, strict=True))
+    framed = [parts.get(e) for e in cluster.endpoints]
+    assert resources.build(cluster, framed).packed.value == resources.build(cluster).packed.value
+
+
+def test_the_cache_rebuilds_only_changed_endpoints_and_stays_exact() -> None:
+    specs = tuple(EndpointSpec(f"127.0.0.1:{p}", "127.0.0.1", p) for p in range(9000, 9050))
+    board = Board([ClusterSpec("c", Policy(), specs)], now=0.0, wall_offset=0.0)
+    cache = ResourceCache()
+    for i, spec in enumerate(specs):
+        board.record("c", spec.address, probe(Outcome.FAST, 10), 1.0)
+        if i % 7 == 0:
+            board.record("c", spec.address, probe(Outcome.SLOW, 900), 2.0)
+        cluster = board.snapshot().clusters["c"]
+        expected = cluster_load_assignment(cluster).SerializeToString(deterministic=True)
+        assert cache.get(cluster).packed.value == expected

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 import logging
 import time
@@ -40,7 +41,7 @@ from llm_health.model.causes import Cause
 from llm_health.model.machine import Transition
 from llm_health.model.outcome import ProbeResult
 from llm_health.model.redact import printable_line, redact_secrets
-from llm_health.probe.client import PROBE_HEADER, MicroProbe
+from llm_health.probe.client import PROBE_HEADER, Prober
 from llm_health.probe.engine_metrics import (
     MAX_DOCUMENT,
     EngineLoad,
@@ -63,6 +64,13 @@ MAX_SIDE_TIMEOUT_S = 2.0  # a /metrics or /v1/models request
 MAX_MODELS_BODY = 1024 * 1024
 MAX_CONCURRENT_READS = 64
 MAX_TICK_S = 0.25
+# /metrics reads a second, all endpoints together (docs/design.md §16.5). Reading and
+# parsing one engine's document costs about 1-2 ms of the loop that also times the
+# probes (prometheus-client's parser, ~60 µs a line); at 1 s per endpoint that alone would
+# take a whole core at 1,000 endpoints. Beyond this budget each endpoint is read less
+# often than ``engine_metrics.interval`` (the effective interval is in /status).
+MAX_METRICS_READS_PER_S = 100.0
+TTFT_HISTOGRAM_EVERY = 5  # reads: the TTFT histogram (most of the lines) every 5th read
 DETECTION = (  # (path, engine, a key its JSON object has)
     ("/props", "llamacpp", "default_generation_settings"),
     ("/get_server_info", "sglang", None),
@@ -77,7 +85,8 @@ class _Endpoint:
     """What the checks know of one endpoint (``/status`` shows it)."""
 
     reading: Reading = field(default_factory=Reading)
-    reading_due: float = 0.0
+    reading_due: float | None = None  # None: not scheduled yet (placed by its phase)
+    reads: int = 0
     limit: str | None = None  # the "engine" limit this component last set
     verify_due: float = 0.0  # monotonic; 0: the next probe is a known-answer probe
     last_answer: str | None = None
@@ -168,7 +177,7 @@ class EngineChecks:
 
     # --- the probe path -----------------------------------------------------------------
 
-    def wrap(self, prober: MicroProbe) -> ProbeFn:
+    def wrap(self, prober: Prober) -> ProbeFn:
         """The scheduler's probe function: a known-answer probe when one is due, else the
         plain probe."""
 
@@ -184,7 +193,7 @@ class EngineChecks:
             return False
         return self._clock() >= self._endpoint(target.key).verify_due
 
-    async def _verify(self, prober: MicroProbe, target: ProbeTarget) -> ProbeResult:
+    async def _verify(self, prober: Prober, target: ProbeTarget) -> ProbeResult:
         """One known-answer probe, judged and applied; a miss that does not yet decide is
         re-checked after ``confirm_delay`` (at most ``unhealthy_after`` answers per slot)."""
         assert target.verify is not None
@@ -302,11 +311,17 @@ class EngineChecks:
 
     async def _tick(self, session: aiohttp.ClientSession, limits: asyncio.Semaphore) -> None:
         now = self._clock()
+        stretch = self._metrics_stretch()
         for target in self._targets:
             state = self._endpoint(target.key)
-            if target.metrics is not None and now >= state.reading_due:
-                state.reading_due = now + target.metrics.interval_s
-                self._spawn(self._read_metrics(session, limits, target))
+            if target.metrics is not None:
+                every = max(target.metrics.interval_s, stretch)
+                if state.reading_due is None:  # first reads spread within the budget
+                    spread = stretch if stretch > MAX_TICK_S else 0.0  # else all at once
+                    state.reading_due = now + _phase(target.key) * spread
+                if now >= state.reading_due:
+                    state.reading_due = max(state.reading_due + every, now)
+                    self._spawn(self._read_metrics(session, limits, target))
             if target.model and target.models_path and now >= state.model_due:
                 every = target.verify.every_s if target.verify is not None else MODELS_EVERY_S
                 state.model_due = now + every
@@ -319,6 +334,11 @@ class EngineChecks:
                 state.detect_due = now + DETECT_RETRY_S
                 if target.metrics is None or state.reading.failures or state.reading.load:
                     self._spawn(self._detect(session, limits, target))
+
+    def _metrics_stretch(self) -> float:
+        """The shortest interval at which every endpoint's /metrics fits the budget."""
+        read = sum(1 for t in self._targets if t.metrics is not None)
+        return read / MAX_METRICS_READS_PER_S
 
     def _spawn(self, job: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(job)
@@ -339,7 +359,9 @@ class EngineChecks:
                 )
             if status != 200:
                 raise MetricsError(f"HTTP {status}")
-            load = parse_load(body.decode("utf-8", "replace"))
+            state.reads += 1
+            with_ttft = state.reads % TTFT_HISTOGRAM_EVERY == 1
+            load = parse_load(body.decode("utf-8", "replace"), ttft=with_ttft)
             state.reading = state.reading.read(load)
             if self._on_load is not None:
                 self._on_load(target, load)
@@ -444,11 +466,20 @@ class EngineChecks:
         return {
             **dataclasses.asdict(self._counters),
             "saturated_now": sum(1 for s in self._endpoints.values() if s.limit),
+            # Each endpoint's /metrics is read at most this often (the configured interval,
+            # stretched to fit MAX_METRICS_READS_PER_S across all endpoints).
+            "metrics_min_interval_s": round(self._metrics_stretch(), 3),
             "consensus": {name: self._verifier.status(name) for name in clusters},
             "endpoints": {
                 key: _endpoint_status(key, s, self) for key, s in sorted(self._endpoints.items())
             },
         }
+
+
+def _phase(key: str) -> float:
+    """A stable place in [0, 1) for an endpoint: reads spread evenly, stay put."""
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
 
 
 def _loop_running() -> bool:

@@ -111,11 +111,18 @@ class HdsComponent:
         }
 
     async def _follow_endpoints(self) -> None:
+        """Follow the published endpoint set. Most publications change a state, not the
+        set: handing the service an equal set would make it recompute its plans and wake
+        the signal sync for nothing (an O(endpoints) pass per state change)."""
         revision = self._control.published().revision
+        current: dict[EndpointKey, Target] | None = None
         while True:
             snapshot = await self._control.wait_newer(revision)
             revision = snapshot.revision
-            self.service.set_endpoints(endpoints_of(snapshot))
+            wanted = endpoints_of(snapshot)
+            if wanted != current:
+                self.service.set_endpoints(wanted)
+                current = wanted
 
     async def _tick(self) -> None:
         while True:

@@ -8,6 +8,7 @@ Single-owner: everything runs on the runtime's event loop.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -30,6 +31,7 @@ from llm_health.model.states import State
 T = TypeVar("T")
 ProbeNow = Callable[[str, str], Awaitable[ProbeResult]]  # (cluster, address) -> result
 log = logging.getLogger("llm_health")
+IGNORED_LOG_EVERY_S = 10.0
 
 
 class BoardKeeper:
@@ -43,6 +45,8 @@ class BoardKeeper:
         self._notice_observers: list[NoticeObserver] = []
         self._action_observers: list[ActionObserver] = []
         self._probe_now: ProbeNow | None = None
+        self._ignored_logged_at = -math.inf
+        self._ignored_unlogged = 0
 
     # --- reading ------------------------------------------------------------------------
 
@@ -74,8 +78,7 @@ class BoardKeeper:
         self.stats.probes_total += 1
         if not trusted(result, self.board.policy(cluster)):
             self.stats.probes_ignored_loop_lag += 1
-            fields = {"cluster": cluster, "endpoint": address, **timings(result)}
-            log.warning("probe ignored: prober event loop lagged", extra=fields)
+            self._log_ignored(cluster, address, result)
             return
         for observe in self._probe_observers:
             observe(cluster, address, result)
@@ -86,6 +89,23 @@ class BoardKeeper:
         if transition.changed or was_warm != self.board.is_warm(cluster):
             await self._publish()
 
+    def _log_ignored(self, cluster: str, address: str, result: ProbeResult) -> None:
+        """At most one line per IGNORED_LOG_EVERY_S, with how many were left out: an
+        overloaded prober ignores every probe, and a log line per probe would add to the
+        load that made it lag (the counter has them all)."""
+        now = self._clock()
+        if now - self._ignored_logged_at < IGNORED_LOG_EVERY_S:
+            self._ignored_unlogged += 1
+            return
+        fields = {
+            "cluster": cluster,
+            "endpoint": address,
+            **timings(result),
+            "also_ignored_since_last_line": self._ignored_unlogged,
+        }
+        self._ignored_logged_at, self._ignored_unlogged = now, 0
+        log.warning("probe ignored: prober event loop lagged", extra=fields)
+
     async def fold_silence(self, cluster: str, address: str, silent_ms: float) -> bool:
         """A probe of this endpoint is still silent in flight after ``silent_ms``: a HEALTHY
         endpoint goes DEGRADED now (``Board.silence``). Returns whether the scheduler should
@@ -94,7 +114,7 @@ class BoardKeeper:
         beyond ``max_loop_lag`` (the silence may be ours)."""
         if not self.board.has_endpoint(cluster, address):
             return False
-        if self.stats.lag.current_ms > self.board.policy(cluster).max_loop_lag_s * 1000:
+        if self.stats.lag_now_ms() > self.board.policy(cluster).max_loop_lag_s * 1000:
             self.stats.silences_ignored_loop_lag += 1
             return False
         transition = self.board.silence(cluster, address, self._clock(), silent_ms)

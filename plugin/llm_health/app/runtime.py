@@ -20,7 +20,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from llm_health.app.component import Component
 from llm_health.app.endpoints import EndpointCatalog
 from llm_health.app.engines import EngineChecks
 from llm_health.app.grpc_auth import GrpcAuthComponent, GrpcSecurity
+from llm_health.app.heap import settle_heap
 from llm_health.app.http import build_http_app, start_http
 from llm_health.app.keeper import BoardKeeper
 from llm_health.app.live import LiveConfig
@@ -45,8 +46,9 @@ from llm_health.core.control import ProberStats
 from llm_health.errors import ConfigError
 from llm_health.model.board import Board, Change
 from llm_health.model.outcome import ProbeResult
-from llm_health.probe.client import MicroProbe, new_session
+from llm_health.probe.client import MicroProbe, Prober, new_session
 from llm_health.probe.lag import LoopLagMonitor
+from llm_health.probe.pool import WorkerPool
 from llm_health.probe.scheduler import Scheduler
 from llm_health.probe.target import ProbeTarget
 from llm_health.servers.grpc import start_grpc_server
@@ -58,6 +60,7 @@ GRPC_STOP_GRACE_S = 0.5
 PREPARE_BUDGET_S = 2.0  # per component, before probing and xDS start
 EXPIRY_TICK_S = 1.0
 RELOAD_POLL_S = 2.0
+HEAP_POLL_S = 0.25
 log = logging.getLogger("llm_health")
 ProbeFn = Callable[[ProbeTarget], Coroutine[Any, Any, ProbeResult]]
 
@@ -89,7 +92,8 @@ class Runtime:
         self.targets: list[ProbeTarget] = []
         self._by_key: dict[tuple[str, str], ProbeTarget] = {}
         self.scheduler: Scheduler | None = None
-        self.prober: MicroProbe | None = None
+        self.prober: Prober | None = None
+        self.workers: WorkerPool | None = None
         self.grpc_serving = False
         self.grpc_port: int | None = None
         self.http_port: int | None = None
@@ -112,8 +116,8 @@ class Runtime:
             await self._run(stop)
 
     async def _run(self, stop: asyncio.Event) -> None:
-        async with new_session() as session:
-            slots = _ProbeSlots(self._probe_fn(session))
+        async with new_session() as session, self._probers(session) as probe_fn:
+            slots = _ProbeSlots(probe_fn)
             self.control.attach_prober(
                 lambda cluster, address: slots.probe(self._target(cluster, address))
             )
@@ -126,7 +130,7 @@ class Runtime:
                 self.on_result,
                 on_silence=self.on_silence,
                 confirm=self._confirm(slots),
-                lag=self.lag,
+                lag=_ProberLag(self.stats),
                 skip=self._skip_fn(),
             )
             self.scheduler = scheduler
@@ -141,13 +145,28 @@ class Runtime:
                 self.control.attach_prober(None)
                 await http.cleanup()
 
-    def _probe_fn(self, session: aiohttp.ClientSession) -> ProbeFn:
-        """The micro-probe, through the engine checks when they run (known-answer probes
-        in some slots; the request body by detected engine)."""
+    @contextlib.asynccontextmanager
+    async def _probers(self, session: aiohttp.ClientSession) -> AsyncIterator[ProbeFn]:
+        """The micro-probe (in-process, or in ``server.probe_workers`` processes: docs/
+        design.md §16.2), through the engine checks when they run (known-answer probes in
+        some slots; the request body by detected engine)."""
         checks = next((c for c in self.components if isinstance(c, EngineChecks)), None)
-        prober = MicroProbe(session, self.lag, engines=checks.engines if checks else None)
+        engines = checks.engines if checks else None
+        local = MicroProbe(session, self.lag, engines=engines)
+        prober: Prober = local
+        count = self.config.server.probe_worker_count()
+        if count > 0:
+            self.workers = WorkerPool(count, fallback=local, engines=engines)
+            await self.workers.start()
+            self.stats.worker_lag_ms = self.workers.lag_ms
+            prober = self.workers
         self.prober = prober
-        return checks.wrap(prober) if checks is not None else prober.probe
+        try:
+            yield checks.wrap(prober) if checks is not None else prober.probe
+        finally:
+            if self.workers is not None:
+                self.stats.worker_lag_ms = None
+                await self.workers.close()
 
     def _skip_fn(self) -> Callable[[ProbeTarget], bool] | None:
         """The busy rule (probe.backoff_when_busy) when the traffic component runs."""
@@ -230,6 +249,7 @@ class Runtime:
                 group.create_task(self._warm_start_timer(), name="warm-start"),
                 group.create_task(self._expiry_ticker(), name="expiry"),
                 group.create_task(self._reload_watcher(), name="reload"),
+                group.create_task(self._settle_heap_when_warm(), name="settle-heap"),
             ]
             for component in self.components:
                 for index, job in enumerate(component.tasks()):
@@ -300,6 +320,17 @@ class Runtime:
             changes = await self.control.update(_expire, publish_when=bool)
             _log_changes(changes)
 
+    async def _settle_heap_when_warm(self) -> None:
+        """Once every cluster is warm (or the warm-start timeout passed), the start-up
+        heap is settled (``heap.settle``): what is alive then lives as long as the process."""
+        deadline = self._clock() + self.config.xds.warm_start_timeout
+        board = self.control.board
+        # Polled: warmth is a board property with no event of its own, and a few polls
+        # at start-up cost nothing.
+        while self._clock() < deadline and not all(board.is_warm(n) for n in board.cluster_names):  # noqa: ASYNC110
+            await asyncio.sleep(HEAP_POLL_S)
+        settle_heap()
+
     async def _warm_start_timer(self) -> None:
         """After warm_start_timeout, push whatever we know (docs/design.md §7): an endpoint that
         never answered its first probe must not hold its whole cluster out of Envoy."""
@@ -363,6 +394,18 @@ def _expire(board: Board, now: float) -> list[Change]:
 def _log_changes(changes: list[Change]) -> None:
     for change in changes:
         log.info(change.what, extra={"cluster": change.cluster, "endpoint": change.address})
+
+
+class _ProberLag:
+    """How late the prober runs, for the scheduler's silence checks: the runtime's loop,
+    or a probe worker's (``ProberStats.lag_now_ms``)."""
+
+    def __init__(self, stats: ProberStats) -> None:
+        self._stats = stats
+
+    @property
+    def current_ms(self) -> float:
+        return self._stats.lag_now_ms()
 
 
 class _ProbeSlots:

@@ -12,7 +12,7 @@ import signal
 import sys
 from typing import Any
 
-from llm_health.cli.argtypes import MAX_PORT, duration, port, positive_int
+from llm_health.cli.argtypes import MAX_PORT, duration, integer, port, positive_int
 from llm_health.sim.engines import ENGINE_NAMES
 from llm_health.sim.faults import AFFECTS_MODES, FAULTS, OVERLOAD_STATUSES, FaultSpec
 from llm_health.sim.server import SimHandle, SimSettings, serve
@@ -69,6 +69,16 @@ def _add_server_arguments(parser: argparse.ArgumentParser) -> None:
         help="engine played: its /metrics names and info endpoint (default %(default)s)",
     )
     parser.add_argument("--seed", type=int, default=None, help="RNG seed for jitter and fault_rate")
+    parser.add_argument(
+        "--record-first-tokens",
+        type=_non_negative,
+        default=0,
+        metavar="N",
+        help=(
+            "keep per port the wall-clock times (time.time()) of the last N first-token "
+            "writes of probe requests, in /sim/stats as first_token_writes (default 0: off)"
+        ),
+    )
 
 
 def _add_fault_arguments(parser: argparse.ArgumentParser) -> None:
@@ -122,6 +132,14 @@ def _add_fault_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _non_negative(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    value = integer(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
 def _fraction(text: str) -> float:
     """argparse type: a number between 0 and 1."""
     try:
@@ -159,6 +177,7 @@ def settings_from_args(args: argparse.Namespace) -> SimSettings:
         accept_any_model=args.accept_any_model,
         api_key=args.api_key,
         engine=args.engine,
+        record_first_tokens=args.record_first_tokens,
     )
 
 

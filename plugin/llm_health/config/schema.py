@@ -9,6 +9,7 @@ reads the config. Loading (YAML, ``${ENV}``, error lines) is ``config.loader``.
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -21,6 +22,7 @@ from pydantic import (
     ConfigDict,
     Field,
     FilePath,
+    PlainValidator,
     SecretStr,
     ValidationInfo,
     create_model,
@@ -452,6 +454,21 @@ class ServerTlsConfig(_Frozen):
 _CLUSTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
 
 
+MAX_PROBE_WORKERS = 64
+
+
+def _probe_workers(value: object) -> int | str:
+    if value == "auto":
+        return "auto"
+    counts = isinstance(value, int) and not isinstance(value, bool)
+    if counts and 0 <= value <= MAX_PROBE_WORKERS:  # type: ignore[operator]
+        return value  # type: ignore[return-value]
+    raise ValueError(
+        f'must be a number of worker processes from 0 to {MAX_PROBE_WORKERS}, or "auto" '
+        f"(one per core), got {value!r}"
+    )
+
+
 class ServerConfig(_Frozen):
     """``token``: every call on ``grpc`` (xDS, HDS, ext_authz, admin) must carry
     ``authorization: Bearer <token>``, loopback included. A non-loopback, non-Unix ``grpc``
@@ -462,6 +479,16 @@ class ServerConfig(_Frozen):
     http: str = "127.0.0.1:18080"
     token: SecretStr | None = None
     tls: ServerTlsConfig | None = None
+    # Probe worker processes (docs/design.md §16.2): 0 probes on the runtime's own loop;
+    # "auto" starts one per core this process may run on. Applies at start.
+    probe_workers: Annotated[int | str, PlainValidator(_probe_workers)] = 0
+
+    def probe_worker_count(self) -> int:
+        if isinstance(self.probe_workers, int):
+            return self.probe_workers
+        if hasattr(os, "sched_getaffinity"):
+            return len(os.sched_getaffinity(0))
+        return os.cpu_count() or 1
 
     @field_validator("grpc", "http")
     @classmethod

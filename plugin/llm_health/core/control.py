@@ -133,7 +133,14 @@ class ProberStats:
     """The prober's counters, shared read-only with /status and /metrics."""
 
     lag: LagReader
+    # The probe workers' lag as the runtime sees it (docs/design.md §16.2), when they run.
+    worker_lag_ms: Callable[[], float] | None = None
     probes_total: int = 0  # results received for endpoints still on the board
     probes_ignored_loop_lag: int = 0  # SLOW/TIMEOUT not trusted (max_loop_lag)
     silences_ignored_loop_lag: int = 0  # in-flight silences not acted on (max_loop_lag)
     overlapping_confirms: int = 0  # confirming probes started beside a silent one
+
+    def lag_now_ms(self) -> float:
+        """How late the prober runs now: its own loop, or a probe worker's."""
+        workers = self.worker_lag_ms() if self.worker_lag_ms is not None else 0.0
+        return max(self.lag.current_ms, workers)

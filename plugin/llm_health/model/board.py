@@ -2,7 +2,11 @@
 
 Single-owner and synchronous: one task (the app's prober loop) calls ``record``/``drain``;
 readers only ever see immutable ``HealthSnapshot`` objects. ``snapshot()`` is cheap when
-nothing changed (cached).
+nothing changed (cached), and after a change it rebuilds only what changed: the snapshots
+of the endpoints touched since the last one, and the clusters holding them; a cluster's
+``envoy_version`` is re-hashed only when one of those endpoints changed what Envoy sees
+(at thousands of endpoints a whole rebuild per probe result was the prober's largest
+cost: docs/design.md §16).
 
 Versions: each cluster's ``envoy_version`` is a content hash of exactly what Envoy would
 receive for it (addresses, health, weights, labels). It changes when and only when the
@@ -161,6 +165,10 @@ class Board:
         self._clusters: dict[str, _Cluster] = {}
         self._revision = 0
         self._cached: HealthSnapshot | None = None
+        self._dirty = _Dirty()
+        self._cluster_cache: dict[str, ClusterSnapshot] = {}
+        self._endpoint_cache: dict[str, dict[str, EndpointSnapshot]] = {}
+        self._key_cache: dict[str, dict[str, str]] = {}  # Envoy-visible content per endpoint
         for spec in clusters:
             self._clusters[spec.name] = _new_cluster(spec, now, known_at_boot=True)
 
@@ -194,7 +202,7 @@ class Board:
         entry.last = result
         if not entry_cluster.warm and all(e.last for e in entry_cluster.entries.values()):
             entry_cluster.warm = True
-        self._touch()
+        self._touch(cluster, address)
         return transition
 
     def _cap_ejection(self, cluster: _Cluster, entry: _Entry, transition: Transition) -> Transition:
@@ -245,7 +253,7 @@ class Board:
             entry.last = last
         if not entry_cluster.warm and all(e.last for e in entry_cluster.entries.values()):
             entry_cluster.warm = True
-        self._touch()
+        self._touch(cluster, address)
         changed = before.state is not health.state
         return Transition(before.state, health, changed=changed, cause=health.cause)
 
@@ -271,7 +279,7 @@ class Board:
         entry = self._clusters[cluster].entries[address]
         if down is None:
             entry.signals.pop(source, None)
-            self._touch()
+            self._touch(cluster, address)
             return Transition(entry.health.state, entry.health, changed=False, cause=cause)
         entry.signals[source] = Hold(down, cause)
         return self._apply(cluster, address, lambda h: force_unhealthy(h, now, down, cause))
@@ -294,7 +302,7 @@ class Board:
             had = entry.limits.pop(source, None)
             if had is not None:
                 entry.health = _still_limited(entry, had)
-                self._touch()
+                self._touch(cluster, address)
             return Transition(entry.health.state, entry.health, changed=False, cause=cause)
         if entry.limits.get(source) == Hold(reason, cause) and (
             entry.health.state is not State.HEALTHY
@@ -309,12 +317,12 @@ class Board:
         """Force ``state`` (as seen by Envoy and readers) until ``until``; probing goes on."""
         entry = self._clusters[cluster].entries[address]
         entry.override = Override(state, until, reason or f"forced {state.value}")
-        self._touch()
+        self._touch(cluster, address)
 
     def clear_override(self, cluster: str, address: str) -> bool:
         entry = self._clusters[cluster].entries[address]
         had, entry.override = entry.override is not None, None
-        self._touch()
+        self._touch(cluster, address)
         return had
 
     def expire(self, now: float) -> list[Change]:
@@ -361,14 +369,13 @@ class Board:
 
     def snapshot(self) -> HealthSnapshot:
         if self._cached is None:
-            clusters = {name: self._cluster_snapshot(name, c) for name, c in self._clusters.items()}
-            self._cached = HealthSnapshot(self._revision, MappingProxyType(clusters))
+            self._cached = HealthSnapshot(self._revision, self._rebuild())
         return self._cached
 
     def replace_policy(self, cluster: str, policy: Policy) -> None:
         entry_cluster = self._clusters[cluster]
         entry_cluster.spec = replace(entry_cluster.spec, policy=policy)
-        self._touch()
+        self._touch(cluster)
 
     # --- internals ---------------------------------------------------------------------
 
@@ -378,12 +385,35 @@ class Board:
         entry = self._clusters[cluster].entries[address]
         transition = change(entry.health)
         entry.health = transition.after
-        self._touch()
+        self._touch(cluster, address)
         return transition
 
-    def _touch(self) -> None:
+    def _touch(self, cluster: str | None = None, address: str | None = None) -> None:
+        """Something changed: the next ``snapshot()`` rebuilds ``address`` of ``cluster``
+        (both None: everything; address None: the whole cluster)."""
         self._revision += 1
         self._cached = None
+        self._dirty.mark(cluster, address)
+
+    def _rebuild(self) -> Mapping[str, ClusterSnapshot]:
+        dirty, self._dirty = self._dirty, _Dirty()
+        if dirty.everything:
+            self._cluster_cache.clear()
+            self._endpoint_cache.clear()
+            self._key_cache.clear()
+        for name in list(self._cluster_cache):
+            if name not in self._clusters:
+                del self._cluster_cache[name]
+                self._endpoint_cache.pop(name, None)
+                self._key_cache.pop(name, None)
+        for name, cluster in self._clusters.items():
+            if name in self._cluster_cache and name not in dirty.clusters:
+                continue
+            addresses = dirty.clusters.get(name)
+            if addresses is None:  # the whole cluster, or never built
+                self._endpoint_cache.pop(name, None)
+            self._cluster_cache[name] = self._cluster_snapshot(name, cluster, addresses or set())
+        return MappingProxyType(dict(self._cluster_cache))
 
     def _expire_overrides(self, now: float) -> Iterator[Change]:
         for name, cluster in self._clusters.items():
@@ -455,10 +485,42 @@ class Board:
         entry.health = transition.after
         return Change(cluster, address, transition, f"endpoint {gone}")
 
-    def _cluster_snapshot(self, name: str, cluster: _Cluster) -> ClusterSnapshot:
+    def _cluster_snapshot(self, name: str, cluster: _Cluster, changed: set[str]) -> ClusterSnapshot:
+        """``changed``: the addresses touched since this cluster's cached snapshot; the
+        other endpoints' snapshots (and Envoy keys) are reused as they are."""
         share = cluster.spec.policy.degraded_weight
-        endpoints = tuple(self._endpoint_snapshot(name, e, share) for e in cluster.entries.values())
-        return ClusterSnapshot(name, endpoints, cluster.warm, _envoy_version(endpoints))
+        previous = self._cluster_cache.get(name)
+        cache = self._endpoint_cache.get(name)
+        keys = self._key_cache.get(name)
+        reusable = (
+            previous is not None
+            and cache is not None
+            and keys is not None
+            and len(cache) == len(cluster.entries)
+            and all(a in cache and a in cluster.entries for a in changed)
+        )
+        if not reusable or previous is None or cache is None or keys is None:
+            fresh = {a: self._endpoint_snapshot(name, e, share) for a, e in cluster.entries.items()}
+            fresh_keys = {a: _envoy_key(e) for a, e in fresh.items()}
+            rehash = True
+        else:
+            fresh, fresh_keys, rehash = dict(cache), keys, False
+            for address in changed:
+                new = fresh[address] = self._endpoint_snapshot(
+                    name, cluster.entries[address], share
+                )
+                key = _envoy_key(new)
+                if key != fresh_keys[address]:
+                    if not rehash:  # copy on write: the previous keys stay the previous'
+                        fresh_keys, rehash = dict(fresh_keys), True
+                    fresh_keys[address] = key
+        self._endpoint_cache[name], self._key_cache[name] = fresh, fresh_keys
+        endpoints = tuple(fresh.values())
+        if rehash or previous is None:
+            version = hashlib.sha256("".join(fresh_keys.values()).encode()).hexdigest()[:16]
+        else:
+            version = previous.envoy_version
+        return ClusterSnapshot(name, endpoints, cluster.warm, version)
 
     def _endpoint_snapshot(self, name: str, entry: _Entry, share: float) -> EndpointSnapshot:
         health, override = entry.health, entry.override
@@ -549,12 +611,27 @@ def _new_cluster(spec: ClusterSpec, now: float, *, known_at_boot: bool) -> _Clus
     return cluster
 
 
-def _envoy_version(endpoints: tuple[EndpointSnapshot, ...]) -> str:
-    """Content hash of the Envoy-visible fields only (reasons and timings excluded)."""
-    digest = hashlib.sha256()
-    for e in endpoints:
-        v = e.view
-        digest.update(
-            f"{e.spec.host}|{e.spec.port}|{v.health.value}|{v.weight}|{v.lb_label};".encode()
-        )
-    return digest.hexdigest()[:16]
+def _envoy_key(e: EndpointSnapshot) -> str:
+    """The Envoy-visible fields of one endpoint (reasons and timings excluded); a
+    cluster's ``envoy_version`` is a hash of its endpoints' keys in order."""
+    v = e.view
+    return f"{e.spec.host}|{e.spec.port}|{v.health.value}|{v.weight}|{v.lb_label};"
+
+
+@dataclass(slots=True)
+class _Dirty:
+    """What changed since the last snapshot: ``everything``, or per cluster the addresses
+    touched (None: the whole cluster)."""
+
+    everything: bool = False
+    clusters: dict[str, set[str] | None] = field(default_factory=dict)
+
+    def mark(self, cluster: str | None, address: str | None) -> None:
+        if cluster is None:
+            self.everything = True
+        elif address is None:
+            self.clusters[cluster] = None
+        else:
+            touched = self.clusters.setdefault(cluster, set())
+            if touched is not None:
+                touched.add(address)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -71,6 +71,17 @@ class _Timing:
 
     def ms(self, at: float | None) -> float | None:
         return None if at is None else (at - self.start) * 1000
+
+
+class Prober(Protocol):
+    """What runs probes: ``MicroProbe`` here, or ``pool.WorkerPool`` in worker processes."""
+
+    @property
+    def stale_resends(self) -> int: ...
+
+    async def probe(self, target: ProbeTarget) -> ProbeResult: ...
+
+    async def verify(self, target: ProbeTarget) -> ProbeResult: ...
 
 
 class MicroProbe:

@@ -94,12 +94,16 @@ _WANTED = tuple(
 )
 
 
-def parse_load(text: str) -> EngineLoad:
+_GAUGES = tuple(n for n in _WANTED if not n.endswith("_bucket"))
+
+
+def parse_load(text: str, *, ttft: bool = True) -> EngineLoad:
     """The engine's load from a /metrics document; MetricsError if the lines it reads are
     not valid Prometheus text exposition. Only the lines of the series read here are
     parsed (an engine's document is mostly histograms nobody here reads: parsing all of it
-    every second per endpoint would cost more than the probes)."""
-    engine, lines = _select(text)
+    every second per endpoint would cost more than the probes). ``ttft`` False: the TTFT
+    histogram (most of the lines that are read) is left out, ``EngineLoad.ttft`` None."""
+    engine, lines = _select(text, ttft=ttft)
     if engine is None:
         raise MetricsError("no metric of a known engine (vLLM, SGLang, TGI, llama.cpp)")
     values: dict[str, list[float]] = {}
@@ -123,15 +127,16 @@ def parse_load(text: str) -> EngineLoad:
     return EngineLoad(engine, waiting, running, kv_cache, _histogram(buckets))
 
 
-def _select(text: str) -> tuple[str | None, list[str]]:
+def _select(text: str, *, ttft: bool = True) -> tuple[str | None, list[str]]:
     """The engine the names say, and the lines of the series read here."""
     engine: str | None = None
     lines = []
+    wanted = _WANTED if ttft else _GAUGES
     for line in text.splitlines():
         name = line[7:] if line.startswith(("# TYPE ", "# HELP ")) else line
         if engine is None:
             engine = detect_engine({name})
-        if name.startswith(_WANTED):
+        if name.startswith(wanted):
             lines.append(line)
     return engine, lines
 

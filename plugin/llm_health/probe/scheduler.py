@@ -6,6 +6,10 @@ silence point (``ProbeTarget.silence_after_s``) is reported at once (``on_silenc
 if the board asks for it, the confirming probe starts right then, beside the silent one.
 That is the only case with two probes of one endpoint in flight, never more.
 
+The first round after a start re-checks a SLOW result once before handing it on (the
+start-up burst is the prober's own load, docs/design.md §16); every other result is handed
+on as measured.
+
 ``phases`` and ``next_slot`` are pure; ``Scheduler`` runs one task per endpoint inside its
 own TaskGroup and is cancelled as a whole on shutdown (in-flight probes are cancelled too,
 which closes their connections).
@@ -22,7 +26,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol
 
-from llm_health.model.outcome import FAILURES, ProbeResult
+from llm_health.model.outcome import FAILURES, Outcome, ProbeResult
 from llm_health.probe.signals import FIRST_TOKEN
 from llm_health.probe.target import ProbeTarget
 
@@ -38,8 +42,27 @@ RECENT_TTFTS = 8  # successful probes an endpoint's "recent TTFT" is the median 
 SILENCE_MARGIN_S = 0.01
 
 
+SETTLE_TURNS = 3  # loop turns a token needs from the socket to the event: I/O, read, parse
+
+
+async def _settles(probe: asyncio.Future[ProbeResult], token: asyncio.Event) -> bool:
+    """Whether the first token was in fact already here: on a busy loop the silence timer
+    can fire while the token's bytes wait in the socket or the ready queue. Giving the
+    loop a few turns lets them through before silence is declared."""
+    for _ in range(SETTLE_TURNS):
+        await asyncio.sleep(0)
+        if probe.done() or token.is_set():
+            return True
+    return False
+
+
+def _only_slow(results: list[ProbeResult]) -> bool:
+    return len(results) == 1 and results[0].outcome is Outcome.SLOW
+
+
 class LagReader(Protocol):
-    current_ms: float
+    @property
+    def current_ms(self) -> float: ...
 
 
 def stable_rank_key(key: str) -> bytes:
@@ -119,6 +142,7 @@ class Scheduler:
         self._confirm = confirm
         self._lag = lag
         self._recent: dict[str, deque[float]] = {}
+        self.first_slow_rechecks = 0  # first-round SLOW results re-checked before use
 
     def phase_of(self, key: str) -> float:
         return self._phases[key]
@@ -164,7 +188,7 @@ class Scheduler:
         target = self._targets[key]
         offset = first_round(self._phases[key], target.interval_s, len(self._targets))
         due = self._origin + offset if first else self._clock()
-        failures = 0
+        failures, recheck = 0, first
         while True:
             await asyncio.sleep(max(0.0, due - self._clock()))
             target = self._targets[key]  # settings may have been reloaded
@@ -173,7 +197,14 @@ class Scheduler:
                 # out; never while a failure awaits its confirmation.
                 due = next_slot(self._clock(), self._origin, self._phases[key], target.interval_s)
                 continue
-            for result in await self._probe_round(target):
+            results = await self._probe_round(target)
+            if recheck and _only_slow(results):
+                due = self._recheck_due(key, target)
+                recheck = False
+                self.first_slow_rechecks += 1
+                continue
+            recheck = False
+            for result in results:
                 await self._on_result(target, result)
                 self._remember(key, result)
                 failures = failures + 1 if result.outcome in FAILURES else 0
@@ -258,12 +289,25 @@ class Scheduler:
                     )
                 if probe.done() or token.is_set():
                     return False
+                if await _settles(probe, token):
+                    return False
                 lag_s = self._lag.current_ms / 1000 if self._lag is not None else 0.0
                 if extended or lag_s <= 0:
                     return True
                 deadline, extended = deadline + lag_s, True
         finally:
             seen.cancel()
+
+    def _recheck_due(self, key: str, target: ProbeTarget) -> float:
+        """When a SLOW first probe is taken again: at the endpoint's place in a second
+        compressed round, after the first round's burst of starts has passed. The first
+        round starts every endpoint within a second and lands them on a prober (and
+        servers) busy with all the others' first probes; a SLOW read then is as likely the
+        start-up's as the engine's, and publishing it would push a healthy fleet to Envoy
+        at reduced weight after every restart (docs/design.md §16)."""
+        spread = min(target.interval_s, len(self._targets) * FIRST_ROUND_SPACING_S)
+        offset = first_round(self._phases[key], target.interval_s, len(self._targets))
+        return max(self._clock(), self._origin + spread + offset)
 
     def _remember(self, key: str, result: ProbeResult) -> None:
         if result.ttft_ms is not None:

@@ -80,6 +80,7 @@ async def _generate(call: Call, ttft: float, garbage: bool = False) -> web.Strea
         call.mark_first_token()  # the first token exists now: an engine's TTFT ends here
         await pause(call, call.spec.tpot * (call.params.max_tokens - 1))
         whole = await send_whole(call, web.json_response(full_body(call, steps)))
+        call.note_first_token_written()  # --record-first-tokens: the bytes are written now
         call.mark_completed()
         return whole
     response = await _open_stream(call)
@@ -91,6 +92,7 @@ async def _generate(call: Call, ttft: float, garbage: bool = False) -> web.Strea
         step = steps[index % len(steps)]
         finish = "length" if index == last else None
         await send_event(response, token_chunk(call, step, offset, finish))
+        call.note_first_token_written()  # --record-first-tokens (probes; once, first)
         call.mark_first_token()  # written: the TTFT ends here (observed once)
         offset += len(step.text)
         # Also after the last token: a client closing right after it is still seen.

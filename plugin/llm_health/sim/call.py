@@ -73,6 +73,7 @@ class Call:
     outcome: Outcome = "failed"
     is_running: bool = False
     first_token_seen: bool = False
+    first_write_noted: bool = False
 
     def mark_running(self) -> None:
         """Move from 'waiting' to 'running' in the metrics (first token produced)."""
@@ -86,10 +87,31 @@ class Call:
             self.first_token_seen = True
             self.state.ttft.observe(time.monotonic() - self.arrived)
 
+    def note_first_token_written(self) -> None:
+        """Record, once, the wall-clock time the first token's bytes were written, for a
+        probe and only with ``record_first_tokens`` on (per listening port)."""
+        if self.first_write_noted or not self.is_probe:
+            return
+        written_at = time.time()
+        self.first_write_noted = True
+        if self.state.settings.record_first_tokens > 0:
+            port = _local_port(self.request)
+            if port is not None:
+                self.state.record_first_token_write(port, written_at)
+
     def mark_completed(self) -> None:
         """The response was sent in full: outcome "completed", end-to-end latency observed."""
         self.outcome = "completed"
         self.state.e2e.observe(time.monotonic() - self.arrived)
+
+
+def _local_port(request: web.Request) -> int | None:
+    """The listening port the request came in on, or None (connection gone)."""
+    transport = request.transport
+    sockname = transport.get_extra_info("sockname") if transport is not None else None
+    if isinstance(sockname, tuple) and len(sockname) >= 2 and isinstance(sockname[1], int):
+        return sockname[1]
+    return None
 
 
 # ------------------------------------------------------------ accounting

@@ -36,6 +36,9 @@ class SimSettings:
     - ``engine``: the engine flavour played, one of
       :data:`~llm_health.sim.engines.ENGINE_NAMES` ("vllm", "sglang", "tgi", "llamacpp"):
       its ``/metrics`` gauge names and its info endpoint (:mod:`llm_health.sim.engines`).
+    - ``record_first_tokens``: if N > 0, keep per listening port the wall-clock times
+      (``time.time()``) of the last N first-token writes of probe requests, shown in
+      ``/sim/stats`` as ``first_token_writes`` (0: off, the key is absent).
     """
 
     model: str = "sim-model"
@@ -46,6 +49,7 @@ class SimSettings:
     api_key: str | None = None
     recent_size: int = 100
     engine: str = "vllm"
+    record_first_tokens: int = 0
 
     def __post_init__(self) -> None:
         """Reject settings no simulator can run with (ValueError naming the field)."""
@@ -55,6 +59,9 @@ class SimSettings:
             raise ValueError(f"max_num_seqs: must be at least 1, got {self.max_num_seqs}")
         if self.recent_size < 0:
             raise ValueError(f"recent_size: must not be negative, got {self.recent_size}")
+        if self.record_first_tokens < 0:
+            value = self.record_first_tokens
+            raise ValueError(f"record_first_tokens: must not be negative, got {value}")
         if self.engine not in ENGINE_NAMES:
             known = ", ".join(ENGINE_NAMES)
             raise ValueError(f"engine: must be one of {known}, got {self.engine!r}")
@@ -94,6 +101,9 @@ class SimState:
         self.recent: deque[dict[str, Any]] = deque(maxlen=settings.recent_size)
         self.ttft = LatencyHistogram(TTFT_BUCKETS)
         self.e2e = LatencyHistogram(E2E_BUCKETS)
+        #: listening port -> wall-clock times of recent probe first-token writes
+        #: (``record_first_tokens``; empty while it is 0).
+        self.first_token_writes: dict[int, deque[float]] = {}
         self.in_flight = 0
         self.running = 0
         self.stopping = False
@@ -139,9 +149,22 @@ class SimState:
         """True once ``spec.startup_delay`` has passed since the fault was set."""
         return time.monotonic() - self.fault_set_at >= spec.startup_delay
 
+    def record_first_token_write(self, port: int, written_at: float) -> None:
+        """Keep ``written_at`` (``time.time()``) in ``port``'s ring of the last
+        ``record_first_tokens`` probe first-token writes (nothing if that is 0)."""
+        size = self.settings.record_first_tokens
+        if size <= 0:
+            return
+        ring = self.first_token_writes.get(port)
+        if ring is None:
+            ring = self.first_token_writes[port] = deque(maxlen=size)
+        ring.append(written_at)
+
     def reset_stats(self) -> None:
-        """Zero counters, histograms, path counts and the recent-request log (gauges stay)."""
+        """Zero counters, histograms, path counts and the recent-request log (gauges stay);
+        empty the first-token write rings."""
         self.counters = SimCounters()
+        self.first_token_writes.clear()
         self.ttft.reset()
         self.e2e.reset()
         self.paths.clear()
@@ -162,8 +185,9 @@ class SimState:
             self._stop_signal.set_result(None)
 
     def stats(self) -> dict[str, Any]:
-        """The JSON document served by ``GET /sim/stats``."""
-        return {
+        """The JSON document served by ``GET /sim/stats`` (``first_token_writes`` only
+        with ``record_first_tokens`` on)."""
+        document: dict[str, Any] = {
             **asdict(self.counters),
             "in_flight": self.in_flight,
             "waiting": self.waiting,
@@ -174,3 +198,7 @@ class SimState:
             "last_request": self.last_request,
             "recent": list(self.recent),
         }
+        if self.settings.record_first_tokens > 0:
+            writes = self.first_token_writes.items()
+            document["first_token_writes"] = {str(port): list(ring) for port, ring in writes}
+        return document

@@ -3,7 +3,12 @@
 The only module that turns domain objects into endpoint protobufs. Built resources are
 cached per ``(cluster name, envoy_version)``: ``envoy_version`` is a content hash of exactly
 the fields written here, so a 1,000-endpoint cluster is serialised once per change, not
-once per stream or per push. Single event loop; not thread-safe.
+once per stream or per push. And a change costs only the endpoints that changed: each
+endpoint's ``LbEndpoint`` is serialised once per (address, health, weight, label) and the
+assignment is the concatenation of those bytes (protobuf's wire format: a message is its
+fields one after another, a repeated field is each element tagged in turn), so a state
+change in a 10,000-endpoint cluster serialises one endpoint, not 10,000
+(docs/design.md §16). Single event loop; not thread-safe.
 """
 
 from __future__ import annotations
@@ -91,12 +96,17 @@ class ResourceCache:
     def __init__(self, max_entries: int = 1024) -> None:
         self._entries: OrderedDict[tuple[str, str], BuiltResource] = OrderedDict()
         self._max_entries = max_entries
+        self._parts = EndpointBytes()
+        # Per cluster, the endpoints of the last build and their bytes: the board reuses
+        # an unchanged endpoint's snapshot object, so an identity check finds what to
+        # reuse without even a dict lookup (holding them keeps the identities valid).
+        self._last: dict[str, tuple[tuple[EndpointSnapshot, ...], list[bytes]]] = {}
 
     def get(self, cluster: ClusterSnapshot) -> BuiltResource:
         key = (cluster.name, cluster.envoy_version)
         built = self._entries.get(key)
         if built is None:
-            built = self._entries[key] = build(cluster)
+            built = self._entries[key] = build(cluster, self._framed(cluster))
             if len(self._entries) > self._max_entries:
                 self._entries.popitem(last=False)
         self._entries.move_to_end(key)
@@ -105,11 +115,81 @@ class ResourceCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def _framed(self, cluster: ClusterSnapshot) -> list[bytes]:
+        endpoints, get = cluster.endpoints, self._parts.get
+        old_endpoints, old_bytes = self._last.get(cluster.name, ((), []))
+        if len(old_endpoints) == len(endpoints):
+            framed = [
+                b if new is old else get(new)
+                for new, old, b in zip(endpoints, old_endpoints, old_bytes, strict=True)
+            ]
+        else:
+            framed = [get(e) for e in endpoints]
+        if len(self._last) >= self._max_entries and cluster.name not in self._last:
+            self._last.clear()
+        self._last[cluster.name] = (endpoints, framed)
+        return framed
 
-def build(cluster: ClusterSnapshot) -> BuiltResource:
-    """Build and pack ``cluster`` (uncached; prefer ``RESOURCES.get``)."""
-    packed = any_pb2.Any()
-    packed.Pack(cluster_load_assignment(cluster))
+
+class EndpointBytes:
+    """Serialised ``LbEndpoint`` per Envoy-visible content, framed as an element of
+    ``LocalityLbEndpoints.lb_endpoints``. Bounded: cleared when it outgrows
+    ``max_entries`` (rebuilding costs one serialisation per endpoint)."""
+
+    def __init__(self, max_entries: int = 200_000) -> None:
+        self._entries: dict[tuple[str, int, EnvoyHealth, int, str | None], bytes] = {}
+        self._max_entries = max_entries
+
+    def get(self, endpoint: EndpointSnapshot) -> bytes:
+        view = endpoint.view
+        key = (endpoint.spec.host, endpoint.spec.port, view.health, view.weight, view.lb_label)
+        framed = self._entries.get(key)
+        if framed is None:
+            if len(self._entries) >= self._max_entries:
+                self._entries.clear()
+            payload = lb_endpoint(endpoint).SerializeToString(deterministic=True)
+            framed = self._entries[key] = _field(_LB_ENDPOINTS, payload)
+        return framed
+
+
+# Field numbers (envoy/config/endpoint/v3/endpoint.proto, endpoint_components.proto).
+_CLUSTER_NAME = 1  # ClusterLoadAssignment.cluster_name
+_ENDPOINTS = 2  # ClusterLoadAssignment.endpoints (LocalityLbEndpoints)
+_LB_ENDPOINTS = 2  # LocalityLbEndpoints.lb_endpoints
+_LENGTH_DELIMITED = 2  # wire type of strings and messages
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """One length-delimited field: tag, length, payload."""
+    return _varint(number << 3 | _LENGTH_DELIMITED) + _varint(len(payload)) + payload
+
+
+def assignment_bytes(cluster: ClusterSnapshot, framed: list[bytes]) -> bytes:
+    """``cluster_load_assignment(cluster)`` serialised from its endpoints' framed bytes
+    (``EndpointBytes``, in order): byte for byte what ``SerializeToString(deterministic=
+    True)`` writes (fields in number order; proto3 leaves an empty name out)."""
+    locality = b"".join(framed)
+    name = _field(_CLUSTER_NAME, cluster.name.encode()) if cluster.name else b""
+    return name + _field(_ENDPOINTS, locality)
+
+
+def build(cluster: ClusterSnapshot, framed: list[bytes] | None = None) -> BuiltResource:
+    """Build and pack ``cluster`` (uncached; prefer ``RESOURCES.get``). ``framed``: its
+    endpoints' bytes if already at hand."""
+    if framed is None:
+        parts = EndpointBytes()
+        framed = [parts.get(e) for e in cluster.endpoints]
+    value = assignment_bytes(cluster, framed)
+    packed = any_pb2.Any(type_url=TYPE_URL, value=value)
     delta = discovery_pb2.Resource(
         name=cluster.name, version=cluster.envoy_version, resource=packed
     )

@@ -1,0 +1,335 @@
+"""Probe workers: the micro-probe run in child processes, one per core (docs/design.md §16.2).
+
+One asyncio loop ends at about 1,000 probes a second on this class of machine: the HTTP
+client's cost, the garbage collector on a large heap and everything else the runtime does
+all land on the loop that times the first tokens. ``WorkerPool`` keeps the scheduling, the
+silence checks and every verdict in the runtime and moves only the exchange (request,
+first token, timing, the answer of a known-answer probe) into ``workers`` processes, each
+with its own loop. It has ``MicroProbe``'s shape (``probe``, ``verify``,
+``stale_resends``), so the scheduler and the engine checks do not know which they have.
+
+- An endpoint always goes to the same worker (a hash of its key): its keep-alive
+  connection stays warm there.
+- The first token is reported the moment the worker reads it (the scheduler's silence
+  check waits for it as for an in-process probe: ``probe.signals.FIRST_TOKEN``).
+- Cancelling a probe here cancels it in the worker (its connection is closed).
+- A worker that dies is started again; its probes in flight are run again in-process
+  (the engine's answer never reached us, so that is a new probe, not a retry), and so
+  are its endpoints' probes until the new worker is up, or for good after
+  ``MAX_RESTARTS`` within a minute.
+- A worker that does not answer within twice the probe's budget gives a result that is
+  not a verdict (``loop_lag_ms`` = the time waited: ``machine.trusted`` ignores it), and
+  is restarted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llm_health.model.outcome import Outcome, ProbeResult
+from llm_health.probe.client import MicroProbe
+from llm_health.probe.signals import FIRST_TOKEN
+from llm_health.probe.target import ProbeTarget
+from llm_health.probe.wire import FrameError, FrameReader, Message, Outbox
+
+log = logging.getLogger("llm_health")
+READ_CHUNK = 256 * 1024
+MAX_RESTARTS = 5  # per worker within RESTART_WINDOW_S, then in-process
+RESTART_WINDOW_S = 60.0
+GRACE_S = 5.0  # beyond a probe's own longest time before a worker counts as stuck
+STOP_GRACE_S = 2.0
+READY_S = 10.0
+HEARTBEAT_S = 0.02  # a worker says how late it runs this often (probe.worker)
+
+
+@dataclass(slots=True)
+class _Pending:
+    key: str
+    verify: bool
+    future: asyncio.Future[ProbeResult]
+    token: asyncio.Event | None
+    sent_at: float
+
+
+@dataclass(slots=True)
+class _Worker:
+    index: int
+    process: asyncio.subprocess.Process | None = None
+    outbox: Outbox | None = None  # set once the worker said it is ready
+    pipe: Outbox | None = None
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    reader: asyncio.Task[None] | None = None
+    targets: dict[str, ProbeTarget] = field(default_factory=dict)  # as sent to it
+    pending: dict[int, _Pending] = field(default_factory=dict)
+    restarts: list[float] = field(default_factory=list)
+    resends: int = 0
+    broken: bool = False
+    lag_ms: float = 0.0  # its loop's lag, as it last said
+    heard_at: float = 0.0  # perf_counter of its last heartbeat
+
+
+class WorkerPool:
+    def __init__(
+        self, workers: int, fallback: MicroProbe, engines: Mapping[str, str] | None = None
+    ) -> None:
+        if workers < 1:
+            raise ValueError("a pool needs at least one worker")
+        self._workers = [_Worker(i) for i in range(workers)]
+        self._fallback = fallback
+        self._engines: Mapping[str, str] = engines if engines is not None else {}
+        self._ids = 0
+        self._closing = False
+        self.restarts_total = 0
+
+    @property
+    def size(self) -> int:
+        return len(self._workers)
+
+    @property
+    def stale_resends(self) -> int:
+        return self._fallback.stale_resends + sum(w.resends for w in self._workers)
+
+    def lag_ms(self) -> float:
+        """The worst lag among the workers in use, as far as this side can tell: what a
+        worker last said, or how overdue its heartbeat is (a stalled worker cannot say
+        so; a silence judged meanwhile would be ours, not the engine's)."""
+        now, worst = time.perf_counter(), 0.0
+        for worker in self._workers:
+            if worker.outbox is None:
+                continue
+            overdue_ms = (now - worker.heard_at - HEARTBEAT_S) * 1000
+            worst = max(worst, worker.lag_ms, overdue_ms)
+        return worst
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.process.pid for w in self._workers if w.process is not None]
+
+    async def start(self, ready_within: float = READY_S) -> None:
+        """Start the workers and wait (at most ``ready_within``) until they are ready; a
+        worker not ready yet leaves its endpoints to in-process probing until it is (a
+        probe queued behind a starting interpreter would read as silence)."""
+        await asyncio.gather(*(self._spawn(w) for w in self._workers))
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(ready_within):
+                await asyncio.gather(*(w.ready.wait() for w in self._workers))
+
+    async def close(self) -> None:
+        self._closing = True
+        await asyncio.gather(*(self._stop(w) for w in self._workers))
+
+    async def probe(self, target: ProbeTarget) -> ProbeResult:
+        return await self._run(target, verify=False)
+
+    async def verify(self, target: ProbeTarget) -> ProbeResult:
+        if target.verify is None:
+            return await self.probe(target)
+        return await self._run(target, verify=True)
+
+    # --- one probe ----------------------------------------------------------------------
+
+    async def _run(self, target: ProbeTarget, *, verify: bool) -> ProbeResult:
+        worker = self._workers[_shard(target.key, len(self._workers))]
+        if worker.broken or worker.outbox is None:
+            fallback = self._fallback.verify if verify else self._fallback.probe
+            return await fallback(target)
+        self._ids += 1
+        probe_id = self._ids
+        pending = _Pending(
+            target.key,
+            verify,
+            asyncio.get_running_loop().create_future(),
+            FIRST_TOKEN.get(),
+            time.perf_counter(),
+        )
+        worker.pending[probe_id] = pending
+        self._send(worker, target, probe_id, pending)
+        # A probe may take its timeout twice (a resend after a dead pooled connection),
+        # a known-answer probe once more for the rest of its answer.
+        budget = target.timeout_s * (4 if verify else 2) + GRACE_S
+        try:
+            async with asyncio.timeout(budget):
+                return await asyncio.shield(pending.future)
+        except TimeoutError:
+            log.warning(
+                "probe worker did not answer: restarting it", extra={"worker": worker.index}
+            )
+            self._kill(worker)
+            return _not_measured(pending, "probe worker did not answer")
+        except asyncio.CancelledError:
+            if worker.pending.pop(probe_id, None) is not None and worker.outbox is not None:
+                worker.outbox.put(("cancel", probe_id))
+            raise
+        finally:
+            worker.pending.pop(probe_id, None)
+
+    def _send(self, worker: _Worker, target: ProbeTarget, probe_id: int, pending: _Pending) -> None:
+        assert worker.outbox is not None
+        if worker.targets.get(target.key) is not target:
+            worker.targets[target.key] = target
+            worker.outbox.put(("target", target.key, target))
+        engine = self._engines.get(target.key) if target.engine == "auto" else None
+        worker.outbox.put(("probe", probe_id, target.key, engine, pending.verify))
+
+    # --- from the workers ---------------------------------------------------------------
+
+    async def _read(self, worker: _Worker, stream: asyncio.StreamReader) -> None:
+        frames = FrameReader()
+        try:
+            while data := await stream.read(READ_CHUNK):
+                for messages in frames.feed(data):
+                    for message in messages:
+                        self._deliver(worker, message)
+        except (FrameError, ValueError, EOFError) as exc:  # a worker bug: restart it
+            log.error("probe worker wrote garbage", extra={"error": type(exc).__name__})
+            self._kill(worker)
+        if not self._closing:
+            await self._restart(worker)
+
+    def _deliver(self, worker: _Worker, message: Message) -> None:
+        kind, probe_id = message[0], message[1]
+        if kind == "ready":  # its loop and session are up: probes may go there now
+            worker.outbox = worker.pipe
+            worker.heard_at = time.perf_counter()
+            worker.ready.set()
+            return
+        if kind == "lag":  # its heartbeat
+            worker.lag_ms, worker.heard_at = float(probe_id), time.perf_counter()
+            return
+        pending = worker.pending.get(probe_id)
+        if pending is None or pending.future.done():
+            return  # cancelled or timed out here meanwhile
+        if kind == "token":
+            if pending.token is not None:
+                pending.token.set()
+            return
+        worker.pending.pop(probe_id, None)
+        if kind == "result":
+            worker.resends = message[3]
+            pending.future.set_result(message[2])
+        else:  # "failed": a bug in the worker, not the engine's doing
+            pending.future.set_result(_not_measured(pending, f"probe worker error: {message[2]}"))
+
+    # --- process lifecycle ----------------------------------------------------------------
+
+    async def _spawn(self, worker: _Worker) -> None:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "llm_health.probe.worker",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            env=_child_env(),
+        )
+        assert process.stdin is not None and process.stdout is not None
+        worker.process = process
+        worker.targets = {}
+        worker.ready = asyncio.Event()
+        worker.outbox, worker.pipe = None, Outbox(process.stdin.write)
+        worker.reader = asyncio.create_task(self._read(worker, process.stdout))
+
+    async def _restart(self, worker: _Worker) -> None:
+        now = time.monotonic()
+        worker.restarts = [t for t in worker.restarts if now - t < RESTART_WINDOW_S] + [now]
+        worker.outbox = worker.pipe = None  # meanwhile its endpoints are probed in-process
+        self._resend(worker)
+        if worker.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                worker.process.kill()
+            await worker.process.wait()
+        if len(worker.restarts) > MAX_RESTARTS:
+            log.error(
+                "probe worker keeps dying: its endpoints are probed in-process",
+                extra={"worker": worker.index},
+            )
+            worker.broken = True
+            return
+        log.warning("probe worker exited: starting it again", extra={"worker": worker.index})
+        self.restarts_total += 1
+        await self._spawn(worker)
+
+    def _resend(self, worker: _Worker) -> None:
+        """Probes in flight on a worker that died: their answer never reached us, so each
+        is run again in-process (a new probe with its own timing, not a retry). Their
+        first-token events are set: the scheduler's silence clock started with the lost
+        probe, so silence measured across the loss would be ours, not the engine's; the
+        new probe's result still decides."""
+        for probe_id, pending in list(worker.pending.items()):
+            worker.pending.pop(probe_id, None)
+            target = self._target_of(worker, pending.key)
+            if pending.future.done() or target is None:
+                continue
+            if pending.token is not None:
+                pending.token.set()
+            run = self._fallback.verify if pending.verify else self._fallback.probe
+            _chain(asyncio.ensure_future(run(target)), pending.future)
+
+    def _target_of(self, worker: _Worker, key: str) -> ProbeTarget | None:
+        return worker.targets.get(key) or next(
+            (w.targets[key] for w in self._workers if key in w.targets), None
+        )
+
+    def _kill(self, worker: _Worker) -> None:
+        if worker.process is not None and worker.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                worker.process.kill()
+
+    async def _stop(self, worker: _Worker) -> None:
+        process, worker.outbox, worker.pipe = worker.process, None, None
+        if process is None:
+            return
+        if process.stdin is not None:
+            process.stdin.close()  # the worker exits when its stdin closes
+        try:
+            await asyncio.wait_for(process.wait(), STOP_GRACE_S)
+        except TimeoutError:
+            self._kill(worker)
+            await process.wait()
+        if worker.reader is not None:
+            worker.reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await worker.reader
+
+
+def _shard(key: str, count: int) -> int:
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % count
+
+
+def _not_measured(pending: _Pending, detail: str) -> ProbeResult:
+    """A probe we could not time: TIMEOUT with the whole wait as our own lag, which the
+    integrity guard (``machine.trusted``) never takes as a verdict."""
+    waited_ms = (time.perf_counter() - pending.sent_at) * 1000
+    return ProbeResult(Outcome.TIMEOUT, time.time(), detail=detail, loop_lag_ms=waited_ms)
+
+
+def _chain(source: asyncio.Future[ProbeResult], target: asyncio.Future[ProbeResult]) -> None:
+    def done(finished: asyncio.Future[ProbeResult]) -> None:
+        if target.done():
+            return
+        if finished.cancelled():
+            target.cancel()
+        elif finished.exception() is not None:
+            target.set_exception(finished.exception())  # type: ignore[arg-type]
+        else:
+            target.set_result(finished.result())
+
+    source.add_done_callback(done)
+
+
+def _child_env() -> dict[str, str]:
+    """The worker imports this package from where the runtime did (a source checkout
+    run with ``plugin/`` on sys.path works as well as an installed wheel)."""
+    root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env

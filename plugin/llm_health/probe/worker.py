@@ -1,0 +1,149 @@
+"""A probe worker process: ``python -m llm_health.probe.worker`` (docs/design.md §16.2).
+
+Started by the runtime (``probe.pool.WorkerPool``), never by hand. It runs the same
+micro-probe as the runtime would, on its own event loop and its own core, for the
+endpoints the runtime hands it; the runtime keeps scheduling, the state machines, xDS and
+everything else. A worker's loop does nothing but probes, so its lag (measured here and
+carried in each result, as in-process) stays small, and its heap stays small, so garbage
+collection pauses are short.
+
+stdout is the result pipe: it is taken over at start, and ``sys.stdout`` points to stderr,
+so a stray print can never corrupt a frame. The worker exits when its stdin closes (the
+runtime stopped or died).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import os
+import sys
+
+from llm_health.model.outcome import ProbeResult
+from llm_health.probe.client import MicroProbe, new_session
+from llm_health.probe.lag import LoopLagMonitor
+from llm_health.probe.signals import FIRST_TOKEN
+from llm_health.probe.target import ProbeTarget
+from llm_health.probe.wire import FrameReader, Message, Outbox
+
+READ_CHUNK = 256 * 1024
+HEARTBEAT_S = 0.02  # as probe.pool.HEARTBEAT_S
+log = logging.getLogger("llm_health.worker")
+
+
+class _TokenNotice(asyncio.Event):
+    """The scheduler's first-token event, across the pipe: setting it tells the runtime."""
+
+    def __init__(self, outbox: Outbox, probe_id: int) -> None:
+        super().__init__()
+        self._outbox, self._id = outbox, probe_id
+
+    def set(self) -> None:
+        if not self.is_set():
+            self._outbox.put(("token", self._id))
+        super().set()
+
+
+class Worker:
+    def __init__(self, prober: MicroProbe, outbox: Outbox, engines: dict[str, str]) -> None:
+        self._prober = prober
+        self._outbox = outbox
+        self._engines = engines
+        self._targets: dict[str, ProbeTarget] = {}
+        self._running: dict[int, asyncio.Task[None]] = {}
+
+    def handle(self, message: Message) -> None:
+        kind = message[0]
+        if kind == "target":
+            self._targets[message[1]] = message[2]
+        elif kind == "probe":
+            _, probe_id, key, engine, verify = message
+            if engine is not None:
+                self._engines[key] = engine
+            task = asyncio.ensure_future(self._probe(probe_id, self._targets[key], verify))
+            self._running[probe_id] = task
+        elif kind == "cancel":
+            running = self._running.get(message[1])
+            if running is not None:
+                running.cancel()
+
+    async def _probe(self, probe_id: int, target: ProbeTarget, verify: bool) -> None:
+        reset = FIRST_TOKEN.set(_TokenNotice(self._outbox, probe_id))
+        try:
+            probe = self._prober.verify if verify else self._prober.probe
+            result: ProbeResult = await probe(target)
+            self._outbox.put(("result", probe_id, result, self._prober.stale_resends))
+        except Exception as exc:  # a bug here must not leave the runtime waiting
+            log.exception("probe failed inside the worker")
+            self._outbox.put(("failed", probe_id, type(exc).__name__))
+        finally:
+            FIRST_TOKEN.reset(reset)
+            self._running.pop(probe_id, None)
+
+    def cancel_all(self) -> None:
+        for task in self._running.values():
+            task.cancel()
+
+
+async def serve(read_fd: int, write_fd: int) -> None:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=READ_CHUNK)
+    await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb", buffering=0)
+    )
+    transport, _ = await loop.connect_write_pipe(
+        asyncio.Protocol, os.fdopen(write_fd, "wb", buffering=0)
+    )
+    outbox = Outbox(transport.write)
+    lag = LoopLagMonitor()
+    ticker = asyncio.create_task(lag.run())
+    engines: dict[str, str] = {}
+    async with new_session() as session:
+        worker = Worker(MicroProbe(session, lag, engines=engines), outbox, engines)
+        _settle_heap()  # before any probe: its pause can delay none
+        outbox.put(("ready", 0))
+        beat = asyncio.create_task(_heartbeat(outbox, lag))
+        frames = FrameReader()
+        try:
+            while data := await reader.read(READ_CHUNK):
+                for messages in frames.feed(data):
+                    for message in messages:
+                        worker.handle(message)
+        finally:
+            worker.cancel_all()
+            for task in (ticker, beat):
+                task.cancel()
+            outbox.flush()
+
+
+async def _heartbeat(outbox: Outbox, lag: LoopLagMonitor) -> None:
+    """Say how late this loop runs, every HEARTBEAT_S: the runtime's silence checks must
+    not take this worker's stall for an engine's silence (``WorkerPool.lag_ms``)."""
+    while True:
+        outbox.put(("lag", lag.current_ms))
+        await asyncio.sleep(HEARTBEAT_S)
+
+
+def _settle_heap() -> None:
+    """Start-up objects (imports, the session) out of the collector's way; see the
+    runtime's own ``settle_heap`` (docs/design.md §16.4)."""
+    gc.collect()
+    gc.freeze()
+
+
+def main(argv: list[str] | None = None) -> int:
+    del argv
+    write_fd = os.dup(sys.stdout.fileno())
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print goes to stderr
+    sys.stdout = sys.stderr
+    read_fd = os.dup(sys.stdin.fileno())
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    with contextlib.suppress(KeyboardInterrupt, BrokenPipeError):
+        asyncio.run(serve(read_fd, write_fd))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""Probe workers (``server.probe_workers``, docs/design.md §16.2): the micro-probe in child
+processes, verdicts in the runtime. Three simulators in their own processes; the runtime
+with two workers must give the same verdicts as in-process probing: a hang after headers
+is silent (DEGRADED at the silence point, the overlapping confirmation, UNHEALTHY), a
+garbage answer of a known-answer probe is caught, a healthy endpoint stays HEALTHY; a
+killed worker is replaced without a false verdict; no worker outlives the runtime."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llm_health.app.assemble import build_runtime
+from llm_health.app.runtime import Runtime
+from llm_health.config import parse_config
+from llm_health.model.causes import Cause
+from llm_health.model.states import State
+from tests.envoy_harness import free_port
+from tests.polling import wait_until_async
+from tests.processes import SimProcess
+
+CONFIG = """
+server: {{grpc: "127.0.0.1:{grpc}", http: "127.0.0.1:{http}", probe_workers: 2}}
+probe:
+  interval: 300ms
+  timeout: 800ms
+  healthy_ttft: 200ms
+  healthy_after: 2
+  verify: {{every: 2s}}
+clusters:
+  - name: llama
+    model: sim-model
+    endpoints: [{endpoints}]
+"""
+
+
+@pytest.fixture
+def sims(tmp_path: Path) -> Iterator[list[SimProcess]]:
+    started = [SimProcess(tmp_path, f"w{i}", "--ttft", "20ms") for i in range(3)]
+    try:
+        yield [s.wait_up() for s in started]
+    finally:
+        for process in started:
+            process.stop()
+
+
+def runtime_for(sims: list[SimProcess]) -> Runtime:
+    endpoints = ", ".join(f'{{address: "{s.address}"}}' for s in sims)
+    text = CONFIG.format(grpc=free_port(), http=free_port(), endpoints=endpoints)
+    return build_runtime(parse_config(text, "workers.yaml", {}))
+
+
+def state_of(runtime: Runtime, sim: SimProcess) -> Any:
+    (found,) = [
+        e
+        for e in runtime.control.snapshot().clusters["llama"].endpoints
+        if e.spec.address == sim.address
+    ]
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as handle:  # a zombie is not alive
+        return handle.read().split(") ")[1][0] != "Z"
+
+
+async def until(runtime: Runtime, sim: SimProcess, state: State, within: float) -> Any:
+    await wait_until_async(
+        lambda: state_of(runtime, sim).state is state, within, f"{sim.address} {state.value}"
+    )
+    return state_of(runtime, sim)
+
+
+async def test_workers_give_the_same_verdicts(sims: list[SimProcess]) -> None:
+    runtime = runtime_for(sims)
+    changes: list[tuple[str, str, str]] = []
+    runtime.control.on_transition(
+        lambda _c, a, t, _r: (
+            changes.append((a, t.after.state.value, t.cause.value)) if t.changed else None
+        )
+    )
+    stop = asyncio.Event()
+    run = asyncio.create_task(runtime.run(stop))
+    pids: list[int] = []
+    try:
+        for sim in sims:
+            await until(runtime, sim, State.HEALTHY, 10)
+        changes.clear()
+        assert runtime.workers is not None
+        pids = runtime.workers.pids
+        assert len(pids) == 2 and os.getpid() not in pids and all(alive(p) for p in pids)
+        hang, garbage, fine = sims
+        await asyncio.to_thread(hang.set_fault, fault="hang_after_headers")
+        await asyncio.to_thread(garbage.set_fault, fault="garbage_tokens")
+        started = time.monotonic()
+        out = await until(runtime, hang, State.UNHEALTHY, 5)
+        took = time.monotonic() - started
+        assert took < 0.3 + 2 * 0.8 + 0.5, took  # interval + about two timeouts at most
+        bad = await until(runtime, garbage, State.UNHEALTHY, 2 + 3)
+        assert bad.cause is Cause.GARBAGE, bad
+        assert out.last is not None and out.last.ttft_ms is None
+        # The hang was seen in flight (the worker's first-token notice never came).
+        hung = [c for c in changes if c[0] == hang.address]
+        assert hung[0][1:] == ("degraded", Cause.SILENT.value), hung
+        assert runtime.stats.overlapping_confirms >= 1
+        assert state_of(runtime, fine).state is State.HEALTHY
+        assert all(c[0] != fine.address for c in changes)
+    finally:
+        stop.set()
+        await asyncio.wait_for(run, 10)
+    assert pids and not any(alive(p) for p in pids), "a worker outlived the runtime"
+
+
+async def test_a_killed_worker_is_replaced_without_a_verdict(sims: list[SimProcess]) -> None:
+    runtime = runtime_for(sims)
+    changes: list[str] = []
+    runtime.control.on_transition(
+        lambda _c, a, t, _r: (
+            changes.append(f"{a} {t.after.state.value} {t.cause.value} {t.after.reason}")
+            if t.changed
+            else None
+        )
+    )
+    stop = asyncio.Event()
+    run = asyncio.create_task(runtime.run(stop))
+    try:
+        for sim in sims:
+            await until(runtime, sim, State.HEALTHY, 10)
+        changes.clear()
+        assert runtime.workers is not None
+        victim = runtime.workers.pids[0]
+        probes_before = runtime.stats.probes_total
+        os.kill(victim, signal.SIGKILL)
+        await wait_until_async(
+            lambda: runtime.workers is not None and runtime.workers.restarts_total == 1,
+            5,
+            "the worker to be started again",
+        )
+        await asyncio.sleep(2.0)
+        assert runtime.workers.pids[0] != victim and alive(runtime.workers.pids[0])
+        # Probing went on for every endpoint: about 3 endpoints x 2 s / 300 ms.
+        assert runtime.stats.probes_total - probes_before >= 12
+        assert changes == [], changes
+    finally:
+        stop.set()
+        await asyncio.wait_for(run, 10)

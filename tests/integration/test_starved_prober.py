@@ -1,0 +1,90 @@
+"""The integrity guard under a starved prober (docs/design.md §7, §16): while the
+plugin's own event loop is blocked again and again (a CPU-starved or GC-paused process),
+no measurement taken across a block may become a verdict. Three healthy simulator
+endpoints in their own processes; this test burns the plugin's loop in long blocking
+sleeps (longer than the probe timeout, longer than the silence point) for a few seconds:
+no endpoint may change state, and the guard must have counted what it ignored."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from llm_health.app.assemble import build_runtime
+from llm_health.config import parse_config
+from llm_health.model.states import State
+from tests.envoy_harness import free_port
+from tests.polling import wait_until_async
+from tests.processes import SimProcess
+
+CONFIG = """
+server: {{grpc: "127.0.0.1:{grpc}", http: "127.0.0.1:{http}"}}
+probe:
+  interval: 200ms
+  timeout: 500ms
+  healthy_ttft: 150ms
+  model: sim-model
+clusters:
+  - name: llama
+    endpoints: [{endpoints}]
+"""
+BLOCK_S = 0.7  # longer than the timeout: probes in flight then read TIMEOUT
+BLOCKS = 8
+
+
+@pytest.fixture
+def sims(tmp_path: Path) -> Iterator[list[SimProcess]]:
+    started = [SimProcess(tmp_path, f"starved-{i}", "--ttft", "30ms") for i in range(3)]
+    try:
+        yield [s.wait_up() for s in started]
+    finally:
+        for process in started:
+            process.stop()
+
+
+async def _burn(blocks: int, block_s: float) -> None:
+    """Block the loop ``blocks`` times, letting it run ~150 ms in between (so probes
+    start, then have their first token land inside the next block)."""
+    for _ in range(blocks):
+        time.sleep(block_s)  # noqa: ASYNC251 (deliberately blocking: the starved prober)
+        await asyncio.sleep(0.15)
+
+
+async def test_a_starved_loop_gives_no_verdict(sims: list[SimProcess]) -> None:
+    endpoints = ", ".join(f'{{address: "{s.address}"}}' for s in sims)
+    text = CONFIG.format(grpc=free_port(), http=free_port(), endpoints=endpoints)
+    runtime = build_runtime(parse_config(text, "starved.yaml", {}))
+    changes: list[tuple[str, str]] = []
+    runtime.control.on_transition(
+        lambda _c, address, t, _r: (
+            changes.append((address, t.after.state.value)) if t.changed else None
+        )
+    )
+    stop = asyncio.Event()
+    run = asyncio.create_task(runtime.run(stop))
+    try:
+
+        def all_healthy() -> bool:
+            cluster = runtime.control.snapshot().clusters["llama"]
+            return all(e.state is State.HEALTHY for e in cluster.endpoints)
+
+        await wait_until_async(all_healthy, 15, "three healthy endpoints")
+        await asyncio.sleep(0.5)
+        changes.clear()
+        ignored_before = runtime.stats.probes_ignored_loop_lag
+        silences_before = runtime.stats.silences_ignored_loop_lag
+        await _burn(BLOCKS, BLOCK_S)
+        await asyncio.sleep(1.0)  # the probes in flight at the last block come back
+        ignored = runtime.stats.probes_ignored_loop_lag - ignored_before
+        silences = runtime.stats.silences_ignored_loop_lag - silences_before
+    finally:
+        stop.set()
+        await asyncio.wait_for(run, 10)
+    assert changes == [], f"a starved prober changed states: {changes}"
+    assert ignored + silences > 0, "the blocks were never noticed: the test measured nothing"
+    cluster = runtime.control.snapshot().clusters["llama"]
+    assert all(e.state is State.HEALTHY for e in cluster.endpoints)
