@@ -158,3 +158,13 @@ def test_one_endpoint_may_always_be_ejected() -> None:
     timeout(board, "c", A, 2.0)
     timeout(board, "c", A, 3.0)
     assert endpoint(board, "c", A).state is State.UNHEALTHY
+
+
+def test_signal_reads_one_sources_reason() -> None:
+    board = healthy_board()
+    assert board.signal("c", A, "verify") is None
+    board.set_signal("c", A, "verify", "garbage output: '!!!'", now=5.0)
+    assert board.signal("c", A, "verify") == "garbage output: '!!!'"
+    assert board.signal("c", A, "hds") is None and board.signal("c", B, "verify") is None
+    board.set_signal("c", A, "verify", None, now=6.0)
+    assert board.signal("c", A, "verify") is None

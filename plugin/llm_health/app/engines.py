@@ -268,15 +268,13 @@ class EngineChecks:
         differs from the board's), one publish for the batch."""
 
         def apply(board: Board, now: float) -> dict[str, Transition]:
+            # Only the endpoints in ``changes`` are looked at: a whole-cluster view per
+            # known-answer probe was O(endpoints) each (docs/design.md §16.1).
             done: dict[str, Transition] = {}
-            snapshot = board.snapshot().clusters.get(cluster)
-            current = (
-                {e.spec.address: e.signals.get(source) for e in snapshot.endpoints}
-                if snapshot
-                else {}
-            )
             for address, (reason, cause) in changes.items():
-                if address not in current or current[address] == reason:
+                if not board.has_endpoint(cluster, address):
+                    continue
+                if board.signal(cluster, address, source) == reason:
                     continue
                 done[address] = board.set_signal(cluster, address, source, reason, now, cause)
             return done

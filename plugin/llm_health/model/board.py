@@ -363,6 +363,11 @@ class Board:
     def health(self, cluster: str, address: str) -> EndpointHealth:
         return self._clusters[cluster].entries[address].health
 
+    def signal(self, cluster: str, address: str, source: str) -> str | None:
+        """The reason ``source``'s signal holds this endpoint down, None if it does not."""
+        hold = self._clusters[cluster].entries[address].signals.get(source)
+        return hold.reason if hold is not None else None
+
     def last_result(self, cluster: str, address: str) -> ProbeResult | None:
         """The endpoint's last probe result (or adopted verdict), None before any."""
         return self._clusters[cluster].entries[address].last
