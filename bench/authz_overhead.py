@@ -48,7 +48,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "plugin"), str(Path(__file__).resolve().pa
 
 from procs import Sim, cpu_seconds, load_average  # noqa: E402
 
-from common import free_port_block, write_result  # noqa: E402
+from common import free_port_block, probe_workers_arg, write_result  # noqa: E402
 from tests.envoy_harness import EnvoyProcess, free_port, listeners, render_config  # noqa: E402
 from tests.processes import PluginProcess, SimProcess  # noqa: E402
 
@@ -491,7 +491,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--workers",
-        type=_workers,
+        type=probe_workers_arg,
         default=None,
         metavar="N",
         help="server.probe_workers: N probe worker processes, or 'auto' (default: the "
@@ -511,19 +511,6 @@ def main() -> None:
     if not args.no_write:
         command = "python bench/authz_overhead.py " + " ".join(sys.argv[1:])
         print(write_result("authz_overhead", body, command.strip()))
-
-
-def _workers(text: str) -> int | str:
-    """argparse type of ``--workers``: a count >= 0 or "auto"."""
-    if text == "auto":
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a count or 'auto'") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
-    return value
 
 
 if __name__ == "__main__":

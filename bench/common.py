@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import platform
@@ -81,3 +82,17 @@ def stats_row(label: str, values: list[float]) -> str:
         f"| {label} | {len(values)} | {statistics.median(values):.0f} | "
         f"{percentile(values, 0.99):.0f} | {max(values):.0f} | {statistics.mean(values):.0f} |"
     )
+
+
+def probe_workers_arg(text: str) -> int | str:
+    """argparse type of a benchmark's ``--workers`` (``server.probe_workers``): a count
+    >= 0 or "auto"."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count or 'auto'") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value

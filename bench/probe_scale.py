@@ -57,7 +57,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "plugin"), str(Path(__file__).resolve().pa
 
 from procs import Sim, cpu_seconds, load_average, rss_mb  # noqa: E402
 
-from common import RESULTS, free_port_block, write_result  # noqa: E402
+from common import RESULTS, free_port_block, probe_workers_arg, write_result  # noqa: E402
 from llm_health.app.assemble import build_runtime  # noqa: E402
 from llm_health.app.runtime import Runtime  # noqa: E402
 from llm_health.config import Config  # noqa: E402
@@ -616,7 +616,7 @@ def main() -> int:
     parser.add_argument("--ports-per-sim", type=int, default=500)
     parser.add_argument(
         "--workers",
-        type=_workers,
+        type=probe_workers_arg,
         default=None,
         metavar="N",
         help="server.probe_workers: N probe worker processes, or 'auto' (default: the "
@@ -688,19 +688,6 @@ def main() -> int:
     command = "python bench/probe_scale.py " + " ".join(sys.argv[1:])
     write_result("probe_scale", body, command)
     return 0
-
-
-def _workers(text: str) -> int | str:
-    """argparse type of ``--workers``: a count >= 0 or "auto"."""
-    if text == "auto":
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a count or 'auto'") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
-    return value
 
 
 def _workers_note(workers: int | str | None) -> str:

@@ -38,12 +38,6 @@ FAST = FaultSpec(ttft=0.0, tpot=0.0)
 
 
 @pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as client:
-        yield client
-
-
-@pytest.fixture
 async def sim() -> AsyncIterator[SimHandle]:
     async with running_sim(SimSettings(fault=FaultSpec(ttft=0.01, tpot=0.005))) as handle:
         yield handle

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -18,12 +17,6 @@ PROBE_HEADERS = {"X-LLM-Probe": "true"}
 # The first token 20 ms after arrival, the next ones 50 ms apart: a write time taken at a
 # later token would land after the first chunk the client saw.
 TIMING = FaultSpec(ttft=0.02, tpot=0.05)
-
-
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as client:
-        yield client
 
 
 def completion() -> dict[str, Any]:

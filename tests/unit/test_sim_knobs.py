@@ -24,12 +24,6 @@ NEW_KNOB_DEFAULTS = {
 
 
 @pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as client:
-        yield client
-
-
-@pytest.fixture
 async def sim() -> AsyncIterator[SimHandle]:
     async with running_sim(SimSettings(fault=FaultSpec(ttft=0.0, tpot=0.0))) as handle:
         yield handle
