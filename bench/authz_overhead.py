@@ -48,7 +48,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "plugin"), str(Path(__file__).resolve().pa
 
 from procs import Sim, cpu_seconds, load_average  # noqa: E402
 
-from common import free_port_block, probe_workers_arg, write_result  # noqa: E402
+from common import add_workers_argument, free_port_block, write_result  # noqa: E402
 from tests.envoy_harness import EnvoyProcess, free_port, listeners, render_config  # noqa: E402
 from tests.processes import PluginProcess, SimProcess  # noqa: E402
 
@@ -489,14 +489,7 @@ def main() -> None:
         help="meanwhile the plugin probes N more simulated endpoints at 1/s (TTFT 100 ms; "
         "a second cluster; default 0: only the backend)",
     )
-    parser.add_argument(
-        "--workers",
-        type=probe_workers_arg,
-        default=None,
-        metavar="N",
-        help="server.probe_workers: N probe worker processes, or 'auto' (default: the "
-        "config's default)",
-    )
+    add_workers_argument(parser)
     args = parser.parse_args()
     if args.with_probing < 0:
         parser.error("--with-probing: must not be negative")

@@ -84,6 +84,19 @@ def stats_row(label: str, values: list[float]) -> str:
     )
 
 
+def add_workers_argument(parser: argparse.ArgumentParser) -> None:
+    """A benchmark's ``--workers N|auto``: ``server.probe_workers`` for the plugin it runs
+    (None when not given: the config's default)."""
+    parser.add_argument(
+        "--workers",
+        type=probe_workers_arg,
+        default=None,
+        metavar="N",
+        help="server.probe_workers: N probe worker processes, or 'auto' (default: the "
+        "config's default)",
+    )
+
+
 def probe_workers_arg(text: str) -> int | str:
     """argparse type of a benchmark's ``--workers`` (``server.probe_workers``): a count
     >= 0 or "auto"."""

@@ -57,7 +57,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "plugin"), str(Path(__file__).resolve().pa
 
 from procs import Sim, cpu_seconds, load_average, rss_mb  # noqa: E402
 
-from common import RESULTS, free_port_block, probe_workers_arg, write_result  # noqa: E402
+from common import RESULTS, add_workers_argument, free_port_block, write_result  # noqa: E402
 from llm_health.app.assemble import build_runtime  # noqa: E402
 from llm_health.app.runtime import Runtime  # noqa: E402
 from llm_health.config import Config  # noqa: E402
@@ -614,14 +614,7 @@ def main() -> int:
     parser.add_argument("--endpoints", type=int, nargs="+", default=[100, 500, 1000, 2000, 5000])
     parser.add_argument("--duration", type=float, default=12.0, help="measured seconds per size")
     parser.add_argument("--ports-per-sim", type=int, default=500)
-    parser.add_argument(
-        "--workers",
-        type=probe_workers_arg,
-        default=None,
-        metavar="N",
-        help="server.probe_workers: N probe worker processes, or 'auto' (default: the "
-        "config's default)",
-    )
+    add_workers_argument(parser)
     parser.add_argument("--profile", type=int, default=None, metavar="N", help="cProfile size N")
     parser.add_argument(
         "--gc-tuned",

@@ -497,14 +497,13 @@ class Board:
         previous = self._cluster_cache.get(name)
         cache = self._endpoint_cache.get(name)
         keys = self._key_cache.get(name)
-        reusable = (
-            previous is not None
-            and cache is not None
-            and keys is not None
-            and len(cache) == len(cluster.entries)
-            and all(a in cache and a in cluster.entries for a in changed)
-        )
-        if not reusable or previous is None or cache is None or keys is None:
+        if (
+            previous is None
+            or cache is None
+            or keys is None
+            or len(cache) != len(cluster.entries)
+            or any(a not in cache or a not in cluster.entries for a in changed)
+        ):
             fresh = {a: self._endpoint_snapshot(name, e, share) for a, e in cluster.entries.items()}
             fresh_keys = {a: _envoy_key(e) for a, e in fresh.items()}
             rehash = True

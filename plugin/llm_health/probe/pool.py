@@ -53,7 +53,7 @@ HEARTBEAT_S = 0.02  # a worker says how late it runs this often (probe.worker)
 
 @dataclass(slots=True)
 class _Pending:
-    key: str
+    target: ProbeTarget
     verify: bool
     future: asyncio.Future[ProbeResult]
     token: asyncio.Event | None
@@ -145,7 +145,7 @@ class WorkerPool:
         self._ids += 1
         probe_id = self._ids
         pending = _Pending(
-            target.key,
+            target,
             verify,
             asyncio.get_running_loop().create_future(),
             FIRST_TOKEN.get(),
@@ -265,18 +265,12 @@ class WorkerPool:
         new probe's result still decides."""
         for probe_id, pending in list(worker.pending.items()):
             worker.pending.pop(probe_id, None)
-            target = self._target_of(worker, pending.key)
-            if pending.future.done() or target is None:
+            if pending.future.done():
                 continue
             if pending.token is not None:
                 pending.token.set()
             run = self._fallback.verify if pending.verify else self._fallback.probe
-            _chain(asyncio.ensure_future(run(target)), pending.future)
-
-    def _target_of(self, worker: _Worker, key: str) -> ProbeTarget | None:
-        return worker.targets.get(key) or next(
-            (w.targets[key] for w in self._workers if key in w.targets), None
-        )
+            _chain(asyncio.ensure_future(run(pending.target)), pending.future)
 
     def _kill(self, worker: _Worker) -> None:
         if worker.process is not None and worker.process.returncode is None:
