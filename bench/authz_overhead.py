@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "plugin"), str(Path(__file__).resolve().parent)]
@@ -119,14 +118,6 @@ async def start_probed(probing: Probing, count: int) -> None:
 def probed_cluster(probing: Probing) -> dict[str, Any]:
     addresses = [f"127.0.0.1:{s.port + i}" for s in probing.sims for i in range(s.count)]
     return {"name": PROBED_CLUSTER, "endpoints": [{"address": a} for a in addresses]}
-
-
-def set_probe_workers(plugin: PluginProcess, workers: int | str) -> None:
-    """``server.probe_workers`` in the plugin's config file (PluginProcess writes
-    ``server`` itself, so it is added after)."""
-    config = yaml.safe_load(plugin.config_path.read_text())
-    config["server"]["probe_workers"] = workers
-    plugin.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
 
 
 def raise_fd_limit() -> None:
@@ -221,10 +212,12 @@ async def measure(
         clusters = [{"name": CLUSTER, "endpoints": [{"address": sim.address}]}]
         if probing.sims:
             clusters.append(probed_cluster(probing))
-        settings = {"probe": {"model": "sim-model"}, "clusters": clusters}
-        plugin = PluginProcess(work / "plugin", settings)
+        own = free_port() if args.own_authz else None
+        server: dict[str, Any] = {} if own is None else {"authz": f"127.0.0.1:{own}"}
         if args.workers is not None:
-            set_probe_workers(plugin, args.workers)
+            server["probe_workers"] = args.workers
+        settings = {"server": server, "probe": {"model": "sim-model"}, "clusters": clusters}
+        plugin = PluginProcess(work / "plugin", settings)
         ready_s = 20.0 + probing.endpoints / 50  # the first probe round of every endpoint
         started = plugin.start()
         await asyncio.to_thread(started.wait_ready, ready_s)
@@ -235,6 +228,7 @@ async def measure(
             xds_port=plugin.grpc_port,
             listener_port=authz_port,
             admin_port=0,
+            authz_port=own,
             extra=lambda c: add_plain_listener(c, plain_port),
         )
         envoy = EnvoyProcess(rendered, workdir=work / "envoy")
@@ -370,6 +364,7 @@ def probing_lines(phases: list[Phase], probing: Probing, args: argparse.Namespac
     if not probing.sims:
         return []
     workers = "" if args.workers is None else f", `server.probe_workers: {args.workers}`"
+    workers += ", ext_authz on `server.authz` (own threads)" if args.own_authz else ""
     lines = [
         f"Probing meanwhile: the same plugin probed {probing.endpoints} more endpoints "
         f"(cluster `{PROBED_CLUSTER}`, {len(probing.sims)} simulator processes, TTFT 100 ms, "
@@ -490,6 +485,12 @@ def main() -> None:
         "a second cluster; default 0: only the backend)",
     )
     add_workers_argument(parser)
+    parser.add_argument(
+        "--own-authz",
+        action="store_true",
+        help="ext_authz on the plugin's own threaded port (server.authz), not on the "
+        "event loop's gRPC server",
+    )
     args = parser.parse_args()
     if args.with_probing < 0:
         parser.error("--with-probing: must not be negative")
@@ -503,7 +504,10 @@ def main() -> None:
     print(body)
     if not args.no_write:
         command = "python bench/authz_overhead.py " + " ".join(sys.argv[1:])
-        print(write_result("authz_overhead", body, command.strip()))
+        name = "authz_overhead"
+        name += f"_probing{args.with_probing}" if args.with_probing else ""
+        name += "_own_authz" if args.own_authz else ""
+        print(write_result(name, body, command.strip()))
 
 
 if __name__ == "__main__":

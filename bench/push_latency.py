@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import shutil
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "plugin"), str(Path(__file__).resolve().parent)]
@@ -42,6 +44,7 @@ from llm_health.core.hub import SnapshotHub  # noqa: E402
 from llm_health.model.board import Board, ClusterSpec, EndpointSpec  # noqa: E402
 from llm_health.model.outcome import Outcome, ProbeResult  # noqa: E402
 from llm_health.model.policy import Policy  # noqa: E402
+from llm_health.servers import xds as xds_servers  # noqa: E402
 from llm_health.servers.grpc import start_grpc_server  # noqa: E402
 from llm_health.servers.xds import add_xds_servicers  # noqa: E402
 from llm_health.xds.stream import XdsCounters, XdsStats  # noqa: E402
@@ -50,6 +53,7 @@ from tests.envoy_harness import EnvoyProcess, free_port, render_config  # noqa: 
 CLUSTER = "llama-70b"
 CONFIGS = {"sotw": "sidecar-ads.yaml", "delta": "delta-ads.yaml"}
 Record = tuple[float, float, int, str]
+ENVOY_STATS_FLUSH_S = 5.5  # Envoy's stats_flush_interval (5 s by default) and a margin
 HELPER = Path(__file__).resolve().parent / "route_probe.py"
 
 
@@ -157,12 +161,56 @@ async def measure(
         await asyncio.sleep(0.2)
         changes = await _rounds(board, hub, counters, rounds, real_ports)
         records = await probe.records()
+        await asyncio.sleep(ENVOY_STATS_FLUSH_S)  # histograms are merged at a stats flush
+        apply_ms = envoy_update_duration(envoy)
     finally:
         await probe.stop()
         await envoy.astop()
         await server.stop(0)
         shutil.rmtree(workdir, ignore_errors=True)
-    return _latencies(changes, records)
+    return {**_latencies(changes, records), "envoy_apply": apply_ms}
+
+
+YIELDED: list[float] = []  # when the xDS stream handed each response to gRPC (monotonic)
+
+
+def _timed(stream: Any) -> Any:
+    """The plugin's stream generator, with the moment of each response it yields recorded:
+    the plugin's own part of a push ends there (gRPC serialises and sends after it)."""
+
+    async def timed(*args: Any, **kwargs: Any) -> Any:
+        async for response in stream(*args, **kwargs):
+            YIELDED.append(time.monotonic())
+            yield response
+
+    return timed
+
+
+xds_servers.sotw_stream = _timed(xds_servers.sotw_stream)  # type: ignore[assignment]
+xds_servers.delta_stream = _timed(xds_servers.delta_stream)  # type: ignore[assignment]
+
+
+def envoy_update_duration(envoy: EnvoyProcess) -> list[float]:
+    """Envoy's own time applying EDS updates: p50 and p99 of its ``update_duration``
+    histograms (the subscription's update callbacks, ms; every update of the run, the
+    first one included). Empty when Envoy has none. Envoy computes histogram quantiles
+    only when it flushes its stats, hence the wait before this is read."""
+    status, body = envoy.admin_request("/stats?format=json&filter=update_duration")
+    if status != 200:
+        return []
+    for entry in json.loads(body).get("stats", []):
+        histograms = entry.get("histograms")
+        if not isinstance(histograms, dict):
+            continue
+        supported = histograms.get("supported_quantiles", [])
+        for quantiles in histograms.get("computed_quantiles", []):
+            if "eds" not in quantiles.get("name", "") and CLUSTER not in quantiles.get("name", ""):
+                continue
+            values = [v.get("cumulative") for v in quantiles.get("values", [])]
+            picked = [values[supported.index(q)] for q in (50, 99) if q in supported]
+            if len(picked) == 2 and all(isinstance(v, int | float) for v in picked):
+                return [float(v) for v in picked]
+    return []
 
 
 Change = tuple[float, float, str]  # (changed at, ACK at, what the first routed answer is)
@@ -206,16 +254,19 @@ async def _rounds(
 
 
 def _latencies(changes: list[Change], records: list[Record]) -> dict[str, list[float]]:
-    ack, routed, stale = [], [], []
+    ack, routed, stale, handed = [], [], [], []
     for started, acked, expect in changes:
         ack.append((acked - started) * 1000)
+        sent = next((t for t in YIELDED if started <= t <= acked), None)
+        if sent is not None:
+            handed.append((sent - started) * 1000)
         first = next((r for r in records if r[1] >= started and _matches(r, expect)), None)
         if first is not None:
             routed.append((first[1] - started) * 1000)
         # answered by the old state although sent after the ACK had arrived
         until = first[1] if first is not None else acked
         stale.append(sum(1 for r in records if acked < r[0] and r[1] < until))
-    return {"ack": ack, "routed": routed, "stale": [float(s) for s in stale]}
+    return {"ack": ack, "routed": routed, "stale": [float(s) for s in stale], "handed": handed}
 
 
 def _matches(record: Record, expect: str) -> bool:
@@ -233,8 +284,16 @@ def row(count: int, variant: str, got: dict[str, list[float]], rounds: int) -> s
         f"{percentile(routed, 0.99):.1f} ms" if routed else "—",
         f"{len(routed)}/{rounds}",
         f"{sum(got['stale']):.0f}",
+        _p50_p99(got["handed"]),
+        " / ".join(f"{v:.1f}" for v in got["envoy_apply"]) + " ms" if got["envoy_apply"] else "—",
     ]
     return "| " + " | ".join(cells) + " |"
+
+
+def _p50_p99(values: list[float]) -> str:
+    if not values:
+        return "—"
+    return f"{statistics.median(values):.1f} / {percentile(values, 0.99):.1f} ms"
 
 
 def plot(results: dict[tuple[int, str], dict[str, list[float]]], path: Path) -> None:
@@ -280,8 +339,8 @@ def targets(
 
 
 HEADER = [
-    "| endpoints | variant | -> ACK p50 | ACK p99 | -> routed p50 | routed p99 | rounds routed | stale answers after ACK |",
-    "|---|---|---|---|---|---|---|---|",
+    "| endpoints | variant | -> ACK p50 | ACK p99 | -> routed p50 | routed p99 | rounds routed | stale answers after ACK | -> handed to gRPC p50 / p99 | Envoy applying p50 / p99 |",
+    "|---|---|---|---|---|---|---|---|---|---|",
 ]
 
 

@@ -157,7 +157,8 @@ class SimProcess(_Process):
 
 
 class PluginProcess(_Process):
-    """``llm-health serve`` with a config written from ``settings`` (ports filled in)."""
+    """``llm-health serve`` with a config written from ``settings`` (the ``grpc`` and
+    ``http`` ports filled in; other ``server`` keys in ``settings`` are kept)."""
 
     name = "plugin"
 
@@ -167,6 +168,7 @@ class PluginProcess(_Process):
         settings = {
             **settings,
             "server": {
+                **settings.get("server", {}),
                 "grpc": f"127.0.0.1:{self.grpc_port}",
                 "http": f"127.0.0.1:{self.http_port}",
             },

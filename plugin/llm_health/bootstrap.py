@@ -125,6 +125,7 @@ def render_bootstrap(
     admin_port: int,
     clusters: ClusterSelection | None = None,
     initial_fetch_timeout: str | None = None,
+    authz_port: int | None = None,
     extra: Callable[[Bootstrap], object] | None = None,
 ) -> Path:
     """Render the bootstrap ``src`` and write it to ``dst`` (returned).
@@ -136,6 +137,9 @@ def render_bootstrap(
     - every cluster named by an ``envoy_grpc.cluster_name`` (the plugin: xDS, and later
       HDS/ext_authz) → a single endpoint 127.0.0.1:``xds_port``;
     - ``initial_fetch_timeout`` (e.g. ``"1s"``) → set on every EDS cluster's eds_config;
+    - ``authz_port``: the plugin serves ext_authz on a port of its own (``server.authz``):
+      every ext_authz filter calls cluster ``llm_health_authz`` (a copy of the plugin's
+      cluster it called, on 127.0.0.1:``authz_port``);
     - ``clusters``: names (or name → overrides deep-merged into that cluster, see
       :func:`deep_merge`) of the EDS clusters to have. The template is the config's EDS
       cluster ``llama-70b`` (or its only EDS cluster); the result has exactly these EDS
@@ -179,12 +183,39 @@ def render_bootstrap(
     if clusters is not None:
         _replace_eds_clusters(config, clusters, src)
 
+    if authz_port is not None:
+        _point_ext_authz_at(config, authz_port, src)
+
     if extra is not None:
         extra(config)
 
     dst.parent.mkdir(parents=True, exist_ok=True)
     dst.write_text(yaml.safe_dump(config, sort_keys=False, default_flow_style=False))
     return dst
+
+
+AUTHZ_CLUSTER = "llm_health_authz"
+EXT_AUTHZ_FILTER = "envoy.filters.http.ext_authz"
+
+
+def _point_ext_authz_at(config: Bootstrap, port: int, src: Path) -> None:
+    filters = [n for n in walk(listeners(config)) if n.get("name") == EXT_AUTHZ_FILTER]
+    services = [f.get("typed_config", {}).get("grpc_service", {}) for f in filters]
+    called = {s.get("envoy_grpc", {}).get("cluster_name") for s in services}
+    if not filters or None in called or len(called) != 1:
+        raise ValueError(f"{src}: no ext_authz filter calling one envoy_grpc cluster")
+    by_name = {c.get("name"): c for c in static_clusters(config)}
+    own = copy.deepcopy(by_name[called.pop()])
+    own["name"] = AUTHZ_CLUSTER
+    endpoint: dict[str, Any] = {}
+    _set_socket_address(endpoint, port)
+    own["load_assignment"] = {
+        "cluster_name": AUTHZ_CLUSTER,
+        "endpoints": [{"lb_endpoints": [{"endpoint": endpoint}]}],
+    }
+    config["static_resources"]["clusters"].append(own)
+    for service in services:
+        service["envoy_grpc"]["cluster_name"] = AUTHZ_CLUSTER
 
 
 def _replace_eds_clusters(config: Bootstrap, spec: ClusterSelection, src: Path) -> None:

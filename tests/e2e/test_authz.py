@@ -116,12 +116,15 @@ def gateway(tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
         want: list[str],
         authz: dict[str, Any] | None = None,
         lb_policy: str | None = None,
+        own_authz: bool = False,
     ) -> Gateway:
         sims = [SimProcess(tmp_path, f"b{i}", *args) for i, args in enumerate(sim_args)]
         started.extend(sims)
         for sim in sims:
             sim.wait_up()
+        own = free_port() if own_authz else None  # server.authz: checks on its own threads
         settings = {
+            "server": {"authz": f"127.0.0.1:{own}"} if own is not None else {},
             "probe": {"model": "sim-model"},
             "xds": {"warm_start_timeout": "5s"},
             "authz": authz or {},
@@ -137,6 +140,7 @@ def gateway(tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
             xds_port=plugin.grpc_port,
             listener_port=listener,
             admin_port=0,
+            authz_port=own,
             extra=lambda c: _set_lb_policy(c, lb_policy),
         )
         envoy = EnvoyProcess(rendered, workdir=tmp_path / "envoy")
@@ -203,6 +207,30 @@ def test_client_probe_header_gets_403_in_deny_mode(gateway: Callable[..., Gatewa
     assert len(sim_requests(sim, "plain-")) == 1
     assert gw.authz_status()["decisions"][CLUSTER]["probe_denied"] == 1
     assert gw.envoy_authz_stat("denied") == 1
+
+
+# --------------------------------------------------------------------------- own port
+
+
+def test_checks_on_the_own_authz_port_deny_and_allow_through_envoy(
+    gateway: Callable[..., Gateway],
+) -> None:
+    """``server.authz``: Envoy's ext_authz filter calls the plugin's own threaded port
+    (cluster llm_health_authz); the answers are the same as on the main port."""
+    gw = gateway([DEAD], ["UNHEALTHY"], own_authz=True)
+    denied = call(gw.url, prompt="refused-1")
+    assert denied.status == 503, denied
+    assert denied.json()["error"]["type"] == "no_capacity"
+    assert gw.envoy_authz_stat("denied") == 1
+    (sim,) = gw.sims
+    sim.set_fault(fault="none")
+    wait_until(lambda: gw.envoy_view()[sim.address][0] == "HEALTHY", 20, "the backend back")
+    assert call(gw.url, prompt="allowed-1").status == 200
+    status = gw.authz_status()
+    assert status["own_server"]["serving"] is True
+    assert status["decisions"][CLUSTER] == {"no_capacity": 1, "ok": 1}
+    assert gw.envoy_authz_stat("ok") == 1
+    assert gw.envoy.stat("cluster.llm_health_authz.upstream_rq_total", 0) >= 2
 
 
 # --------------------------------------------------------------------------- no capacity

@@ -26,6 +26,7 @@ from llm_health.model.states import State
 from tests.engine.llama import DEFAULT_ALIAS, LlamaServer, StartServer
 from tests.envoy_harness import free_port
 from tests.polling import wait_until_async
+from tests.runtime import Running as RunningRuntime
 
 SOAK_S = float(os.environ.get("LLM_HEALTH_ENGINE_SOAK", "300"))
 pytestmark = pytest.mark.timeout(SOAK_S + 120)
@@ -61,30 +62,20 @@ def runtime_for(
     return build_runtime(parse_config(text, "llama.yaml", {}))
 
 
-class Running:
+class Running(RunningRuntime):
     """The runtime in a task for the length of an ``async with``; every state change and
     probe result recorded."""
 
     def __init__(self, runtime: Runtime) -> None:
-        self.runtime, self.stop = runtime, asyncio.Event()
+        super().__init__(runtime)
         self.changes: list[tuple[str, Transition]] = []
         self.results: list[ProbeResult] = []
         runtime.control.on_transition(self._changed)
         runtime.control.on_probe(lambda _c, _a, result: self.results.append(result))
-        self.task: asyncio.Task[None] | None = None
 
     def _changed(self, _c: str, address: str, t: Transition, _r: ProbeResult | None) -> None:
         if t.changed:
             self.changes.append((address, t))
-
-    async def __aenter__(self) -> Running:
-        self.task = asyncio.create_task(self.runtime.run(self.stop))
-        return self
-
-    async def __aexit__(self, *_exc: object) -> None:
-        self.stop.set()
-        assert self.task is not None
-        await asyncio.wait_for(self.task, 10)
 
     def endpoint(self, server: LlamaServer) -> Any:
         (found,) = [

@@ -20,6 +20,7 @@ from llm_health.model.states import State
 from tests.envoy_harness import free_port
 from tests.polling import wait_until_async
 from tests.processes import SimProcess
+from tests.runtime import Running as RunningRuntime
 
 CONFIG = """
 server: {{grpc: "127.0.0.1:{grpc}", http: "127.0.0.1:{http}"}}
@@ -67,21 +68,8 @@ def endpoint(runtime: Runtime, sim: SimProcess) -> Any:
     return found
 
 
-class Running:
+class Running(RunningRuntime):
     """The runtime running in a task for the length of a ``with`` block."""
-
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime, self.stop = runtime, asyncio.Event()
-        self.task: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> Running:
-        self.task = asyncio.create_task(self.runtime.run(self.stop))
-        return self
-
-    async def __aexit__(self, *_exc: object) -> None:
-        self.stop.set()
-        assert self.task is not None
-        await asyncio.wait_for(self.task, 5)
 
     async def wait_state(
         self, sim: SimProcess, state: State, within: float, cause: Cause | None = None

@@ -14,12 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from llm_health.app.assemble import build_runtime
-from llm_health.config import parse_config
 from llm_health.model.states import State
 from tests.envoy_harness import free_port
 from tests.polling import wait_until_async
 from tests.processes import SimProcess
+from tests.runtime import Running
 
 CONFIG = """
 server: {{grpc: "127.0.0.1:{grpc}", http: "127.0.0.1:{http}"}}
@@ -57,16 +56,14 @@ async def _burn(blocks: int, block_s: float) -> None:
 async def test_a_starved_loop_gives_no_verdict(sims: list[SimProcess]) -> None:
     endpoints = ", ".join(f'{{address: "{s.address}"}}' for s in sims)
     text = CONFIG.format(grpc=free_port(), http=free_port(), endpoints=endpoints)
-    runtime = build_runtime(parse_config(text, "starved.yaml", {}))
-    changes: list[tuple[str, str]] = []
-    runtime.control.on_transition(
-        lambda _c, address, t, _r: (
-            changes.append((address, t.after.state.value)) if t.changed else None
+    async with Running.from_config(text, "starved.yaml") as running:
+        runtime = running.runtime
+        changes: list[tuple[str, str]] = []
+        runtime.control.on_transition(
+            lambda _c, address, t, _r: (
+                changes.append((address, t.after.state.value)) if t.changed else None
+            )
         )
-    )
-    stop = asyncio.Event()
-    run = asyncio.create_task(runtime.run(stop))
-    try:
 
         def all_healthy() -> bool:
             cluster = runtime.control.snapshot().clusters["llama"]
@@ -81,9 +78,6 @@ async def test_a_starved_loop_gives_no_verdict(sims: list[SimProcess]) -> None:
         await asyncio.sleep(1.0)  # the probes in flight at the last block come back
         ignored = runtime.stats.probes_ignored_loop_lag - ignored_before
         silences = runtime.stats.silences_ignored_loop_lag - silences_before
-    finally:
-        stop.set()
-        await asyncio.wait_for(run, 10)
     assert changes == [], f"a starved prober changed states: {changes}"
     assert ignored + silences > 0, "the blocks were never noticed: the test measured nothing"
     cluster = runtime.control.snapshot().clusters["llama"]

@@ -735,3 +735,33 @@ def test_probe_workers_rejects_anything_else(value: str) -> None:
     )
     message = one_message(text)
     assert message.startswith("x.yaml:1 server.probe_workers:"), message
+
+
+def test_authz_defaults_to_the_main_server_and_takes_its_own_address() -> None:
+    assert parse_config(GOOD, SOURCE, ENVIRON).server.authz is None
+    text = GOOD.replace("http: 127.0.0.1:18080}", 'http: 127.0.0.1:18080, authz: "[::1]:18003"}')
+    assert parse_config(text, SOURCE, ENVIRON).server.authz == "[::1]:18003"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("127.0.0.1:18000", 'authz "127.0.0.1:18000" must differ from grpc and http'),
+        ("127.0.0.1:18080", 'authz "127.0.0.1:18080" must differ from grpc and http'),
+        ("0.0.0.0:18003", 'authz "0.0.0.0:18003" is not a loopback address or Unix socket'),
+        ("nonsense", "server.authz:"),
+    ],
+)
+def test_authz_address_is_checked(value: str, expected: str) -> None:
+    text = GOOD.replace("http: 127.0.0.1:18080}", f'http: 127.0.0.1:18080, authz: "{value}"}}')
+    message = one_message(text)
+    assert message.startswith("x.yaml:1 server"), message
+    assert expected in message, message
+
+
+def test_authz_off_loopback_is_fine_with_a_token() -> None:
+    text = GOOD.replace(
+        "http: 127.0.0.1:18080}",
+        'http: 127.0.0.1:18080, authz: "0.0.0.0:18003", token: "0123456789abcdef0"}',
+    )
+    assert parse_config(text, SOURCE, ENVIRON).server.authz == "0.0.0.0:18003"

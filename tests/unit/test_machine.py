@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from llm_health.model.machine import Transition, drain, initial_health, step, undrain
+from llm_health.model.machine import Transition, drain, initial_health, step, trusted, undrain
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.policy import Policy
 from llm_health.model.states import EndpointHealth, State
@@ -488,3 +488,32 @@ def test_undrain_restarts_startup_grace() -> None:
     expired = step(tolerated.after, probe("T"), T0 + 5600, policy)
     assert expired.after.state is State.UNHEALTHY
     assert "startup_grace" in expired.after.reason
+
+
+@pytest.mark.parametrize(
+    ("outcome", "lag_ms", "timeout_s", "expected"),
+    [
+        # The absolute bound (max_loop_lag 100 ms) for every SLOW and TIMEOUT verdict.
+        (Outcome.SLOW, 100.0, 0.8, True),
+        (Outcome.SLOW, 101.0, 0.8, False),
+        (Outcome.TIMEOUT, 100.0, 0.8, True),
+        (Outcome.TIMEOUT, 101.0, 0.8, False),
+        # A TIMEOUT over a long budget: up to a tenth of it (500 ms of 5 s) proves the
+        # engine took at least 90 % of the timeout.
+        (Outcome.TIMEOUT, 150.0, 5.0, True),
+        (Outcome.TIMEOUT, 500.0, 5.0, True),
+        (Outcome.TIMEOUT, 501.0, 5.0, False),
+        # SLOW keeps the absolute bound whatever the timeout.
+        (Outcome.SLOW, 150.0, 5.0, False),
+        # Lag never voids what it cannot invent.
+        (Outcome.FAST, 5_000.0, 0.8, True),
+        (Outcome.ERROR, 5_000.0, 0.8, True),
+        (Outcome.FATAL, 5_000.0, 0.8, True),
+    ],
+)
+def test_trusted_bounds_the_lag_a_verdict_may_bear(
+    outcome: Outcome, lag_ms: float, timeout_s: float, expected: bool
+) -> None:
+    policy = Policy(timeout_s=timeout_s, max_loop_lag_s=0.1)
+    result = ProbeResult(outcome, 0.0, ttft_ms=None, loop_lag_ms=lag_ms)
+    assert trusted(result, policy) is expected

@@ -94,7 +94,12 @@ def build_components(
             shared_authenticated=grpc_auth.authenticated,
         ),
         attach_alerts(config.alerts, control),
-        AuthzComponent(control.hub, lambda: live.current.authz),
+        AuthzComponent(
+            control.hub,
+            lambda: live.current.authz,
+            listen=config.server.authz,
+            security=grpc_auth.security,
+        ),
         HdsComponent(
             config.hds.to_settings(),
             control,

@@ -1,32 +1,67 @@
 """The ext_authz component: registers ``Authorization/Check`` and reports its counters.
 
 Settings follow config reloads: the gate asks for them on every check and they are
-rebuilt only when the ``config`` getter returns a new object. No background task.
+rebuilt only when the ``config`` getter returns a new object.
+
+``listen`` (``server.authz``) set: ``Check`` is not served on the main gRPC server but on
+a threaded server of its own (docs/design.md §16.9), started and stopped by this
+component's task, with the main server's token and TLS (``security``). Its threads
+answer while the event loop that times the probes is busy; they read the published
+snapshot by reference (the hub replaces it whole, never mutates it) and take ``lock`` for
+the gate's cache, the counters and the problem log, as ``status()`` does here.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import sys
+import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 import grpc
 
+from llm_health.app.grpc_auth import GrpcSecurity
 from llm_health.authz import AuthzCounters, AuthzSettings, Gate, ProblemLog
 from llm_health.config import AuthzConfig
 from llm_health.core.control import SnapshotSource
-from llm_health.servers.authz import add_authz_servicer
+from llm_health.servers.authz import add_authz_servicer, add_threaded_authz_servicer
+from llm_health.servers.grpc import GRPC_SERVER_OPTIONS, bind_grpc, create_threaded_grpc_server
+
+log = logging.getLogger("llm_health.authz")
+STOP_GRACE_S = 1.0
+THREADS = 4
+# How long a thread that holds the interpreter lock keeps it while another waits (Python's
+# default: 5 ms). A check crosses several threads of the gRPC server (its poller, a
+# worker), each waiting for the busy event loop to hand the lock over: at 5 ms a check
+# waited ~17 ms p50 behind a loaded prober. Only matters while a check is waiting: idle
+# gRPC threads sit in C without asking for the lock.
+SWITCH_INTERVAL_S = 0.0005
 
 
 class AuthzComponent:
     name = "authz"
 
-    def __init__(self, published: SnapshotSource, config: Callable[[], AuthzConfig]) -> None:
+    def __init__(
+        self,
+        published: SnapshotSource,
+        config: Callable[[], AuthzConfig],
+        *,
+        listen: str | None = None,
+        security: Callable[[], GrpcSecurity] = GrpcSecurity,
+    ) -> None:
         self._config = config
         self._seen: AuthzConfig | None = None
         self._settings = AuthzSettings()
         self.counters = AuthzCounters()
         self.problems = ProblemLog()
         self.gate = Gate(published.current, self.settings)
+        self.listen = listen
+        self._security = security
+        self.lock = threading.Lock()
+        self.own_port: int | None = None  # bound port of the own server (0: Unix socket)
+        self.own_error = ""
 
     def settings(self) -> AuthzSettings:
         config = self._config()
@@ -35,17 +70,60 @@ class AuthzComponent:
         return self._settings
 
     def register(self, server: grpc.aio.Server) -> None:
-        add_authz_servicer(server, self.gate, self.counters, self.problems)
+        if self.listen is None:
+            add_authz_servicer(server, self.gate, self.counters, self.problems)
 
     def tasks(self) -> list[Callable[[], Coroutine[Any, Any, None]]]:
-        return []
+        return [self._serve_own] if self.listen is not None else []
+
+    async def _serve_own(self) -> None:
+        """Run the threaded ext_authz server until cancelled. A bind failure is logged and
+        shown in /status; the rest of the service goes on (Envoy's failure_mode_allow
+        decides what unanswered checks mean)."""
+        assert self.listen is not None
+        try:
+            server = self._start_own(self.listen)
+        except Exception as exc:
+            self.own_error = str(exc)[:300]
+            log.error(
+                "ext_authz server not started",
+                extra={"listen": self.listen, "error": self.own_error},
+            )
+            return
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(min(switch, SWITCH_INTERVAL_S))
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self.own_port = None
+            await asyncio.to_thread(lambda: server.stop(STOP_GRACE_S).wait())
+            sys.setswitchinterval(switch)
+
+    def _start_own(self, listen: str) -> grpc.Server:
+        security = self._security()
+        server = create_threaded_grpc_server(
+            GRPC_SERVER_OPTIONS, interceptors=security.threaded_interceptors, threads=THREADS
+        )
+        add_threaded_authz_servicer(server, self.gate, self.counters, self.problems, self.lock)
+        port = bind_grpc(server, listen, security.credentials)
+        server.start()
+        self.own_port = port
+        log.info("ext_authz serving on its own threads", extra={"listen": listen})
+        return server
 
     def status(self) -> dict[str, Any]:
         settings = self.settings()
+        with self.lock:
+            counters = self.counters.as_dict()
+            rebuilds = self.gate.rebuilds
+        own: dict[str, Any] = {"listen": self.listen, "serving": self.own_port is not None}
+        if self.own_error:
+            own["error"] = self.own_error
         return {
             "enabled": settings.enabled,
             "probe_header": settings.probe_header,
             "shed_below": settings.shed_below,
-            "view_rebuilds": self.gate.rebuilds,
-            **self.counters.as_dict(),
+            "view_rebuilds": rebuilds,
+            "own_server": own if self.listen is not None else None,
+            **counters,
         }

@@ -127,6 +127,7 @@ class EngineChecks:
         self._on_load = on_load
         self._clock = clock
         self._targets: list[ProbeTarget] = []
+        self._stretch = 0.0
         self._members: dict[str, set[str]] = {}
         self.engines: dict[str, str] = {}
         self._verifier = Verifier()
@@ -141,6 +142,7 @@ class EngineChecks:
         released: a stale hold would outlive the check that set it."""
         released = [(t.cluster, t.address) for t in self._targets] if self._targets else []
         self._targets = targets
+        self._stretch = sum(1 for t in targets if t.metrics is not None) / MAX_METRICS_READS_PER_S
         self._members = {}
         for target in targets:
             self._members.setdefault(target.cluster, set()).add(target.address)
@@ -334,9 +336,9 @@ class EngineChecks:
                     self._spawn(self._detect(session, limits, target))
 
     def _metrics_stretch(self) -> float:
-        """The shortest interval at which every endpoint's /metrics fits the budget."""
-        read = sum(1 for t in self._targets if t.metrics is not None)
-        return read / MAX_METRICS_READS_PER_S
+        """The shortest interval at which every endpoint's /metrics fits the budget
+        (counted once per target change, not per tick)."""
+        return self._stretch
 
     def _spawn(self, job: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(job)

@@ -6,11 +6,12 @@ and /status shows its ``grpc_auth`` part: ``{"mode": "bearer token" | "mtls" |
 "mtls + bearer token" | "none", "rejected_total": N}``. The token itself is never shown.
 
 - ``server.token``: one ``BearerTokenInterceptor`` guards every service on the port (xDS,
-  HDS, ext_authz, and the admin API when it shares the port), loopback included. The
+  HDS, ext_authz, and the admin API when it shares the port), loopback included, and
+  the same token guards ext_authz's own port (``server.authz``) when it has one. The
   admin API keeps its own ``admin.token`` check when one is set: its methods are then
   exempt here (admin clients present the admin token).
-- ``server.tls``: the port speaks TLS; with ``client_ca`` clients need a certificate
-  signed by it (mutual TLS). Certificates are read at start.
+- ``server.tls``: the port (and ``server.authz``'s) speaks TLS; with ``client_ca``
+  clients need a certificate signed by it (mutual TLS). Certificates are read at start.
 
 ``authenticated`` (token or mutual TLS) tells HDS that its reporters are trusted, which
 lifts the max_ejection_percent cap on HDS verdicts (app/hds.py).
@@ -25,17 +26,24 @@ from typing import Any
 import grpc
 
 from llm_health.config import AdminConfig, ServerConfig
-from llm_health.servers.grpc import BearerTokenInterceptor, GrpcAuthStats, server_credentials
+from llm_health.servers.grpc import (
+    BearerTokenInterceptor,
+    GrpcAuthStats,
+    ThreadedBearerTokenInterceptor,
+    server_credentials,
+)
 
 ADMIN_METHODS = "/llm_health.v1.Admin/"
 
 
 @dataclass(frozen=True, slots=True)
 class GrpcSecurity:
-    """What ``start_grpc_server`` needs: interceptors and (TLS) credentials."""
+    """What ``start_grpc_server`` needs: interceptors and (TLS) credentials; and the same
+    rule for a threaded server (``server.authz``): ``threaded_interceptors``."""
 
     interceptors: tuple[grpc.aio.ServerInterceptor, ...] = ()
     credentials: grpc.ServerCredentials | None = None
+    threaded_interceptors: tuple[grpc.ServerInterceptor, ...] = ()
 
 
 class GrpcAuthComponent:
@@ -53,12 +61,13 @@ class GrpcAuthComponent:
     def security(self) -> GrpcSecurity:
         """Interceptors and credentials for the main gRPC server (reads the TLS files)."""
         interceptors: tuple[grpc.aio.ServerInterceptor, ...] = ()
+        threaded: tuple[grpc.ServerInterceptor, ...] = ()
         if self._server.token is not None:
+            token = self._server.token.get_secret_value()
             exempt = (ADMIN_METHODS,) if self._admin_has_token else ()
-            interceptors = (
-                BearerTokenInterceptor(
-                    self._server.token.get_secret_value(), stats=self.stats, exempt=exempt
-                ),
+            interceptors = (BearerTokenInterceptor(token, stats=self.stats, exempt=exempt),)
+            threaded = (
+                ThreadedBearerTokenInterceptor(BearerTokenInterceptor(token, stats=self.stats)),
             )
         credentials = None
         tls = self._server.tls
@@ -68,7 +77,7 @@ class GrpcAuthComponent:
                 tls.key.read_bytes(),
                 tls.client_ca.read_bytes() if tls.client_ca is not None else None,
             )
-        return GrpcSecurity(interceptors, credentials)
+        return GrpcSecurity(interceptors, credentials, threaded)
 
     def register(self, server: grpc.aio.Server) -> None:
         """Nothing to register: the interceptor is installed when the server is created."""

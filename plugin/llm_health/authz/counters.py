@@ -25,7 +25,8 @@ def _nested() -> defaultdict[str, defaultdict[str, int]]:
 
 @dataclass
 class AuthzCounters:
-    """Mutated on the event loop only. ``latency`` is the time the plugin spent on one
+    """Mutated on the event loop only, or under the ext_authz component's lock when its
+    own threads serve (``server.authz``). ``latency`` is the time the plugin spent on one
     Check (translation, decision, response), not the network round trip."""
 
     checks: int = 0

@@ -1,8 +1,10 @@
 """Gate: answers checks from the latest published snapshot and the current settings.
 
-Call from the one event loop that owns the SnapshotHub. A check costs a dict lookup and
-a few comparisons; the view is rebuilt only when the snapshot revision or the settings
-object changes (the first check after a push or a config reload pays for it).
+Call from the one event loop that owns the SnapshotHub, or from one thread at a time
+(``server.authz``'s threads take the component's lock: docs/design.md §16.9); the
+snapshot getter returns the hub's current object, replaced whole. A check costs a dict
+lookup and a few comparisons; the view is rebuilt only when the snapshot revision or the
+settings object changes (the first check after a push or a config reload pays for it).
 """
 
 from __future__ import annotations

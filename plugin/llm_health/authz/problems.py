@@ -16,7 +16,7 @@ log = logging.getLogger("llm_health.authz")
 
 
 class ProblemLog:
-    """Not thread-safe: call from the event loop. ``clock`` is monotonic seconds."""
+    """Not thread-safe: call from the event loop (or under the ext_authz component's lock). ``clock`` is monotonic seconds."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, every_s: float = 10.0) -> None:
         self._clock = clock

@@ -477,6 +477,10 @@ class ServerConfig(_Frozen):
 
     grpc: str = "127.0.0.1:18000"
     http: str = "127.0.0.1:18080"
+    # ext_authz on a gRPC server of its own, answered by its own threads (docs/design.md
+    # §16.9): admission never waits for the event loop that times the probes. null: on
+    # ``grpc`` with everything else. Same token and TLS as ``grpc``. Applies at start.
+    authz: str | None = None
     token: SecretStr | None = None
     tls: ServerTlsConfig | None = None
     # Probe worker processes (docs/design.md §16.2): 0 probes on the runtime's own loop;
@@ -490,10 +494,10 @@ class ServerConfig(_Frozen):
             return len(os.sched_getaffinity(0))
         return os.cpu_count() or 1
 
-    @field_validator("grpc", "http")
+    @field_validator("grpc", "http", "authz")
     @classmethod
-    def _valid_bind(cls, value: str) -> str:
-        if not value.startswith("unix:"):
+    def _valid_bind(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("unix:"):
             split_address(value)
         return value
 
@@ -512,6 +516,14 @@ class ServerConfig(_Frozen):
     @model_validator(mode="after")
     def _authenticated_off_loopback(self) -> ServerConfig:
         mtls = self.tls is not None and self.tls.client_ca is not None
+        if self.authz is not None and self.authz in (self.grpc, self.http):
+            raise ValueError(f'authz "{self.authz}" must differ from grpc and http')
+        if self.token is None and not mtls and self.authz and not is_local_bind(self.authz):
+            raise ValueError(
+                f'authz "{self.authz}" is not a loopback address or Unix socket: set '
+                "server.token or server.tls.client_ca (mutual TLS); otherwise anyone "
+                "reaching the port can read every cluster's admission state"
+            )
         if self.token is None and not mtls and not is_local_bind(self.grpc):
             raise ValueError(
                 f'grpc "{self.grpc}" is not a loopback address or Unix socket: set '

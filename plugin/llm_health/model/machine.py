@@ -317,14 +317,26 @@ def _describe(result: ProbeResult) -> str:
     return f"{text}: {result.detail}" if result.detail else text
 
 
+TIMEOUT_LAG_SHARE = 0.1  # of the timeout: a longer stall may have hidden the first token
+
+
 def trusted(result: ProbeResult, policy: Policy) -> bool:
     """False when a SLOW or TIMEOUT verdict may be the prober's fault: its own event loop
     lagged more than ``max_loop_lag`` while the probe ran (docs/design.md §7, measurement integrity).
     Such a probe must not degrade an endpoint. FAST, FATAL and ERROR are trusted: lag can
-    only make a probe look slower, never faster, and cannot invent an engine error."""
+    only make a probe look slower, never faster, and cannot invent an engine error.
+
+    A TIMEOUT may also bear a longer lag, up to a tenth of the timeout: with no stall
+    longer than ``loop_lag_ms``, a first token that arrived before ``timeout -
+    loop_lag_ms`` would have been read in time, so the engine took at least 90 % of the
+    timeout. A 150 ms stall over a 5 s budget proves a real timeout; over 800 ms the
+    absolute bound (100 ms) is the stricter one and still applies."""
     if result.outcome not in (Outcome.SLOW, Outcome.TIMEOUT):
         return True
-    return result.loop_lag_ms <= policy.max_loop_lag_s * 1000
+    bound_ms = policy.max_loop_lag_s * 1000
+    if result.outcome is Outcome.TIMEOUT:
+        bound_ms = max(bound_ms, policy.timeout_s * 1000 * TIMEOUT_LAG_SHARE)
+    return result.loop_lag_ms <= bound_ms
 
 
 def force_unhealthy(

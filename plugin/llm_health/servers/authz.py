@@ -14,6 +14,7 @@ Translates a CheckRequest into an ``AdmissionRequest``, asks the ``Gate`` (pure 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import grpc
@@ -28,6 +29,7 @@ from llm_health.servers.decoding import rejecting_undecodable
 log = logging.getLogger("llm_health.authz")
 
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+INTERNAL_MESSAGE = "llm-health: internal error"
 
 
 class AuthorizationServicer(external_auth_pb2_grpc.AuthorizationServicer):  # type: ignore[misc]
@@ -39,19 +41,54 @@ class AuthorizationServicer(external_auth_pb2_grpc.AuthorizationServicer):  # ty
     async def Check(
         self, request: external_auth_pb2.CheckRequest, context: grpc.aio.ServicerContext
     ) -> external_auth_pb2.CheckResponse:
-        started = time.perf_counter()
-        try:
-            decision = self._gate.check(admission_request(request))
-            response = check_response(decision)
-        except Exception:
-            self._counters.internal_errors += 1
-            log.exception("ext_authz check failed inside the plugin; Envoy fails open")
-            await context.abort(grpc.StatusCode.INTERNAL, "llm-health: internal error")
-            raise  # abort() raises; never reached
-        self._counters.count(decision, time.perf_counter() - started)
-        if decision.problem is not None:
-            self._problems.report(decision.problem, decision.cluster)
+        response = answer(request, self._gate, self._counters, self._problems)
+        if response is None:
+            await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
         return response
+
+
+class ThreadedAuthorizationServicer(external_auth_pb2_grpc.AuthorizationServicer):  # type: ignore[misc]
+    """The same on a threaded server (``server.authz``): checks run on its threads, one at
+    a time under ``lock`` (the gate's view cache, the counters and the problem log are
+    plain objects; whoever reads them elsewhere takes the same lock)."""
+
+    def __init__(
+        self, gate: Gate, counters: AuthzCounters, problems: ProblemLog, lock: threading.Lock
+    ) -> None:
+        self._gate, self._counters, self._problems = gate, counters, problems
+        self._lock = lock
+
+    def Check(
+        self, request: external_auth_pb2.CheckRequest, context: grpc.ServicerContext
+    ) -> external_auth_pb2.CheckResponse:
+        with self._lock:
+            response = answer(request, self._gate, self._counters, self._problems)
+        if response is None:
+            context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
+        return response
+
+
+def answer(
+    request: external_auth_pb2.CheckRequest,
+    gate: Gate,
+    counters: AuthzCounters,
+    problems: ProblemLog,
+) -> external_auth_pb2.CheckResponse | None:
+    """The CheckResponse for ``request``, counted; None after a failure inside the plugin
+    (logged and counted: the caller answers INTERNAL and Envoy's failure_mode_allow lets
+    the request through)."""
+    started = time.perf_counter()
+    try:
+        decision = gate.check(admission_request(request))
+        response = check_response(decision)
+    except Exception:
+        counters.internal_errors += 1
+        log.exception("ext_authz check failed inside the plugin; Envoy fails open")
+        return None
+    counters.count(decision, time.perf_counter() - started)
+    if decision.problem is not None:
+        problems.report(decision.problem, decision.cluster)
+    return response
 
 
 def admission_request(request: external_auth_pb2.CheckRequest) -> AdmissionRequest:
@@ -106,5 +143,18 @@ def add_authz_servicer(
 ) -> None:
     """Register ``envoy.service.auth.v3.Authorization`` on ``server`` (before it starts)."""
     servicer = AuthorizationServicer(gate, counters, problems)
+    lenient = rejecting_undecodable(server)  # undecodable bytes: INVALID_ARGUMENT
+    external_auth_pb2_grpc.add_AuthorizationServicer_to_server(servicer, lenient)
+
+
+def add_threaded_authz_servicer(
+    server: grpc.Server,
+    gate: Gate,
+    counters: AuthzCounters,
+    problems: ProblemLog,
+    lock: threading.Lock,
+) -> None:
+    """Register ``Authorization`` on a threaded server (``create_threaded_grpc_server``)."""
+    servicer = ThreadedAuthorizationServicer(gate, counters, problems, lock)
     lenient = rejecting_undecodable(server)  # undecodable bytes: INVALID_ARGUMENT
     external_auth_pb2_grpc.add_AuthorizationServicer_to_server(servicer, lenient)

@@ -19,6 +19,7 @@ host per ``REPEAT_LOG_S``.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -31,6 +32,7 @@ from llm_health.model.redact import printable
 
 REPEAT_LOG_S = 60.0
 MAX_PEERS = 1024  # peers remembered for the rate limit (then the memory starts over)
+INVALID_MESSAGE = "request is not a valid message"
 _LOG = logging.getLogger("llm_health.grpc")
 
 
@@ -82,7 +84,9 @@ def lenient_handler(handler: Any, method: str) -> Any:
     if decode is None or getattr(decode, "lenient", False):
         return handler
     changed: dict[str, Any] = {"request_deserializer": _lenient(decode)}
-    if handler.unary_unary is not None:
+    if handler.unary_unary is not None and not inspect.iscoroutinefunction(handler.unary_unary):
+        changed["unary_unary"] = _threaded_unary_unary(handler.unary_unary, method)
+    elif handler.unary_unary is not None:
         changed["unary_unary"] = _unary_unary(handler.unary_unary, method)
     elif handler.unary_stream is not None:
         changed["unary_stream"] = _unary_stream(handler.unary_stream, method)
@@ -116,6 +120,18 @@ def _unary_unary(method: Callable[..., Awaitable[Any]], name: str) -> Callable[.
         if isinstance(request, Undecodable):
             await _reject(context, name)
         return await method(request, context)
+
+    return behaviour
+
+
+def _threaded_unary_unary(method: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """The same for a synchronous (threaded) server's unary method."""
+
+    def behaviour(request: Any, context: grpc.ServicerContext) -> Any:
+        if isinstance(request, Undecodable):
+            _log_undecodable(context.peer() or "?", name)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, INVALID_MESSAGE)
+        return method(request, context)
 
     return behaviour
 
@@ -157,7 +173,13 @@ _last_logged: dict[str, float] = {}
 
 
 async def _reject(context: grpc.aio.ServicerContext, method: str) -> NoReturn:
-    peer = _host(context.peer() or "?")
+    _log_undecodable(context.peer() or "?", method)
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, INVALID_MESSAGE)
+    raise AssertionError("unreachable: abort raises")
+
+
+def _log_undecodable(peer_text: str, method: str) -> None:
+    peer = _host(peer_text)
     now = time.monotonic()
     last = _last_logged.get(peer)
     if last is None or now - last >= REPEAT_LOG_S:
@@ -171,8 +193,6 @@ async def _reject(context: grpc.aio.ServicerContext, method: str) -> NoReturn:
             peer,
             REPEAT_LOG_S,
         )
-    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request is not a valid message")
-    raise AssertionError("unreachable: abort raises")
 
 
 def _host(peer: str) -> str:

@@ -4,6 +4,9 @@ servicer here.
 ``start_grpc_server`` builds the one gRPC server the plugin runs (xDS, HDS, ext_authz and
 admin servicers are all registered on it); ``create_grpc_server`` + ``bind_grpc`` serve a
 component that listens on its own address (the admin API's ``admin.grpc``).
+``create_threaded_grpc_server`` is a synchronous gRPC server whose calls run in its own
+threads, never on the event loop (ext_authz on ``server.authz``: docs/design.md §16.9);
+``ThreadedBearerTokenInterceptor`` guards it with the same token.
 
 Authentication of the main server (``server.token``, ``server.tls``):
 - ``BearerTokenInterceptor``: every call must carry ``authorization: Bearer <token>``
@@ -24,6 +27,7 @@ import logging
 import socket
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,8 +79,29 @@ def create_grpc_server(
     return server
 
 
+def create_threaded_grpc_server(
+    options: Sequence[tuple[str, Any]] = GRPC_SERVER_OPTIONS,
+    *,
+    interceptors: Sequence[grpc.ServerInterceptor] = (),
+    threads: int = 4,
+) -> grpc.Server:
+    """A synchronous gRPC server: its calls run on ``threads`` threads of its own, so they
+    are answered while the event loop is busy (they still share the interpreter lock,
+    which a busy thread yields every ``sys.getswitchinterval()``, 5 ms by default). gRPC
+    core's completion queue of this server is its own, not grpc.aio's (grpc.aio servers on
+    two event loops in two threads share one notification socket)."""
+    server: grpc.Server = grpc.server(
+        ThreadPoolExecutor(max_workers=threads, thread_name_prefix="llm-health-grpc"),
+        options=tuple(options),
+        interceptors=tuple(interceptors) or None,
+    )
+    return server
+
+
 def bind_grpc(
-    server: grpc.aio.Server, bind: str, credentials: grpc.ServerCredentials | None = None
+    server: grpc.aio.Server | grpc.Server,
+    bind: str,
+    credentials: grpc.ServerCredentials | None = None,
 ) -> int:
     """Bind ``host:port`` or ``unix:/path``: insecure, or with ``credentials`` (TLS, see
     ``server_credentials``).
@@ -205,7 +230,7 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def _rejecting(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         async def reject(_request: object, context: grpc.aio.ServicerContext) -> None:
             self.stats.rejected_total += 1
-            self._warn(context.peer(), method)
+            self.warn_refused(context.peer(), method)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
 
         serde = {
@@ -220,7 +245,7 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return grpc.unary_stream_rpc_method_handler(reject, **serde)
         return grpc.unary_unary_rpc_method_handler(reject, **serde)
 
-    def _warn(self, peer: str | None, method: str) -> None:
+    def warn_refused(self, peer: str | None, method: str) -> None:
         """At most one warning per peer host per ``AUTH_LOG_INTERVAL_S``; the table is
         pruned (and, if every entry is recent, not grown) at ``MAX_LOGGED_PEERS``."""
         host = _peer_host(peer or "?")
@@ -237,6 +262,37 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             "gRPC call refused: no valid bearer token (UNAUTHENTICATED); further refusals "
             "from this peer are counted, not logged, for 60 s",
             extra={"peer": host, "method": method, "rejected_total": self.stats.rejected_total},
+        )
+
+
+class ThreadedBearerTokenInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
+    """``BearerTokenInterceptor``'s rule for a synchronous (threaded) server: the same
+    check, counters and rate-limited log (it uses ``inner``'s), a rejecting handler that
+    aborts UNAUTHENTICATED before the servicer runs. The rejecting handler is unary-unary:
+    the only kind served on such a server (ext_authz's ``Check``)."""
+
+    def __init__(self, inner: BearerTokenInterceptor) -> None:
+        self._inner = inner
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = continuation(details)
+        if handler is None or self._inner.allowed(details):
+            return handler
+        method = details.method
+
+        def reject(_request: object, context: grpc.ServicerContext) -> None:
+            self._inner.stats.rejected_total += 1
+            self._inner.warn_refused(context.peer(), method)
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+
+        return grpc.unary_unary_rpc_method_handler(
+            reject,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
         )
 
 

@@ -1,0 +1,181 @@
+"""ext_authz on its own threaded gRPC server (``server.authz``, docs/design.md §16.9): the
+real runtime probing a simulator; checks go to the own port from a thread of the test.
+
+- A check is answered while the runtime's event loop is blocked (the test blocks it):
+  admission does not wait for the loop that times the probes.
+- Its answer follows the published health (a FATAL engine: denied, 503 no_capacity).
+- The token of ``server.token`` guards the port; undecodable bytes get INVALID_ARGUMENT;
+  the main gRPC port no longer serves ``Check``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from envoy.service.auth.v3 import external_auth_pb2, external_auth_pb2_grpc
+
+from llm_health.app.runtime import Runtime
+from llm_health.model.states import State
+from tests.envoy_harness import free_port
+from tests.polling import wait_until_async
+from tests.processes import SimProcess
+from tests.runtime import Running
+
+pytestmark = pytest.mark.timeout(60)
+
+TOKEN = "own-authz-token-0123456789"
+CONFIG = """
+server:
+  grpc: "127.0.0.1:{grpc}"
+  http: "127.0.0.1:{http}"
+  authz: "127.0.0.1:{authz}"
+  token: "{token}"
+probe:
+  interval: 200ms
+  timeout: 800ms
+  model: sim-model
+clusters:
+  - name: llama
+    endpoints: [{{address: "{address}"}}]
+"""
+OK, PERMISSION_DENIED = 0, 7
+BLOCK_S = 1.5
+
+
+@dataclass
+class Own:
+    runtime: Runtime
+    sim: SimProcess
+    authz: int
+    grpc: int
+
+    def check(self, port: int | None = None, token: str | None = TOKEN) -> Any:
+        """One Check, synchronously (call from a thread, never from the loop)."""
+        request = external_auth_pb2.CheckRequest()
+        request.attributes.context_extensions["llm_cluster"] = "llama"
+        metadata = (("authorization", f"Bearer {token}"),) if token else None
+        with grpc.insecure_channel(f"127.0.0.1:{port or self.authz}") as channel:
+            stub = external_auth_pb2_grpc.AuthorizationStub(channel)
+            return stub.Check(request, timeout=5, metadata=metadata)
+
+
+@pytest.fixture
+def sim(tmp_path: Path) -> Iterator[SimProcess]:
+    process = SimProcess(tmp_path, "own-authz", "--ttft", "20ms")
+    try:
+        yield process.wait_up()
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+async def running(sim: SimProcess) -> AsyncIterator[Own]:
+    authz, grpc_port = free_port(), free_port()
+    text = CONFIG.format(
+        grpc=grpc_port, http=free_port(), authz=authz, token=TOKEN, address=sim.address
+    )
+    async with Running.from_config(text, "own-authz.yaml") as started:
+        runtime = started.runtime
+
+        def healthy() -> bool:
+            cluster = runtime.control.snapshot().clusters["llama"]
+            return all(e.state is State.HEALTHY for e in cluster.endpoints)
+
+        await wait_until_async(healthy, 20, "the endpoint healthy")
+        yield Own(runtime, sim, authz, grpc_port)
+
+
+async def test_a_check_is_answered_while_the_runtime_loop_is_blocked(running: Own) -> None:
+    answered: list[tuple[float, Any]] = []
+
+    def ask() -> None:
+        response = running.check()
+        answered.append((time.monotonic(), response))
+
+    asker = threading.Thread(target=ask)
+    blocked_at = time.monotonic()
+    asker.start()
+    time.sleep(BLOCK_S)  # noqa: ASYNC251 (deliberately blocking the runtime's loop)
+    unblocked_at = time.monotonic()
+    await asyncio.to_thread(asker.join, 10)
+    assert answered, "no answer at all"
+    at, response = answered[0]
+    assert response.status.code == OK
+    assert blocked_at < at < unblocked_at, (
+        f"answered {at - blocked_at:.2f} s after the block began; it lasted {BLOCK_S} s"
+    )
+
+
+async def test_the_answer_follows_the_published_health(running: Own) -> None:
+    assert (await asyncio.to_thread(running.check)).status.code == OK
+    running.sim.set_fault(fault="cuda_error")
+
+    def out() -> bool:
+        cluster = running.runtime.control.snapshot().clusters["llama"]
+        return all(e.state is State.UNHEALTHY for e in cluster.endpoints)
+
+    await wait_until_async(out, 15, "the endpoint taken out")
+    response = await asyncio.to_thread(running.check)
+    assert response.status.code == PERMISSION_DENIED
+    assert response.denied_response.status.code == 503
+    status = running.runtime.status()["authz"]
+    assert status["own_server"] == {"listen": f"127.0.0.1:{running.authz}", "serving": True}
+    assert status["decisions"]["llama"]["no_capacity"] >= 1
+
+
+async def test_the_port_needs_the_token_and_decodable_requests(running: Own) -> None:
+    with pytest.raises(grpc.RpcError) as missing:
+        await asyncio.to_thread(running.check, None, None)
+    assert missing.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with pytest.raises(grpc.RpcError) as wrong:
+        await asyncio.to_thread(running.check, None, "x" * 26)
+    assert wrong.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+    def junk() -> Any:
+        with grpc.insecure_channel(f"127.0.0.1:{running.authz}") as channel:
+            call = channel.unary_unary("/envoy.service.auth.v3.Authorization/Check")
+            return call(
+                b"\xff\xff\xff\xff", timeout=5, metadata=(("authorization", f"Bearer {TOKEN}"),)
+            )
+
+    with pytest.raises(grpc.RpcError) as undecodable:
+        await asyncio.to_thread(junk)
+    assert undecodable.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (await asyncio.to_thread(running.check)).status.code == OK
+
+
+async def test_the_main_port_no_longer_serves_check(running: Own) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        await asyncio.to_thread(running.check, running.grpc)
+    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_a_taken_authz_port_is_reported_and_the_service_goes_on(sim: SimProcess) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        text = CONFIG.format(
+            grpc=free_port(), http=free_port(), authz=port, token=TOKEN, address=sim.address
+        )
+        async with Running.from_config(text, "taken.yaml") as started:
+            runtime = started.runtime
+
+            def reported() -> bool:
+                own = runtime.status()["authz"]["own_server"]
+                return bool(own.get("error"))
+
+            await wait_until_async(reported, 15, "the bind failure in /status")
+            own = runtime.status()["authz"]["own_server"]
+            assert own["serving"] is False and str(port) in own["error"]
+            assert runtime.grpc_serving and started.task is not None
+            assert not started.task.done()
