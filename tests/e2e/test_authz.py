@@ -303,8 +303,15 @@ def test_high_priority_lands_on_the_healthy_endpoint_only(gateway: Callable[...,
         after = gw.served()
         return {a: after[a] - before[a] for a in after}
 
+    # A check that misses the filter's 100 ms timeout (a stalled CI machine) is let through
+    # unchecked by design (failure_mode_allow) and routed like an unmarked request: only
+    # those may land elsewhere, and they must stay rare.
+    unchecked_before = gw.envoy_authz_stat("failure_mode_allowed")
     high = share({"x-llm-priority": "high"}, 300)
-    assert high == {healthy: 300, slow1: 0, slow2: 0}, high
+    unchecked = gw.envoy_authz_stat("failure_mode_allowed") - unchecked_before
+    assert unchecked <= 6, f"{unchecked} of 300 checks unanswered"
+    assert high[healthy] >= 300 - unchecked, (high, unchecked)
+    assert high[slow1] + high[slow2] <= unchecked, (high, unchecked)
 
     plain = share(None, 300)
     print(f"\nunmarked spread {plain}, high-priority spread {high}")
@@ -316,7 +323,7 @@ def test_high_priority_lands_on_the_healthy_endpoint_only(gateway: Callable[...,
     forged = share({"x-llm-route": "healthy"}, 160)
     assert forged[slow1] + forged[slow2] > 0, forged  # the forged header was overwritten
     decisions = gw.authz_status()["decisions"][CLUSTER]
-    assert decisions["priority_routed"] == 300
+    assert decisions["priority_routed"] >= 300 - unchecked
 
 
 # --------------------------------------------------------------------------- fail-open
