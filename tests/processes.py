@@ -6,6 +6,7 @@ by the test that started it (context manager, or ``stop()``/``kill()`` in a fina
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -14,7 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -205,3 +206,15 @@ class PluginProcess(_Process):
             except ValueError:
                 continue
         return records
+
+
+@contextlib.contextmanager
+def running_sims(workdir: Path, prefix: str, count: int, *args: str) -> Iterator[list[SimProcess]]:
+    """``count`` simulators (``llm-health sim *args``), each up before the block runs;
+    all stopped at its end."""
+    started = [SimProcess(workdir, f"{prefix}{i}", *args) for i in range(count)]
+    try:
+        yield [s.wait_up() for s in started]
+    finally:
+        for process in started:
+            process.stop()

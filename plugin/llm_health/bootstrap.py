@@ -168,12 +168,7 @@ def render_bootstrap(
     for name in sorted(plugin_clusters):
         cluster = by_name[name]
         cluster["type"] = "STATIC"
-        endpoint: dict[str, Any] = {}
-        _set_socket_address(endpoint, xds_port)
-        cluster["load_assignment"] = {
-            "cluster_name": name,
-            "endpoints": [{"lb_endpoints": [{"endpoint": endpoint}]}],
-        }
+        cluster["load_assignment"] = _loopback_assignment(name, xds_port)
 
     if initial_fetch_timeout is not None:
         for cluster in eds_clusters(config):
@@ -207,15 +202,17 @@ def _point_ext_authz_at(config: Bootstrap, port: int, src: Path) -> None:
     by_name = {c.get("name"): c for c in static_clusters(config)}
     own = copy.deepcopy(by_name[called.pop()])
     own["name"] = AUTHZ_CLUSTER
-    endpoint: dict[str, Any] = {}
-    _set_socket_address(endpoint, port)
-    own["load_assignment"] = {
-        "cluster_name": AUTHZ_CLUSTER,
-        "endpoints": [{"lb_endpoints": [{"endpoint": endpoint}]}],
-    }
+    own["load_assignment"] = _loopback_assignment(AUTHZ_CLUSTER, port)
     config["static_resources"]["clusters"].append(own)
     for service in services:
         service["envoy_grpc"]["cluster_name"] = AUTHZ_CLUSTER
+
+
+def _loopback_assignment(cluster: str, port: int) -> dict[str, Any]:
+    """A static cluster's one endpoint: 127.0.0.1:``port``."""
+    endpoint: dict[str, Any] = {}
+    _set_socket_address(endpoint, port)
+    return {"cluster_name": cluster, "endpoints": [{"lb_endpoints": [{"endpoint": endpoint}]}]}
 
 
 def _replace_eds_clusters(config: Bootstrap, spec: ClusterSelection, src: Path) -> None:

@@ -24,7 +24,7 @@ from llm_health.model.causes import Cause
 from llm_health.model.states import State
 from tests.envoy_harness import free_port
 from tests.polling import wait_until_async
-from tests.processes import SimProcess
+from tests.processes import SimProcess, running_sims
 
 CONFIG = """
 server: {{grpc: "127.0.0.1:{grpc}", http: "127.0.0.1:{http}", probe_workers: 2}}
@@ -43,12 +43,8 @@ clusters:
 
 @pytest.fixture
 def sims(tmp_path: Path) -> Iterator[list[SimProcess]]:
-    started = [SimProcess(tmp_path, f"w{i}", "--ttft", "20ms") for i in range(3)]
-    try:
-        yield [s.wait_up() for s in started]
-    finally:
-        for process in started:
-            process.stop()
+    with running_sims(tmp_path, "w", 3, "--ttft", "20ms") as started:
+        yield started
 
 
 def runtime_for(sims: list[SimProcess]) -> Runtime:

@@ -17,7 +17,7 @@ import pytest
 from llm_health.model.states import State
 from tests.envoy_harness import free_port
 from tests.polling import wait_until_async
-from tests.processes import SimProcess
+from tests.processes import SimProcess, running_sims
 from tests.runtime import Running
 
 CONFIG = """
@@ -37,12 +37,8 @@ BLOCKS = 8
 
 @pytest.fixture
 def sims(tmp_path: Path) -> Iterator[list[SimProcess]]:
-    started = [SimProcess(tmp_path, f"starved-{i}", "--ttft", "30ms") for i in range(3)]
-    try:
-        yield [s.wait_up() for s in started]
-    finally:
-        for process in started:
-            process.stop()
+    with running_sims(tmp_path, "starved-", 3, "--ttft", "30ms") as started:
+        yield started
 
 
 async def _burn(blocks: int, block_s: float) -> None:
