@@ -219,18 +219,23 @@ async def test_sigstop_times_out_and_sigcont_recovers(llama_server: StartServer)
         assert result.outcome is Outcome.FAST, result
 
 
+MAX_BACK_TO_BACK = 60
+
+
 async def test_back_to_back_probes_survive_the_closed_keep_alive_connection(
     llama_server: StartServer,
 ) -> None:
     """With no pause between probes the pool hands a probe the connection llama-server has
     just closed; the prober sends that request again on a new connection (the engine never
-    saw it), so no probe is a spurious ERROR."""
+    saw it), so no probe is a spurious ERROR. The race is the pool's, not ours to time:
+    probes go on (at most MAX_BACK_TO_BACK) until it has arisen at least once (0 in 12
+    probes happened once in CI)."""
     server = llama_server()
     probe = target(server, cache_bust="cache_prompt")
     outcomes = []
     async with new_session() as session:
         prober = MicroProbe(session)
-        for _ in range(12):
+        while len(outcomes) < MAX_BACK_TO_BACK and (len(outcomes) < 12 or not prober.stale_resends):
             outcomes.append((await prober.probe(probe)).outcome)
-    assert outcomes == [Outcome.FAST] * 12, outcomes
-    assert prober.stale_resends >= 1  # the situation did arise (4 in 7 runs of 4 probes before)
+    assert outcomes == [Outcome.FAST] * len(outcomes), outcomes
+    assert prober.stale_resends >= 1, f"no closed connection met in {len(outcomes)} probes"
