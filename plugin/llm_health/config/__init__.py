@@ -4,7 +4,6 @@
 ``messages``: problems in the file's own words; ``addresses``: host:port parsing.
 """
 
-from llm_health.config.addresses import is_local_bind, split_address
 from llm_health.config.loader import load_config, parse_config
 from llm_health.config.schema import (
     AdminConfig,
@@ -19,6 +18,7 @@ from llm_health.config.schema import (
     WebhookConfig,
     XdsConfig,
 )
+from llm_health.core.addresses import is_local_bind, split_address
 
 __all__ = [
     "AdminConfig",

@@ -19,19 +19,17 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     FilePath,
     PlainValidator,
     SecretStr,
-    ValidationInfo,
     create_model,
     field_validator,
     model_validator,
 )
 
 from llm_health.authz.settings import UNROUTED_VALUE, AuthzSettings
-from llm_health.config.addresses import (
+from llm_health.core.addresses import (
     is_host_name,
     is_ip_host,
     is_local_bind,
@@ -39,12 +37,21 @@ from llm_health.config.addresses import (
     split_address,
     split_nameserver,
 )
+from llm_health.core.settings import (
+    MERGING,
+    Duration,
+    Frozen,
+    Headers,
+    Int,
+    Number,
+    UrlPath,
+    regex,
+)
 from llm_health.discovery.settings import DiscoverySettings, DnsSettings
 from llm_health.fleet.settings import FleetSettings
 from llm_health.hds.settings import CheckSpec, HdsSettings
 from llm_health.model.board import ClusterSpec, EndpointSpec
 from llm_health.model.causes import Cause
-from llm_health.model.durations import parse_duration
 from llm_health.model.policy import Policy
 from llm_health.model.redact import secret_forms
 from llm_health.model.states import State
@@ -62,80 +69,11 @@ from llm_health.traffic.settings import BusySettings, QualitySettings
 MAX_WEIGHT_SUM = 4_294_967_295  # Envoy: per-locality weight sum must fit in uint32
 MAX_CLUSTERS = 2_000  # per file (README "Limits")
 MAX_ENDPOINTS = 50_000  # per file, over every cluster
-MAX_HEADERS = 64  # per probe or webhook
-MAX_HEADER_VALUE = 8_192
 MAX_FATAL_PATTERNS = 100
 Discovered = Mapping[str, tuple[EndpointSpec, ...]]  # cluster -> endpoints found in DNS
 
-_ASCII_INTEGER = re.compile(r"\s*[+-]?[0-9]+\s*")
 
-
-def _ascii_int(value: Any) -> Any:
-    """Integers are ASCII digits: pydantic (and int()) would also take "8_0" or a bool;
-    other scripts' digits ("٨٠") must never become a number."""
-    if isinstance(value, bool) or (isinstance(value, str) and not _ASCII_INTEGER.fullmatch(value)):
-        raise ValueError(f"{value!r} is not an integer (digits 0-9)")
-    return value
-
-
-def _ascii_float(value: Any) -> Any:
-    if isinstance(value, bool) or (isinstance(value, str) and not value.isascii()):
-        raise ValueError(f"{value!r} is not a number (digits 0-9)")
-    return value
-
-
-Int = Annotated[int, BeforeValidator(_ascii_int)]
-Number = Annotated[float, BeforeValidator(_ascii_float)]
-
-
-def _duration(value: Any, info: ValidationInfo) -> float:
-    """A duration string from the file; already-parsed seconds only when merging models."""
-    if info.context == MERGING and isinstance(value, float):
-        return value
-    if isinstance(value, bool) or not isinstance(value, str):
-        raise ValueError(f'{value!r} is not a duration: write it as a string, e.g. "800ms"')
-    if not value.isascii():  # parse_duration's \d would read "٨٠٠ms" as 800 ms
-        raise ValueError(f'"{value}" is not a duration (use e.g. "800ms", "1s", "5m")')
-    return parse_duration(value)
-
-
-def _absolute_path(value: str) -> str:
-    if not value.startswith("/"):
-        raise ValueError(f'"{value}" must start with "/"')
-    if any(c.isspace() for c in value):
-        raise ValueError(f'"{value}": a URL path cannot contain white space')
-    return value
-
-
-# A type, not a field_validator, so that the per-cluster overrides (ProbeOverrides, built
-# from these annotations) get exactly the same check as the top-level probe section.
-UrlPath = Annotated[str, AfterValidator(_absolute_path), Field(max_length=2000)]
-# RFC 9110 §5.6.2 token: what an HTTP header name may be.
-HeaderToken = Annotated[
-    str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
-]
-HeaderValue = Annotated[SecretStr, Field(max_length=MAX_HEADER_VALUE)]
-Headers = Annotated[dict[HeaderToken, HeaderValue], Field(max_length=MAX_HEADERS)]
-
-
-MERGING = "merging parsed settings"  # validation context: values are already parsed
-Duration = Annotated[float, BeforeValidator(_duration), Field(gt=0)]
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", str_strip_whitespace=True)
-
-
-def _regex(value: str | None) -> str | None:
-    if value is not None:
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise ValueError(f'"{value}" is not a regular expression: {exc}') from None
-    return value
-
-
-class VerifyConfig(_Frozen):
+class VerifyConfig(Frozen):
     """``probe.verify``: the known-answer probe (docs/design.md §14). ``expect``: a regex
     the answer must match (searched, not anchored); null: the cluster's consensus."""
 
@@ -143,7 +81,7 @@ class VerifyConfig(_Frozen):
     every: Duration = Field(30.0, ge=1.0, le=86400.0)
     prompt: str = Field("The capital of France is", min_length=1, max_length=500)
     max_tokens: Int = Field(3, ge=1, le=32)
-    expect: Annotated[str | None, AfterValidator(_regex)] = Field(None, max_length=500)
+    expect: Annotated[str | None, AfterValidator(regex)] = Field(None, max_length=500)
 
     def to_spec(self) -> VerifySpec | None:
         if not self.enabled:
@@ -152,7 +90,7 @@ class VerifyConfig(_Frozen):
         return VerifySpec(self.every, self.prompt, self.max_tokens, expect)
 
 
-class EngineMetricsConfig(_Frozen):
+class EngineMetricsConfig(Frozen):
     """``probe.engine_metrics``: saturation from the engine's own /metrics (§14.3);
     ``path: null`` disables it."""
 
@@ -167,7 +105,7 @@ class EngineMetricsConfig(_Frozen):
         return MetricsSpec(self.path, self.interval, self.queue_threshold, self.kv_cache_threshold)
 
 
-class QualityConfig(_Frozen):
+class QualityConfig(Frozen):
     """``probe.quality``: the rolling window of real traffic (docs/design.md §15)."""
 
     window: Duration = Field(60.0, ge=10.0, le=3600.0)
@@ -190,7 +128,7 @@ def _busy_shorthand(value: object) -> object:
     return value
 
 
-class BusyConfig(_Frozen):
+class BusyConfig(Frozen):
     """``probe.backoff_when_busy``: probe at most every ``every`` intervals an endpoint
     whose last interval held ``min_requests`` successful real requests and no error."""
 
@@ -201,7 +139,7 @@ class BusyConfig(_Frozen):
         return BusySettings(self.min_requests, self.every)
 
 
-class ProbeSettings(_Frozen):
+class ProbeSettings(Frozen):
     """Micro-probe and health policy settings; any key can be overridden per cluster."""
 
     api: Literal["openai-completions", "openai-chat"] = "openai-completions"
@@ -309,7 +247,7 @@ def _optional_probe_model() -> type[BaseModel]:
         name: (_with_metadata(info.annotation, info.metadata) | None, None)
         for name, info in ProbeSettings.model_fields.items()
     }
-    return create_model("ProbeOverrides", __base__=_Frozen, **fields)
+    return create_model("ProbeOverrides", __base__=Frozen, **fields)
 
 
 def _with_metadata(annotation: Any, metadata: list[Any]) -> Any:
@@ -317,12 +255,12 @@ def _with_metadata(annotation: Any, metadata: list[Any]) -> Any:
 
 
 if TYPE_CHECKING:
-    ProbeOverrides = _Frozen
+    ProbeOverrides = Frozen
 else:
     ProbeOverrides = _optional_probe_model()
 
 
-class EndpointConfig(_Frozen):
+class EndpointConfig(Frozen):
     address: str = Field(max_length=300)
     weight: Int = Field(100, ge=1, le=1_000_000)
 
@@ -344,7 +282,7 @@ class EndpointConfig(_Frozen):
         return EndpointSpec(self.address, host, port, self.weight)
 
 
-class DiscoveryConfig(_Frozen):
+class DiscoveryConfig(Frozen):
     """``clusters[].discovery``: endpoints from DNS (docs/design.md §11). Exactly one of
     ``dns`` (A and AAAA records of a name, every address on ``port``) and ``srv`` (SRV
     records: each target's addresses on the record's port)."""
@@ -392,7 +330,7 @@ class DiscoveryConfig(_Frozen):
         )
 
 
-class DnsConfig(_Frozen):
+class DnsConfig(Frozen):
     """``dns:``: the servers discovery asks (none: the system's /etc/resolv.conf)."""
 
     nameservers: tuple[str, ...] = Field((), max_length=10)
@@ -409,7 +347,7 @@ class DnsConfig(_Frozen):
         return DnsSettings(tuple(split_nameserver(t) for t in self.nameservers), self.timeout)
 
 
-class ClusterConfig(_Frozen):
+class ClusterConfig(Frozen):
     name: str = Field(min_length=1, max_length=200)
     model: str | None = Field(None, max_length=500)
     probe: ProbeOverrides = Field(default_factory=ProbeOverrides)
@@ -442,7 +380,7 @@ class ClusterConfig(_Frozen):
         return value
 
 
-class ServerTlsConfig(_Frozen):
+class ServerTlsConfig(Frozen):
     """TLS on the main gRPC port (``server.tls``). ``client_ca`` set: mutual TLS, every
     client (Envoy, admin CLI) must present a certificate signed by that CA."""
 
@@ -469,7 +407,7 @@ def _probe_workers(value: object) -> int | str:
     )
 
 
-class ServerConfig(_Frozen):
+class ServerConfig(Frozen):
     """``token``: every call on ``grpc`` (xDS, HDS, ext_authz, admin) must carry
     ``authorization: Bearer <token>``, loopback included. A non-loopback, non-Unix ``grpc``
     needs ``token`` or ``tls.client_ca`` (anyone reaching the port could otherwise eject
@@ -537,7 +475,7 @@ class ServerConfig(_Frozen):
 _FLEET_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
 
 
-class FleetConfig(_Frozen):
+class FleetConfig(Frozen):
     """``fleet:``: replicas sharing one probe per endpoint through Redis (docs/design.md
     §12). ``redis`` is a secret (it may carry a password): only scheme://host:port/db is
     ever shown. Off loopback (and not a Unix socket) it must carry credentials: whoever
@@ -623,7 +561,7 @@ CauseName = Literal[
 ]  # fmt: skip
 
 
-class WhenConfig(_Frozen):
+class WhenConfig(Frozen):
     """``remediation[].when``: the endpoint has been in ``state`` for ``for`` (entered for
     one of ``causes``; empty: any cause)."""
 
@@ -632,7 +570,7 @@ class WhenConfig(_Frozen):
     causes: tuple[CauseName, ...] = Field((), max_length=20)
 
 
-class RemediationConfig(_Frozen):
+class RemediationConfig(Frozen):
     """One remediation hook: ``run`` (an argv, no shell; ``{cluster}`` ``{address}``
     ``{host}`` ``{port}`` ``{state}`` ``{cause}`` are filled in) or ``webhook`` (POSTed a
     JSON body). ``timeout``: a hook still running then is killed (or the POST given up)."""
@@ -677,7 +615,7 @@ class RemediationConfig(_Frozen):
         )
 
 
-class LimitsConfig(_Frozen):
+class LimitsConfig(Frozen):
     """``limits:``: guardrails over every remediation hook."""
 
     max_concurrent_per_cluster: Int = Field(1, ge=1, le=1000)
@@ -691,7 +629,7 @@ class LimitsConfig(_Frozen):
         )
 
 
-class AdminConfig(_Frozen):
+class AdminConfig(Frozen):
     """The admin gRPC API (llm_health.v1.Admin). ``grpc`` unset: served on server.grpc.
     A non-loopback ``grpc`` needs ``token``; with a token every call must present it."""
 
@@ -722,12 +660,12 @@ class AdminConfig(_Frozen):
         return self
 
 
-class XdsConfig(_Frozen):
+class XdsConfig(Frozen):
     coalesce: Duration = 0.02
     warm_start_timeout: Duration = 5.0
 
 
-class HdsConfig(_Frozen):
+class HdsConfig(Frozen):
     """Health Discovery Service (docs/design.md §5.2); each key is explained on ``HdsSettings`` and
     ``CheckSpec``. Dormant until an Envoy with ``hds_config`` connects."""
 
@@ -798,7 +736,7 @@ AlertEventName = Literal[
 ]
 
 
-class WebhookConfig(_Frozen):
+class WebhookConfig(Frozen):
     """One alert receiver. ``url`` and ``headers`` may hold secrets (a Slack-style URL
     carries its token in the path): only scheme://host:port is ever logged or shown."""
 
@@ -826,7 +764,7 @@ class WebhookConfig(_Frozen):
         return value
 
 
-class AlertsConfig(_Frozen):
+class AlertsConfig(Frozen):
     """Webhook alerts; no webhooks (the default): nothing is sent."""
 
     webhooks: tuple[WebhookConfig, ...] = Field((), max_length=100)
@@ -847,7 +785,7 @@ HeaderName = Annotated[
 ]
 
 
-class AuthzConfig(_Frozen):
+class AuthzConfig(Frozen):
     """ext_authz admission (docs/design.md §5.3); each key is explained on ``AuthzSettings``."""
 
     enabled: bool = True
@@ -877,7 +815,7 @@ class AuthzConfig(_Frozen):
         return AuthzSettings(**fields, retry_after_s=max(1, math.ceil(self.retry_after)))
 
 
-class Config(_Frozen):
+class Config(Frozen):
     server: ServerConfig = Field(default_factory=ServerConfig)
     probe: ProbeSettings = Field(default_factory=ProbeSettings)
     xds: XdsConfig = Field(default_factory=XdsConfig)
