@@ -14,7 +14,7 @@ from pathlib import Path
 from llm_health.app.admin import AdminComponent
 from llm_health.app.alerts import attach as attach_alerts
 from llm_health.app.authz import AuthzComponent
-from llm_health.app.component import Component
+from llm_health.core.component import Component
 from llm_health.app.discovery import DiscoveryComponent
 from llm_health.app.endpoints import EndpointCatalog
 from llm_health.app.engines import EngineChecks

@@ -28,7 +28,7 @@ import aiohttp
 import grpc
 from aiohttp import web
 
-from llm_health.app.component import Component
+from llm_health.core.component import Component
 from llm_health.app.endpoints import EndpointCatalog
 from llm_health.app.engines import EngineChecks
 from llm_health.app.grpc_auth import GrpcAuthComponent, GrpcSecurity
