@@ -67,7 +67,7 @@ from llm_health.remediation.settings import Limits, Rule
 from llm_health.traffic.settings import BusySettings, QualitySettings
 
 MAX_WEIGHT_SUM = 4_294_967_295  # Envoy: per-locality weight sum must fit in uint32
-MAX_CLUSTERS = 2_000  # per file (README "Limits")
+MAX_CLUSTERS = 2_000  # per file (docs/configuration.md "Limits")
 MAX_ENDPOINTS = 50_000  # per file, over every cluster
 MAX_FATAL_PATTERNS = 100
 Discovered = Mapping[str, tuple[EndpointSpec, ...]]  # cluster -> endpoints found in DNS
