@@ -1,4 +1,4 @@
-"""The live status page at ``GET /`` (plugin/llm_health/app/statuspage.py) in a real
+"""The live status page at ``GET /`` (plugin/llm_health/ops/status_page.py) in a real
 browser: Debian's headless chromium driven by Selenium through Debian's chromedriver
 (``make tools`` installs both; a missing browser fails here, it is never skipped).
 No Envoy: simulators and ``llm-health serve`` on loopback.

@@ -21,11 +21,11 @@ import grpc
 import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 
-from llm_health.app.http import build_http_app, start_http
 from llm_health.authz import AuthzCounters, AuthzSettings, Gate, ProblemLog
 from llm_health.core.hub import SnapshotHub
 from llm_health.hds import HdsSettings
 from llm_health.hds.service import HdsService
+from llm_health.ops.http_server import build_http_app, start_http
 from llm_health.servers.accesslog import add_access_log_servicer
 from llm_health.servers.admin import AdminServicer, AuthStats, add_admin_service
 from llm_health.servers.authz import add_authz_servicer

@@ -10,7 +10,6 @@ import pytest
 
 from llm_health.alerts import AlertKind, classify, payload
 from llm_health.alerts.events import notice_event
-from llm_health.app.metrics import component_families, discovery_families
 from llm_health.config import parse_config
 from llm_health.discovery.answers import (
     MAX_TTL_WAIT_S,
@@ -28,6 +27,7 @@ from llm_health.model.board import Board, ClusterSpec, EndpointSpec
 from llm_health.model.causes import Cause
 from llm_health.model.policy import Policy
 from llm_health.model.states import State
+from llm_health.ops.metrics import component_families, discovery_families
 
 POLICY = Policy(healthy_after=3, unhealthy_after=2, drain_time_s=30.0)
 

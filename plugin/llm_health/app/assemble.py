@@ -14,7 +14,6 @@ from pathlib import Path
 from llm_health.app.admin import AdminComponent
 from llm_health.app.alerts import attach as attach_alerts
 from llm_health.app.authz import AuthzComponent
-from llm_health.core.component import Component
 from llm_health.app.discovery import DiscoveryComponent
 from llm_health.app.endpoints import EndpointCatalog
 from llm_health.app.engines import EngineChecks
@@ -23,15 +22,16 @@ from llm_health.app.grpc_auth import GrpcAuthComponent
 from llm_health.app.hds import HdsComponent
 from llm_health.app.keeper import BoardKeeper
 from llm_health.app.live import LiveConfig
-from llm_health.app.metrics import RuntimeMetrics
 from llm_health.app.remediation import RemediationComponent
 from llm_health.app.runtime import Runtime
 from llm_health.app.traffic import TrafficComponent
 from llm_health.config import Config
+from llm_health.core.component import Component
 from llm_health.core.control import ProberStats
 from llm_health.discovery.settings import DiscoverySettings, DnsSettings
 from llm_health.model.board import Board
 from llm_health.model.states import State
+from llm_health.ops.metrics import RuntimeMetrics
 from llm_health.probe.engine_metrics import EngineLoad
 from llm_health.probe.lag import LoopLagMonitor
 from llm_health.probe.target import ProbeTarget

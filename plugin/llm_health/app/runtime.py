@@ -28,24 +28,24 @@ import aiohttp
 import grpc
 from aiohttp import web
 
-from llm_health.core.component import Component
 from llm_health.app.endpoints import EndpointCatalog
 from llm_health.app.engines import EngineChecks
 from llm_health.app.grpc_auth import GrpcAuthComponent, GrpcSecurity
 from llm_health.app.heap import settle_heap
-from llm_health.app.http import build_http_app, start_http
 from llm_health.app.keeper import BoardKeeper
 from llm_health.app.live import LiveConfig
-from llm_health.app.metrics import RuntimeMetrics
-from llm_health.app.redaction import Secrets, scrubbed_logs
-from llm_health.app.status import status_document
 from llm_health.app.traffic import TrafficComponent
 from llm_health.config import Config, load_config
 from llm_health.config.loader import MAX_FILE_BYTES
+from llm_health.core.component import Component
 from llm_health.core.control import ProberStats
 from llm_health.errors import ConfigError
 from llm_health.model.board import Board, Change
 from llm_health.model.outcome import ProbeResult
+from llm_health.ops.http_server import build_http_app, start_http
+from llm_health.ops.metrics import RuntimeMetrics
+from llm_health.ops.secret_scrubbing import Secrets, scrubbed_logs
+from llm_health.ops.status_document import status_document
 from llm_health.probe.client import MicroProbe, Prober, new_session
 from llm_health.probe.lag import LoopLagMonitor
 from llm_health.probe.pool import WorkerPool
