@@ -4,10 +4,11 @@
     rank 1  core                                        the seam: hub, BoardControl
     rank 2  probe | xds | hds | authz | alerts | sim |     features, never each other
             discovery | fleet | remediation | traffic
-    rank 3  config | bootstrap                          the file's words -> features' types
-    rank 4  servers                                     thin gRPC adapters
-    rank 5  app                                         wiring and lifecycle
-    rank 6  cli | demo                                  entry points
+    rank 3  engines                                     the engine checks (over probe)
+    rank 4  config | bootstrap                          the file's words -> features' types
+    rank 5  servers                                     thin gRPC adapters
+    rank 6  app                                         wiring and lifecycle
+    rank 7  cli | demo                                  entry points
 
 Rules (``violations``):
 - every module of the package belongs to exactly one unit above (a new top-level module
@@ -67,12 +68,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "llm_health.traffic",
         "llm_health.adminpb",
     ),
+    ("llm_health.engines",),
     ("llm_health.config", "llm_health.bootstrap"),
     ("llm_health.servers",),
     ("llm_health.app",),
     ("llm_health.cli", "llm_health.demo"),
 )
-SIDEWAYS_FORBIDDEN_RANKS = (2, 3, 6)  # rank 0: model's own rule; ranks 1, 4, 5: one unit
+SIDEWAYS_FORBIDDEN_RANKS = (2, 4, 7)  # rank 0: model's own rule; ranks 1, 3, 5, 6: one unit
 
 
 @dataclass(frozen=True)

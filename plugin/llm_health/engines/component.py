@@ -1,8 +1,8 @@
 """The engine checks component (docs/design.md §14): what a fast first token does not show.
 
 - Known-answer probes: every ``verify.every`` one of an endpoint's scheduled probes is a
-  known-answer probe (``MicroProbe.verify``; its TTFT counts as any probe's). The answer
-  is judged (``probe.verify.Verifier``) before the result is folded in; garbage holds the
+  known-answer probe (``Prober.verify``; its TTFT counts as any probe's). The answer is
+  judged (``engines.verify.Verifier``) before the result is folded in; garbage holds the
   endpoint UNHEALTHY at once, ``unhealthy_after`` misses (re-checked after
   ``confirm_delay``, inside the same slot) likewise; a passing answer lifts the hold. The
   hold is the board's "verify" signal, so recovery then takes the usual hysteresis.
@@ -12,72 +12,54 @@
   KV cache at or over its threshold limits the endpoint to DEGRADED ("engine" limit).
   Reads that fail or do not parse are no verdict; after 3 in a row the last figures are
   dropped (a missing /metrics is not a dead engine).
-- Engine detection for ``engine: auto`` (the probe body's cache bypass): from the
-  metric names, else from /props (llama.cpp), /get_server_info (SGLang), /info (TGI),
-  /version (vLLM), tried in that order at most every DETECT_RETRY_S.
+- Engine detection for ``engine: auto`` (the probe body's cache bypass): from the metric
+  names, else from the engines' info endpoints (``engines.detect``).
 
+The runtime probes through ``wrap`` and reads ``engines`` (``probe.client.ProbeWrapper``).
 Only endpoints this replica probes (fleet mode: owns) are checked; other replicas adopt
 the owner's verdict. Everything runs on the runtime's loop; every request is bounded in
-time and size, and nothing an endpoint answers can raise out of a loop.
+time and size (``engines.side_reads``), and nothing an endpoint answers can raise out of
+a loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
-import json
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
-
 from llm_health.core.control import BoardControl
+from llm_health.engines.metrics import Reading, parse_load, saturation
+from llm_health.engines.schedule import MAX_TICK_S, MODELS_EVERY_S, SideReadSchedule, with_ttft
+from llm_health.engines.served_model import wrong_model
+from llm_health.engines.settings import (
+    NO_CHECKS,
+    ClusterChecks,
+    EngineMetricsConfig,
+    VerifyConfig,
+)
+from llm_health.engines.side_reads import READ_ERRORS, SideReads, open_session, read_error
+from llm_health.engines.verify import Judgement, Verdict, Verifier
 from llm_health.model.board import Board
 from llm_health.model.causes import Cause
+from llm_health.model.engine_load import EngineLoad
 from llm_health.model.machine import Transition
 from llm_health.model.outcome import ProbeResult
-from llm_health.model.redact import printable_line, redact_secrets
-from llm_health.probe.client import PROBE_HEADER, Prober
-from llm_health.probe.engine_metrics import (
-    MAX_DOCUMENT,
-    EngineLoad,
-    MetricsError,
-    Reading,
-    parse_load,
-    saturation,
-)
+from llm_health.model.redact import printable_line
+from llm_health.probe.client import ProbeFn, Prober
 from llm_health.probe.target import ProbeTarget
-from llm_health.probe.verify import Judgement, Verdict, Verifier
 
 log = logging.getLogger("llm_health")
 VERIFY_SIGNAL = "verify"
 MODEL_SIGNAL = "model"
 ENGINE_LIMIT = "engine"
 ALL_SOURCES = frozenset({VERIFY_SIGNAL, MODEL_SIGNAL, ENGINE_LIMIT})
-MODELS_EVERY_S = 30.0  # served-model check when verify is off
-DETECT_RETRY_S = 30.0
-MAX_SIDE_TIMEOUT_S = 2.0  # a /metrics or /v1/models request
-MAX_MODELS_BODY = 1024 * 1024
-MAX_CONCURRENT_READS = 64
-MAX_TICK_S = 0.25
-# /metrics reads a second, all endpoints together (docs/design.md §16.5). Reading and
-# parsing one engine's document costs about 1-2 ms of the loop that also times the
-# probes (prometheus-client's parser, ~60 µs a line); at 1 s per endpoint that alone would
-# take a whole core at 1,000 endpoints. Beyond this budget each endpoint is read less
-# often than ``engine_metrics.interval`` (the effective interval is in /status).
-MAX_METRICS_READS_PER_S = 100.0
-TTFT_HISTOGRAM_EVERY = 5  # reads: the TTFT histogram (most of the lines) every 5th read
-DETECTION = (  # (path, engine, a key its JSON object has)
-    ("/props", "llamacpp", "default_generation_settings"),
-    ("/get_server_info", "sglang", None),
-    ("/info", "tgi", "model_id"),
-    ("/version", "vllm", "version"),
-)
-ProbeFn = Callable[[ProbeTarget], Coroutine[Any, Any, ProbeResult]]
+# Per cluster, the checks in force (``settings.in_force``) of the config now in force.
+Checks = Callable[[], Mapping[str, ClusterChecks]]
 
 
 @dataclass(slots=True)
@@ -85,7 +67,6 @@ class _Endpoint:
     """What the checks know of one endpoint (``/status`` shows it)."""
 
     reading: Reading = field(default_factory=Reading)
-    reading_due: float | None = None  # None: not scheduled yet (placed by its phase)
     reads: int = 0
     limit: str | None = None  # the "engine" limit this component last set
     verify_due: float = 0.0  # monotonic; 0: the next probe is a known-answer probe
@@ -93,8 +74,6 @@ class _Endpoint:
     last_verdict: str = ""
     models: tuple[str, ...] = ()
     model_error: str = ""
-    model_due: float = 0.0
-    detect_due: float = 0.0
 
 
 @dataclass(slots=True)
@@ -110,9 +89,10 @@ class _Counters:
 
 
 class EngineChecks:
-    """``set_targets``: the endpoints this replica probes, with their settings (called on
-    every reload, discovery change and fleet ownership move). ``engines``: detected engine
-    per endpoint key, shared with the ``MicroProbe`` that builds request bodies."""
+    """``set_targets``: the endpoints this replica probes (called on every reload,
+    discovery change and fleet ownership move); ``checks``: their clusters' settings,
+    read at each. ``engines``: detected engine per endpoint key, shared with the
+    ``MicroProbe`` that builds request bodies."""
 
     name = "engines"
 
@@ -120,17 +100,20 @@ class EngineChecks:
         self,
         control: BoardControl,
         targets: list[ProbeTarget],
+        checks: Checks,
         clock: Callable[[], float] = time.monotonic,
         on_load: Callable[[ProbeTarget, EngineLoad], None] | None = None,
     ) -> None:
         self._control = control
+        self._checks_now = checks
+        self._checks: Mapping[str, ClusterChecks] = {}
         self._on_load = on_load
         self._clock = clock
         self._targets: list[ProbeTarget] = []
-        self._stretch = 0.0
         self._members: dict[str, set[str]] = {}
         self.engines: dict[str, str] = {}
         self._verifier = Verifier()
+        self._schedule = SideReadSchedule()
         self._endpoints: dict[str, _Endpoint] = {}
         self._counters = _Counters()
         self._reads: set[asyncio.Task[None]] = set()
@@ -142,19 +125,37 @@ class EngineChecks:
         released: a stale hold would outlive the check that set it."""
         released = [(t.cluster, t.address) for t in self._targets] if self._targets else []
         self._targets = targets
-        self._stretch = sum(1 for t in targets if t.metrics is not None) / MAX_METRICS_READS_PER_S
+        self._checks = self._checks_now()
+        self._schedule.plan(sum(1 for t in targets if self._metrics(t) is not None))
         self._members = {}
         for target in targets:
             self._members.setdefault(target.cluster, set()).add(target.address)
         kept = {(t.cluster, t.address) for t in targets}
         stale = {key: ALL_SOURCES for key in released if key not in kept}
-        stale.update({(t.cluster, t.address): _sources_off(t) for t in targets if _sources_off(t)})
+        stale.update({(t.cluster, t.address): off for t in targets if (off := self._off(t))})
         self._forget({t.key for t in targets}, kept)
         for target in targets:
-            if target.metrics is None and target.key in self._endpoints:
+            if self._metrics(target) is None and target.key in self._endpoints:
                 self._endpoints[target.key].limit = None
         if stale and _loop_running():  # no loop yet: nothing was set
             self._spawn(self._release(stale))
+
+    def _verify_settings(self, target: ProbeTarget) -> VerifyConfig | None:
+        return self._checks.get(target.cluster, NO_CHECKS)[0]
+
+    def _metrics(self, target: ProbeTarget) -> EngineMetricsConfig | None:
+        return self._checks.get(target.cluster, NO_CHECKS)[1]
+
+    def _off(self, target: ProbeTarget) -> frozenset[str]:
+        """The verdict sources of checks now turned off for this endpoint."""
+        off = set()
+        if self._verify_settings(target) is None:
+            off.add(VERIFY_SIGNAL)
+        if not target.model or target.models_path is None:
+            off.add(MODEL_SIGNAL)
+        if self._metrics(target) is None:
+            off.add(ENGINE_LIMIT)
+        return frozenset(off)
 
     async def _release(self, stale: dict[tuple[str, str], frozenset[str]]) -> None:
         def apply(board: Board, now: float) -> int:
@@ -184,36 +185,40 @@ class EngineChecks:
         plain probe."""
 
         async def probe(target: ProbeTarget) -> ProbeResult:
-            if not self._verify_due(target):
+            verify = self._verify_due(target)
+            if verify is None:
                 return await prober.probe(target)
-            return await self._verify(prober, target)
+            return await self._verify(prober, target, verify)
 
         return probe
 
-    def _verify_due(self, target: ProbeTarget) -> bool:
-        if target.verify is None:
-            return False
-        return self._clock() >= self._endpoint(target.key).verify_due
+    def _verify_due(self, target: ProbeTarget) -> VerifyConfig | None:
+        """The endpoint's ``probe.verify`` when its next probe is a known-answer probe."""
+        verify = self._verify_settings(target)
+        if verify is None or self._clock() < self._endpoint(target.key).verify_due:
+            return None
+        return verify
 
-    async def _verify(self, prober: Prober, target: ProbeTarget) -> ProbeResult:
+    async def _verify(
+        self, prober: Prober, target: ProbeTarget, verify: VerifyConfig
+    ) -> ProbeResult:
         """One known-answer probe, judged and applied; a miss that does not yet decide is
         re-checked after ``confirm_delay`` (at most ``unhealthy_after`` answers per slot)."""
-        assert target.verify is not None
         state = self._endpoint(target.key)
-        state.verify_due = self._clock() + target.verify.every_s
-        result = await prober.verify(target)
+        state.verify_due = self._clock() + verify.every
+        result = await prober.verify(target, verify)
         for _ in range(target.unhealthy_after - 1):
-            if not await self._judge(target, result):
+            if not await self._judge(target, verify, result):
                 return result
             await asyncio.sleep(target.confirm_delay_s)
-            result = await prober.verify(target)
-        await self._judge(target, result)
+            result = await prober.verify(target, verify)
+        await self._judge(target, verify, result)
         return result
 
-    async def _judge(self, target: ProbeTarget, result: ProbeResult) -> bool:
+    async def _judge(self, target: ProbeTarget, verify: VerifyConfig, result: ProbeResult) -> bool:
         """Judge ``result``'s answer and apply the verdicts; True if this endpoint's own
         answer asks for a re-check now."""
-        if result.answer is None or target.verify is None:
+        if result.answer is None:
             return False
         self._counters.checks_total += 1
         members = self._members.get(target.cluster, set())
@@ -221,7 +226,7 @@ class EngineChecks:
             target.cluster,
             target.address,
             result.answer,
-            target.verify,
+            verify,
             target.unhealthy_after,
             self._clock(),
             members,
@@ -295,50 +300,36 @@ class EngineChecks:
         return None
 
     async def _run(self) -> None:
-        limits = asyncio.Semaphore(MAX_CONCURRENT_READS)
-        timeout = aiohttp.ClientTimeout(total=MAX_SIDE_TIMEOUT_S)
-        connector = aiohttp.TCPConnector(limit=MAX_CONCURRENT_READS, enable_cleanup_closed=True)
-        async with aiohttp.ClientSession(
-            connector=connector, timeout=timeout, trust_env=False, auto_decompress=True
-        ) as session:
+        async with open_session() as session:
+            reads = SideReads(session)
             try:
                 while True:
-                    await self._tick(session, limits)
+                    self._tick(reads)
                     await asyncio.sleep(MAX_TICK_S)
             finally:
                 for task in self._reads:
                     task.cancel()
 
-    async def _tick(self, session: aiohttp.ClientSession, limits: asyncio.Semaphore) -> None:
+    def _tick(self, reads: SideReads) -> None:
         now = self._clock()
-        stretch = self._metrics_stretch()
         for target in self._targets:
-            state = self._endpoint(target.key)
-            if target.metrics is not None:
-                every = max(target.metrics.interval_s, stretch)
-                if state.reading_due is None:  # first reads spread within the budget
-                    spread = stretch if stretch > MAX_TICK_S else 0.0  # else all at once
-                    state.reading_due = now + _phase(target.key) * spread
-                if now >= state.reading_due:
-                    state.reading_due = max(state.reading_due + every, now)
-                    self._spawn(self._read_metrics(session, limits, target))
-            if target.model and target.models_path and now >= state.model_due:
-                every = target.verify.every_s if target.verify is not None else MODELS_EVERY_S
-                state.model_due = now + every
-                self._spawn(self._check_model(session, limits, target))
+            state, key = self._endpoint(target.key), target.key
+            verify, metrics = self._checks.get(target.cluster, NO_CHECKS)
+            if metrics is not None and self._schedule.metrics_due(key, metrics.interval, now):
+                self._spawn(self._read_metrics(reads, target, metrics))
+            if target.model and target.models_path:
+                every = verify.every if verify is not None else MODELS_EVERY_S
+                if self._schedule.models_due(key, every, now):
+                    self._spawn(self._check_model(reads, target))
+            unknown = target.engine == "auto" and key not in self.engines
+            # Booked even when not tried now: while /metrics reads neither failed nor
+            # answered yet, they may still name the engine.
             if (
-                target.engine == "auto"
-                and target.key not in self.engines
-                and now >= state.detect_due
+                unknown
+                and self._schedule.detect_due(key, now)
+                and (metrics is None or state.reading.failures or state.reading.load)
             ):
-                state.detect_due = now + DETECT_RETRY_S
-                if target.metrics is None or state.reading.failures or state.reading.load:
-                    self._spawn(self._detect(session, limits, target))
-
-    def _metrics_stretch(self) -> float:
-        """The shortest interval at which every endpoint's /metrics fits the budget
-        (counted once per target change, not per tick)."""
-        return self._stretch
+                self._spawn(self._detect(reads, target))
 
     def _spawn(self, job: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(job)
@@ -346,44 +337,31 @@ class EngineChecks:
         task.add_done_callback(self._reads.discard)
 
     async def _read_metrics(
-        self, session: aiohttp.ClientSession, limits: asyncio.Semaphore, target: ProbeTarget
+        self, reads: SideReads, target: ProbeTarget, metrics: EngineMetricsConfig
     ) -> None:
-        assert target.metrics is not None
+        assert metrics.path is not None  # in force (settings.in_force)
         state = self._endpoint(target.key)
         self._counters.metrics_reads_total += 1
-        timeout = min(target.metrics.interval_s, MAX_SIDE_TIMEOUT_S)
         try:
-            async with limits:
-                status, body = await _get(
-                    session, target, target.metrics.path, timeout, MAX_DOCUMENT
-                )
-            if status != 200:
-                raise MetricsError(f"HTTP {status}")
+            document = await reads.metrics(target, metrics.path, metrics.interval)
             state.reads += 1
-            with_ttft = state.reads % TTFT_HISTOGRAM_EVERY == 1
-            load = parse_load(body.decode("utf-8", "replace"), ttft=with_ttft)
+            load = parse_load(document, ttft=with_ttft(state.reads))
             state.reading = state.reading.read(load)
             if self._on_load is not None:
                 self._on_load(target, load)
             if load.engine is not None and target.engine == "auto":
                 self.engines[target.key] = load.engine
-        except (
-            MetricsError,
-            aiohttp.ClientError,
-            OSError,
-            TimeoutError,
-            UnicodeError,
-            ValueError,
-        ) as exc:
+        except READ_ERRORS as exc:
             self._counters.metrics_failures_total += 1
-            state.reading = state.reading.failed(_side_error(exc, target))
-        await self._apply_load(target, state)
+            state.reading = state.reading.failed(read_error(exc, target))
+        await self._apply_load(target, metrics, state)
 
-    async def _apply_load(self, target: ProbeTarget, state: _Endpoint) -> None:
-        assert target.metrics is not None
+    async def _apply_load(
+        self, target: ProbeTarget, metrics: EngineMetricsConfig, state: _Endpoint
+    ) -> None:
         load = state.reading.usable
         reason = (
-            saturation(load, target.metrics.queue_threshold, target.metrics.kv_cache_threshold)
+            saturation(load, metrics.queue_threshold, metrics.kv_cache_threshold)
             if load is not None
             else None
         )
@@ -403,48 +381,26 @@ class EngineChecks:
         fields = {"cluster": cluster, "endpoint": address, "reason": reason or "normal again"}
         log.info("engine saturated" if reason else "engine load normal", extra=fields)
 
-    async def _check_model(
-        self, session: aiohttp.ClientSession, limits: asyncio.Semaphore, target: ProbeTarget
-    ) -> None:
+    async def _check_model(self, reads: SideReads, target: ProbeTarget) -> None:
         assert target.model is not None and target.models_path is not None
         state = self._endpoint(target.key)
         self._counters.model_checks_total += 1
         try:
-            async with limits:
-                status, body = await _get(
-                    session, target, target.models_path, MAX_SIDE_TIMEOUT_S, MAX_MODELS_BODY
-                )
-            if status != 200:
-                raise ValueError(f"HTTP {status}")
-            served = model_ids(json.loads(body))
-        except (aiohttp.ClientError, OSError, TimeoutError, UnicodeError, ValueError) as exc:
+            served = await reads.models(target, target.models_path)
+        except READ_ERRORS as exc:
             self._counters.model_failures_total += 1
-            state.model_error = _side_error(exc, target)
+            state.model_error = read_error(exc, target)
             return  # no verdict: an endpoint that cannot list its models is not judged
         state.models, state.model_error = served, ""
-        wrong = None
-        if target.model not in served:
-            listed = ", ".join(served[:5]) or "no model"
-            wrong = printable_line(f"wrong model: serves {listed}, expected {target.model}", 300)
+        wrong = wrong_model(served, target.model)
         await self._signal(
             target.cluster, MODEL_SIGNAL, {target.address: (wrong, Cause.WRONG_MODEL)}
         )
 
-    async def _detect(
-        self, session: aiohttp.ClientSession, limits: asyncio.Semaphore, target: ProbeTarget
-    ) -> None:
-        for path, engine, key in DETECTION:
-            try:
-                async with limits:
-                    status, body = await _get(session, target, path, MAX_SIDE_TIMEOUT_S, 256 * 1024)
-                if status != 200:
-                    continue
-                found = json.loads(body)
-            except (aiohttp.ClientError, OSError, TimeoutError, UnicodeError, ValueError):
-                continue
-            if isinstance(found, dict) and (key is None or key in found):
-                self.engines[target.key] = engine
-                return
+    async def _detect(self, reads: SideReads, target: ProbeTarget) -> None:
+        engine = await reads.engine(target)
+        if engine is not None:
+            self.engines[target.key] = engine
 
     # --- bookkeeping --------------------------------------------------------------------
 
@@ -459,6 +415,7 @@ class EngineChecks:
         for key in [k for k in self._endpoints if k not in keys]:
             del self._endpoints[key]
             self.engines.pop(key, None)
+        self._schedule.forget(keys)
         self._verifier.forget(pairs)
 
     def status(self) -> dict[str, Any]:
@@ -468,18 +425,12 @@ class EngineChecks:
             "saturated_now": sum(1 for s in self._endpoints.values() if s.limit),
             # Each endpoint's /metrics is read at most this often (the configured interval,
             # stretched to fit MAX_METRICS_READS_PER_S across all endpoints).
-            "metrics_min_interval_s": round(self._metrics_stretch(), 3),
+            "metrics_min_interval_s": round(self._schedule.stretch, 3),
             "consensus": {name: self._verifier.status(name) for name in clusters},
             "endpoints": {
                 key: _endpoint_status(key, s, self) for key, s in sorted(self._endpoints.items())
             },
         }
-
-
-def _phase(key: str) -> float:
-    """A stable place in [0, 1) for an endpoint: reads spread evenly, stay put."""
-    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") / 2**64
 
 
 def _loop_running() -> bool:
@@ -488,18 +439,6 @@ def _loop_running() -> bool:
     except RuntimeError:
         return False
     return True
-
-
-def _sources_off(target: ProbeTarget) -> frozenset[str]:
-    """The verdict sources of checks now turned off for this endpoint."""
-    off = set()
-    if target.verify is None:
-        off.add(VERIFY_SIGNAL)
-    if not target.model or target.models_path is None:
-        off.add(MODEL_SIGNAL)
-    if target.metrics is None:
-        off.add(ENGINE_LIMIT)
-    return frozenset(off)
 
 
 def _endpoint_status(key: str, state: _Endpoint, checks: EngineChecks) -> dict[str, Any]:
@@ -515,34 +454,3 @@ def _endpoint_status(key: str, state: _Endpoint, checks: EngineChecks) -> dict[s
         "served_models": list(state.models),
         "models_error": state.model_error,
     }
-
-
-def model_ids(document: object) -> tuple[str, ...]:
-    """The ids an OpenAI ``/v1/models`` answer lists (``data[].id``, and vLLM's ``root``
-    for a served alias); ValueError if it is not that shape."""
-    data = document.get("data") if isinstance(document, dict) else None
-    if not isinstance(data, list):
-        raise ValueError("not an OpenAI model list (no data array)")
-    ids: list[str] = []
-    for entry in data[:100]:
-        if isinstance(entry, dict):
-            ids.extend(v for v in (entry.get("id"), entry.get("root")) if isinstance(v, str))
-    return tuple(dict.fromkeys(i[:300] for i in ids))
-
-
-async def _get(
-    session: aiohttp.ClientSession, target: ProbeTarget, path: str, within_s: float, limit: int
-) -> tuple[int, bytes]:
-    """GET ``path`` on the endpoint with the probe's headers (its auth), bounded."""
-    headers = {**target.headers, PROBE_HEADER: "true"}
-    async with asyncio.timeout(within_s):
-        async with session.get(target.base_url + path, headers=headers) as response:
-            body = await response.content.read(limit)
-            return response.status, body
-
-
-def _side_error(exc: BaseException, target: ProbeTarget) -> str:
-    if isinstance(exc, TimeoutError):
-        return "timed out"
-    text = f"{type(exc).__name__}: {exc}" if not isinstance(exc, MetricsError) else str(exc)
-    return printable_line(redact_secrets(text, target.secrets), 200)
