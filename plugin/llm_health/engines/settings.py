@@ -48,9 +48,7 @@ ClusterChecks = tuple[VerifyConfig | None, EngineMetricsConfig | None]
 NO_CHECKS: ClusterChecks = (None, None)
 
 
-def in_force(
-    verify: VerifyConfig | None, metrics: EngineMetricsConfig | None
-) -> ClusterChecks:
+def in_force(verify: VerifyConfig | None, metrics: EngineMetricsConfig | None) -> ClusterChecks:
     """The checks that run: ``verify`` unless null or ``enabled: false``,
     ``engine_metrics`` unless null or ``path: null``."""
     return (
