@@ -164,9 +164,15 @@ def _engine_checks(
     on_load: Callable[[ProbeTarget, EngineLoad], None] | None = None,
 ) -> EngineChecks:
     """Known-answer, served-model and saturation checks on the endpoints probed here."""
+    read: list[tuple[Config, dict[str, ClusterChecks]]] = []
 
     def settings() -> dict[str, ClusterChecks]:
-        return live.current.engine_checks()
+        # Read again after a reload only: targets change far more often (discovery,
+        # ownership), and each cluster's effective settings cost a validation.
+        config = live.current
+        if not read or read[0][0] is not config:
+            read[:] = [(config, config.engine_checks())]
+        return read[0][1]
 
     if catalog is None:
         return EngineChecks(control, live.current.probe_targets(), settings, clock, on_load)

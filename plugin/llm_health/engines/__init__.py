@@ -2,12 +2,13 @@
 the model served, the engine's own load, and which engine it is.
 
     settings       what ``probe.verify`` and ``probe.engine_metrics`` configure
-    verify         judging known-answer answers: garbage, expect, consensus      (pure)
+    verify         judging known-answer answers: garbage, expect, consensus       (pure)
     served_model   the ``/v1/models`` list and the wrong-model reason             (pure)
     metrics        an engine's load from its Prometheus text; staleness           (pure)
     detect         which engine: metric names, info endpoints                     (pure)
     schedule       when each endpoint's side reads are due, within a budget       (pure)
     side_reads     the checks' own bounded HTTP client for those reads
+    verdicts       the board's "verify", "model" signals and "engine" limit       (pure)
     component      ``EngineChecks``: the probe wrapper, the board's verdicts, /status
 
 What stays in ``probe`` as the probe's own concern: the request body per engine and the

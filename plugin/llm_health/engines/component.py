@@ -43,21 +43,27 @@ from llm_health.engines.settings import (
     VerifyConfig,
 )
 from llm_health.engines.side_reads import READ_ERRORS, SideReads, open_session, read_error
+from llm_health.engines.verdicts import (
+    ALL_SOURCES,
+    ENGINE_LIMIT,
+    MODEL_SIGNAL,
+    VERIFY_SIGNAL,
+    Changes,
+    Endpoint,
+    release,
+    set_engine_limit,
+    set_signals,
+    verify_change,
+)
 from llm_health.engines.verify import Judgement, Verdict, Verifier
-from llm_health.model.board import Board
 from llm_health.model.causes import Cause
 from llm_health.model.engine_load import EngineLoad
-from llm_health.model.machine import Transition
 from llm_health.model.outcome import ProbeResult
 from llm_health.model.redact import printable_line
 from llm_health.probe.client import ProbeFn, Prober
 from llm_health.probe.target import ProbeTarget
 
 log = logging.getLogger("llm_health")
-VERIFY_SIGNAL = "verify"
-MODEL_SIGNAL = "model"
-ENGINE_LIMIT = "engine"
-ALL_SOURCES = frozenset({VERIFY_SIGNAL, MODEL_SIGNAL, ENGINE_LIMIT})
 # Per cluster, the checks in force (``settings.in_force``) of the config now in force.
 Checks = Callable[[], Mapping[str, ClusterChecks]]
 
@@ -157,26 +163,8 @@ class EngineChecks:
             off.add(ENGINE_LIMIT)
         return frozenset(off)
 
-    async def _release(self, stale: dict[tuple[str, str], frozenset[str]]) -> None:
-        def apply(board: Board, now: float) -> int:
-            released = 0
-            held = {
-                (c.name, e.spec.address): (set(e.signals), set(e.limits))
-                for c in board.snapshot().clusters.values()
-                for e in c.endpoints
-                if e.signals or e.limits
-            }
-            for key, sources in stale.items():
-                signals, limits = held.get(key, (set(), set()))
-                for source in sorted(sources & signals & {VERIFY_SIGNAL, MODEL_SIGNAL}):
-                    board.set_signal(*key, source, None, now)
-                    released += 1
-                if ENGINE_LIMIT in sources and ENGINE_LIMIT in limits:
-                    board.set_limit(*key, ENGINE_LIMIT, None, now)
-                    released += 1
-            return released
-
-        await self._control.update(apply, publish_when=bool)
+    async def _release(self, stale: dict[Endpoint, frozenset[str]]) -> None:
+        await self._control.update(release(stale), publish_when=bool)
 
     # --- the probe path -----------------------------------------------------------------
 
@@ -236,18 +224,17 @@ class EngineChecks:
         return any(j.address == target.address and j.recheck for j in judgements)
 
     async def _apply_judgements(self, target: ProbeTarget, judgements: list[Judgement]) -> None:
-        changes: dict[str, tuple[str | None, Cause]] = {}
+        changes: Changes = {}
         for judgement in judgements:
             self._count(judgement)
             key = f"{target.cluster}/{judgement.address}"
             self._endpoint(key).last_verdict = f"{judgement.verdict.value}: {judgement.reason}"
             if judgement.recheck and judgement.address != target.address:
                 self._endpoint(key).verify_due = 0.0  # its next probe re-checks
+            change = verify_change(judgement)
+            if change is not None:
+                changes[judgement.address] = change
             if judgement.down:
-                cause = (
-                    Cause.GARBAGE if judgement.verdict is Verdict.GARBAGE else Cause.WRONG_ANSWER
-                )
-                changes[judgement.address] = (judgement.reason, cause)
                 log.warning(
                     "known-answer check failed",
                     extra={
@@ -256,8 +243,6 @@ class EngineChecks:
                         "reason": judgement.reason,
                     },
                 )
-            elif judgement.verdict is Verdict.PASS:
-                changes[judgement.address] = (None, Cause.WRONG_ANSWER)
         await self._signal(target.cluster, VERIFY_SIGNAL, changes)
 
     def _count(self, judgement: Judgement) -> None:
@@ -268,25 +253,12 @@ class EngineChecks:
         elif judgement.verdict is Verdict.PASS:
             self._counters.passes_total += 1
 
-    async def _signal(
-        self, cluster: str, source: str, changes: dict[str, tuple[str | None, Cause]]
-    ) -> None:
-        """Set or clear ``source``'s signal on the endpoints in ``changes`` (only where it
-        differs from the board's), one publish for the batch."""
-
-        def apply(board: Board, now: float) -> dict[str, Transition]:
-            # Only the endpoints in ``changes`` are looked at: a whole-cluster view per
-            # known-answer probe was O(endpoints) each (docs/design.md §16.1).
-            done: dict[str, Transition] = {}
-            for address, (reason, cause) in changes.items():
-                if not board.has_endpoint(cluster, address):
-                    continue
-                if board.signal(cluster, address, source) == reason:
-                    continue
-                done[address] = board.set_signal(cluster, address, source, reason, now, cause)
-            return done
-
-        applied = await self._control.update(apply, publish_when=bool)
+    async def _signal(self, cluster: str, source: str, changes: Changes) -> None:
+        """Set or clear ``source``'s signal on the endpoints in ``changes``, one publish
+        for the batch; the state changes it makes are reported."""
+        applied = await self._control.update(
+            set_signals(cluster, source, changes), publish_when=bool
+        )
         for address, transition in applied.items():
             if transition.changed or transition.alert:
                 self._control.notify(cluster, address, transition, None)
@@ -369,13 +341,9 @@ class EngineChecks:
             return
         state.limit = reason
         cluster, address = target.cluster, target.address
-
-        def apply(board: Board, now: float) -> Transition | None:
-            if not board.has_endpoint(cluster, address):
-                return None
-            return board.set_limit(cluster, address, ENGINE_LIMIT, reason, now, Cause.SATURATED)
-
-        transition = await self._control.update(apply, publish_when=lambda t: t is not None)
+        transition = await self._control.update(
+            set_engine_limit(cluster, address, reason), publish_when=lambda t: t is not None
+        )
         if transition is not None and (transition.changed or transition.alert):
             self._control.notify(cluster, address, transition, None)
         fields = {"cluster": cluster, "endpoint": address, "reason": reason or "normal again"}
