@@ -16,7 +16,6 @@ from llm_health.app.alerts import attach as attach_alerts
 from llm_health.app.authz import AuthzComponent
 from llm_health.app.discovery import DiscoveryComponent
 from llm_health.app.endpoints import EndpointCatalog
-from llm_health.app.engines import EngineChecks
 from llm_health.app.fleet import FleetComponent
 from llm_health.app.grpc_auth import GrpcAuthComponent
 from llm_health.app.hds import HdsComponent
@@ -29,10 +28,12 @@ from llm_health.config import Config
 from llm_health.core.component import Component
 from llm_health.core.control import ProberStats
 from llm_health.discovery.settings import DiscoverySettings, DnsSettings
+from llm_health.engines.component import EngineChecks
+from llm_health.engines.settings import ClusterChecks
 from llm_health.model.board import Board
+from llm_health.model.engine_load import EngineLoad
 from llm_health.model.states import State
 from llm_health.ops.metrics import RuntimeMetrics
-from llm_health.probe.engine_metrics import EngineLoad
 from llm_health.probe.lag import LoopLagMonitor
 from llm_health.probe.target import ProbeTarget
 from llm_health.xds.nodes import OpenNodes
@@ -51,7 +52,9 @@ def build_runtime(
     live = LiveConfig(config, config_path)
     catalog = EndpointCatalog(live, control)
     xds_nodes = OpenNodes()  # node ids with an open xDS stream: HDS trusts only those
-    components = build_components(live, control, clock, xds_open=xds_nodes.is_open, catalog=catalog)
+    components, checks = build_components(
+        live, control, clock, xds_open=xds_nodes.is_open, catalog=catalog
+    )
     xds_stats = XdsStats()
 
     def statuses() -> dict[str, dict[str, object]]:
@@ -68,6 +71,7 @@ def build_runtime(
         clock,
         xds_nodes=xds_nodes,
         catalog=catalog,
+        probe_wrapper=checks,
     )
 
 
@@ -78,11 +82,12 @@ def build_components(
     *,
     xds_open: Callable[[str], bool] | None = None,
     catalog: EndpointCatalog | None = None,
-) -> list[Component]:
+) -> tuple[list[Component], EngineChecks]:
     """Each feature adds itself here (one line each). Settings read once at start, except
-    where a getter over ``live`` follows reloads (ext_authz, discovery). ``xds_open``:
-    whether a node id holds an open xDS stream (HDS counts only those nodes' reports).
-    ``catalog``: the endpoint set discovery feeds (None: no discovery, e.g. in tests)."""
+    where a getter over ``live`` follows reloads (ext_authz, discovery, engine checks).
+    ``xds_open``: whether a node id holds an open xDS stream (HDS counts only those nodes'
+    reports). ``catalog``: the endpoint set discovery feeds (None: no discovery, e.g. in
+    tests). Also returned apart: the engine checks, the runtime's probe wrapper."""
     config = live.current
     grpc_auth = GrpcAuthComponent(config.server, config.admin)
     components: list[Component] = [
@@ -114,11 +119,12 @@ def build_components(
         components.append(_remediation(config, control, catalog))
     traffic = _traffic(live, control, clock, catalog)
     components.append(traffic)
-    components.append(_engine_checks(live, control, clock, catalog, traffic.feed_load))
+    checks = _engine_checks(live, control, clock, catalog, traffic.feed_load)
+    components.append(checks)
     if catalog is not None and config.fleet is not None:
         member = f"{socket.gethostname()}-{os.getpid()}"
         components.append(FleetComponent(config.fleet.to_settings(member), control, catalog))
-    return components
+    return components, checks
 
 
 def _traffic(
@@ -158,9 +164,19 @@ def _engine_checks(
     on_load: Callable[[ProbeTarget, EngineLoad], None] | None = None,
 ) -> EngineChecks:
     """Known-answer, served-model and saturation checks on the endpoints probed here."""
+    read: list[tuple[Config, dict[str, ClusterChecks]]] = []
+
+    def settings() -> dict[str, ClusterChecks]:
+        # Read again after a reload only: targets change far more often (discovery,
+        # ownership), and each cluster's effective settings cost a validation.
+        config = live.current
+        if not read or read[0][0] is not config:
+            read[:] = [(config, config.engine_checks())]
+        return read[0][1]
+
     if catalog is None:
-        return EngineChecks(control, live.current.probe_targets(), clock, on_load)
-    checks = EngineChecks(control, catalog.probed(catalog.targets()), clock, on_load)
+        return EngineChecks(control, live.current.probe_targets(), settings, clock, on_load)
+    checks = EngineChecks(control, catalog.probed(catalog.targets()), settings, clock, on_load)
     catalog.on_targets(lambda targets: checks.set_targets(catalog.probed(targets)))
     return checks
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import grpc
 
-from llm_health.core.component import Job
 from llm_health.app.endpoints import EndpointCatalog
+from llm_health.core.component import Job
 from llm_health.core.control import BoardControl, Notice
 from llm_health.discovery.answers import DnsFault
 from llm_health.discovery.lookup import DnsLookup

@@ -20,7 +20,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,6 @@ import grpc
 from aiohttp import web
 
 from llm_health.app.endpoints import EndpointCatalog
-from llm_health.app.engines import EngineChecks
 from llm_health.app.grpc_auth import GrpcAuthComponent, GrpcSecurity
 from llm_health.app.heap import settle_heap
 from llm_health.app.keeper import BoardKeeper
@@ -46,7 +45,7 @@ from llm_health.ops.http_server import build_http_app, start_http
 from llm_health.ops.metrics import RuntimeMetrics
 from llm_health.ops.secret_scrubbing import Secrets, scrubbed_logs
 from llm_health.ops.status_document import status_document
-from llm_health.probe.client import MicroProbe, Prober, new_session
+from llm_health.probe.client import MicroProbe, ProbeFn, Prober, ProbeWrapper, new_session
 from llm_health.probe.lag import LoopLagMonitor
 from llm_health.probe.pool import WorkerPool
 from llm_health.probe.scheduler import Scheduler
@@ -62,7 +61,6 @@ EXPIRY_TICK_S = 1.0
 RELOAD_POLL_S = 2.0
 HEAP_POLL_S = 0.25
 log = logging.getLogger("llm_health")
-ProbeFn = Callable[[ProbeTarget], Coroutine[Any, Any, ProbeResult]]
 
 
 class Runtime:
@@ -80,12 +78,14 @@ class Runtime:
         *,
         xds_nodes: OpenNodes | None = None,
         catalog: EndpointCatalog | None = None,
+        probe_wrapper: ProbeWrapper | None = None,
     ) -> None:
         self.live = live
         self.catalog = catalog if catalog is not None else EndpointCatalog(live, control)
         self.xds_nodes = xds_nodes if xds_nodes is not None else OpenNodes()
         self.control = control
         self.components = list(components)
+        self.probe_wrapper = probe_wrapper  # the engine checks, when they run
         self.metrics = metrics
         self.lag = lag
         self.xds_stats = xds_stats
@@ -150,8 +150,8 @@ class Runtime:
         """The micro-probe (in-process, or in ``server.probe_workers`` processes: docs/
         design.md §16.2), through the engine checks when they run (known-answer probes in
         some slots; the request body by detected engine)."""
-        checks = next((c for c in self.components if isinstance(c, EngineChecks)), None)
-        engines = checks.engines if checks else None
+        wrapper = self.probe_wrapper
+        engines = wrapper.engines if wrapper is not None else None
         local = MicroProbe(session, self.lag, engines=engines)
         prober: Prober = local
         count = self.config.server.probe_worker_count()
@@ -162,7 +162,7 @@ class Runtime:
             prober = self.workers
         self.prober = prober
         try:
-            yield checks.wrap(prober) if checks is not None else prober.probe
+            yield wrapper.wrap(prober) if wrapper is not None else prober.probe
         finally:
             if self.workers is not None:
                 self.stats.worker_lag_ms = None

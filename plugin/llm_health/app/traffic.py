@@ -29,10 +29,10 @@ import grpc
 from llm_health.core.control import BoardControl
 from llm_health.model.board import Board
 from llm_health.model.causes import Cause
+from llm_health.model.engine_load import EngineLoad, Histogram
 from llm_health.model.machine import Transition
 from llm_health.model.outcome import ProbeResult
 from llm_health.model.states import State
-from llm_health.probe.engine_metrics import EngineLoad, Histogram
 from llm_health.probe.target import ProbeTarget
 from llm_health.servers.accesslog import add_access_log_servicer
 from llm_health.traffic.busy import skip as busy_skip

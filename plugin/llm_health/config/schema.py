@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     BeforeValidator,
     Field,
@@ -45,9 +44,14 @@ from llm_health.core.settings import (
     Int,
     Number,
     UrlPath,
-    regex,
 )
 from llm_health.discovery.settings import DiscoverySettings, DnsSettings
+from llm_health.engines.settings import (
+    ClusterChecks,
+    EngineMetricsConfig,
+    VerifyConfig,
+    in_force,
+)
 from llm_health.fleet.settings import FleetSettings
 from llm_health.hds.settings import CheckSpec, HdsSettings
 from llm_health.model.board import ClusterSpec, EndpointSpec
@@ -57,9 +61,7 @@ from llm_health.model.redact import secret_forms
 from llm_health.model.states import State
 from llm_health.probe.target import (
     DEFAULT_FATAL_PATTERNS,
-    MetricsSpec,
     ProbeTarget,
-    VerifySpec,
     compile_fatal_patterns,
     endpoint_url,
 )
@@ -71,38 +73,6 @@ MAX_CLUSTERS = 2_000  # per file (docs/configuration.md "Limits")
 MAX_ENDPOINTS = 50_000  # per file, over every cluster
 MAX_FATAL_PATTERNS = 100
 Discovered = Mapping[str, tuple[EndpointSpec, ...]]  # cluster -> endpoints found in DNS
-
-
-class VerifyConfig(Frozen):
-    """``probe.verify``: the known-answer probe (docs/design.md §14). ``expect``: a regex
-    the answer must match (searched, not anchored); null: the cluster's consensus."""
-
-    enabled: bool = True
-    every: Duration = Field(30.0, ge=1.0, le=86400.0)
-    prompt: str = Field("The capital of France is", min_length=1, max_length=500)
-    max_tokens: Int = Field(3, ge=1, le=32)
-    expect: Annotated[str | None, AfterValidator(regex)] = Field(None, max_length=500)
-
-    def to_spec(self) -> VerifySpec | None:
-        if not self.enabled:
-            return None
-        expect = re.compile(self.expect) if self.expect is not None else None
-        return VerifySpec(self.every, self.prompt, self.max_tokens, expect)
-
-
-class EngineMetricsConfig(Frozen):
-    """``probe.engine_metrics``: saturation from the engine's own /metrics (§14.3);
-    ``path: null`` disables it."""
-
-    path: UrlPath | None = "/metrics"
-    interval: Duration = Field(1.0, ge=0.1, le=3600.0)
-    queue_threshold: Number = Field(5.0, gt=0, le=1_000_000)
-    kv_cache_threshold: Number = Field(0.8, gt=0, le=1)
-
-    def to_spec(self) -> MetricsSpec | None:
-        if self.path is None:
-            return None
-        return MetricsSpec(self.path, self.interval, self.queue_threshold, self.kv_cache_threshold)
 
 
 class QualityConfig(Frozen):
@@ -218,8 +188,6 @@ class ProbeSettings(Frozen):
             act_on_silence=self.act_on_silence,
             silence_degrade=self.silence_degrade,
             engine=self.engine,
-            verify=self.verify.to_spec() if self.verify is not None else None,
-            metrics=self.engine_metrics.to_spec() if self.engine_metrics is not None else None,
             models_path=self.models_path,
             fatal_patterns=compile_fatal_patterns(self.fatal_patterns),
             headers={k: v.get_secret_value() for k, v in self.headers.items()},
@@ -880,6 +848,15 @@ class Config(Frozen):
             quality = probe.quality.to_settings() if probe.quality is not None else None
             busy = probe.backoff_when_busy
             found[cluster.name] = (quality, busy.to_settings() if busy is not None else None)
+        return found
+
+    def engine_checks(self) -> dict[str, ClusterChecks]:
+        """Per cluster: its ``probe.verify`` and ``probe.engine_metrics`` in force (None:
+        off)."""
+        found = {}
+        for cluster in self.clusters:
+            probe = self.probe_for(cluster)
+            found[cluster.name] = in_force(probe.verify, probe.engine_metrics)
         return found
 
     def discoveries(self) -> tuple[DiscoverySettings, ...]:
