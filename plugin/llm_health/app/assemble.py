@@ -15,7 +15,6 @@ from llm_health.app.admin import AdminComponent
 from llm_health.app.alerts import attach as attach_alerts
 from llm_health.app.authz import AuthzComponent
 from llm_health.core.component import Component
-from llm_health.app.discovery import DiscoveryComponent
 from llm_health.app.endpoints import EndpointCatalog
 from llm_health.app.engines import EngineChecks
 from llm_health.app.fleet import FleetComponent
@@ -29,7 +28,8 @@ from llm_health.app.runtime import Runtime
 from llm_health.app.traffic import TrafficComponent
 from llm_health.config import Config
 from llm_health.core.control import ProberStats
-from llm_health.discovery.settings import DiscoverySettings, DnsSettings
+from llm_health.discovery.component import DiscoveryComponent
+from llm_health.discovery.settings import DiscoveryConfig, DnsConfig
 from llm_health.model.board import Board
 from llm_health.model.states import State
 from llm_health.probe.engine_metrics import EngineLoad
@@ -186,6 +186,6 @@ def _remediation(
     )
 
 
-def _discovery(live: LiveConfig) -> tuple[DnsSettings, tuple[DiscoverySettings, ...]]:
+def _discovery(live: LiveConfig) -> tuple[DnsConfig, dict[str, DiscoveryConfig]]:
     config = live.current
-    return config.dns.to_settings(), config.discoveries()
+    return config.dns, config.discoveries()

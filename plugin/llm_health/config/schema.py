@@ -30,12 +30,9 @@ from pydantic import (
 
 from llm_health.authz.settings import UNROUTED_VALUE, AuthzSettings
 from llm_health.core.addresses import (
-    is_host_name,
     is_ip_host,
     is_local_bind,
-    is_service_name,
     split_address,
-    split_nameserver,
 )
 from llm_health.core.settings import (
     MERGING,
@@ -47,7 +44,7 @@ from llm_health.core.settings import (
     UrlPath,
     regex,
 )
-from llm_health.discovery.settings import DiscoverySettings, DnsSettings
+from llm_health.discovery.settings import DiscoveryConfig, DnsConfig
 from llm_health.fleet.settings import FleetSettings
 from llm_health.hds.settings import CheckSpec, HdsSettings
 from llm_health.model.board import ClusterSpec, EndpointSpec
@@ -280,71 +277,6 @@ class EndpointConfig(Frozen):
     def to_spec(self) -> EndpointSpec:
         host, port = split_address(self.address)
         return EndpointSpec(self.address, host, port, self.weight)
-
-
-class DiscoveryConfig(Frozen):
-    """``clusters[].discovery``: endpoints from DNS (docs/design.md §11). Exactly one of
-    ``dns`` (A and AAAA records of a name, every address on ``port``) and ``srv`` (SRV
-    records: each target's addresses on the record's port)."""
-
-    dns: str | None = Field(None, max_length=253)
-    srv: str | None = Field(None, max_length=253)
-    port: Int | None = Field(None, ge=1, le=65535)
-    refresh: Duration = Field(5.0, ge=0.5, le=3600.0)
-    weight: Int = Field(100, ge=1, le=1_000_000)
-    max_endpoints: Int = Field(1000, ge=1, le=10_000)
-
-    @field_validator("dns")
-    @classmethod
-    def _host_name(cls, value: str | None) -> str | None:
-        if value is not None and not is_host_name(value):
-            raise ValueError(f'"{value}" is not a DNS name (letters, digits, "-", dots)')
-        return value
-
-    @field_validator("srv")
-    @classmethod
-    def _service_name(cls, value: str | None) -> str | None:
-        if value is not None and not is_service_name(value):
-            raise ValueError(f'"{value}" is not an SRV name (e.g. "_http._tcp.svc.example")')
-        return value
-
-    @model_validator(mode="after")
-    def _one_source(self) -> DiscoveryConfig:
-        if (self.dns is None) == (self.srv is None):
-            raise ValueError("set exactly one of dns (with port) and srv")
-        if self.dns is not None and self.port is None:
-            raise ValueError("dns discovery needs a port: every address is an endpoint on it")
-        if self.srv is not None and self.port is not None:
-            raise ValueError("srv discovery takes each target's port from its record: drop port")
-        return self
-
-    def to_settings(self, cluster: str) -> DiscoverySettings:
-        return DiscoverySettings(
-            cluster=cluster,
-            name=self.dns or self.srv or "",
-            kind="dns" if self.dns is not None else "srv",
-            port=self.port,
-            refresh_s=self.refresh,
-            weight=self.weight,
-            max_endpoints=self.max_endpoints,
-        )
-
-
-class DnsConfig(Frozen):
-    """``dns:``: the servers discovery asks (none: the system's /etc/resolv.conf)."""
-
-    nameservers: tuple[str, ...] = Field((), max_length=10)
-    timeout: Duration = Field(2.0, le=30.0)
-
-    @field_validator("nameservers")
-    @classmethod
-    def _ip_literals(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for text in value:
-            split_nameserver(text)  # ValueError names the problem
-        return value
-
-    def to_settings(self) -> DnsSettings:
-        return DnsSettings(tuple(split_nameserver(t) for t in self.nameservers), self.timeout)
 
 
 class ClusterConfig(Frozen):
@@ -882,11 +814,10 @@ class Config(Frozen):
             found[cluster.name] = (quality, busy.to_settings() if busy is not None else None)
         return found
 
-    def discoveries(self) -> tuple[DiscoverySettings, ...]:
-        """Every cluster's discovery, in domain form."""
-        return tuple(
-            c.discovery.to_settings(c.name) for c in self.clusters if c.discovery is not None
-        )
+    def discoveries(self) -> dict[str, DiscoveryConfig]:
+        """Every cluster's ``discovery:`` by the cluster's name (the section, under
+        ``clusters[]``, does not carry it), in the file's order."""
+        return {c.name: c.discovery for c in self.clusters if c.discovery is not None}
 
     def secret_values(self) -> frozenset[str]:
         """Every secret this config holds (``SecretStr`` values anywhere: probe and webhook
