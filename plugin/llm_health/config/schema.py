@@ -48,10 +48,8 @@ from llm_health.discovery.settings import DiscoveryConfig, DnsConfig
 from llm_health.fleet.settings import FleetSettings
 from llm_health.hds.settings import CheckSpec, HdsSettings
 from llm_health.model.board import ClusterSpec, EndpointSpec
-from llm_health.model.causes import Cause
 from llm_health.model.policy import Policy
 from llm_health.model.redact import secret_forms
-from llm_health.model.states import State
 from llm_health.probe.target import (
     DEFAULT_FATAL_PATTERNS,
     MetricsSpec,
@@ -60,7 +58,7 @@ from llm_health.probe.target import (
     compile_fatal_patterns,
     endpoint_url,
 )
-from llm_health.remediation.settings import Limits, Rule
+from llm_health.remediation.settings import LimitsConfig, RemediationConfig
 from llm_health.traffic.settings import BusySettings, QualitySettings
 
 MAX_WEIGHT_SUM = 4_294_967_295  # Envoy: per-locality weight sum must fit in uint32
@@ -486,79 +484,6 @@ def redis_where(url: str) -> str:
 
 def _bracketed(host: str) -> str:
     return f"[{host}]" if ":" in host else host
-
-
-CauseName = Literal[
-    "startup_timeout", "slow", "silent", "overloaded", "timeout", "error", "fatal", "signal"
-]  # fmt: skip
-
-
-class WhenConfig(Frozen):
-    """``remediation[].when``: the endpoint has been in ``state`` for ``for`` (entered for
-    one of ``causes``; empty: any cause)."""
-
-    state: Literal["unhealthy", "degraded"]
-    for_: Duration = Field(alias="for", ge=1.0, le=86_400.0)
-    causes: tuple[CauseName, ...] = Field((), max_length=20)
-
-
-class RemediationConfig(Frozen):
-    """One remediation hook: ``run`` (an argv, no shell; ``{cluster}`` ``{address}``
-    ``{host}`` ``{port}`` ``{state}`` ``{cause}`` are filled in) or ``webhook`` (POSTed a
-    JSON body). ``timeout``: a hook still running then is killed (or the POST given up)."""
-
-    when: WhenConfig
-    run: tuple[Annotated[str, Field(min_length=1, max_length=4096)], ...] | None = Field(
-        None, min_length=1, max_length=64
-    )
-    webhook: str | None = Field(None, max_length=2000)
-    timeout: Duration = Field(30.0, le=3600.0)
-
-    @field_validator("run")
-    @classmethod
-    def _absolute_program(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
-        if value is not None and not value[0].startswith("/"):
-            raise ValueError(f'"{value[0]}": the program must be an absolute path (no PATH lookup)')
-        return value
-
-    @field_validator("webhook")
-    @classmethod
-    def _http_url(cls, value: str | None) -> str | None:
-        if value is not None:
-            parts = urlsplit(value)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise ValueError("must be an http:// or https:// URL with a host")
-        return value
-
-    @model_validator(mode="after")
-    def _one_action(self) -> RemediationConfig:
-        if (self.run is None) == (self.webhook is None):
-            raise ValueError("give exactly one of run (an argv) and webhook")
-        return self
-
-    def to_rule(self) -> Rule:
-        return Rule(
-            state=State(self.when.state),
-            for_s=self.when.for_,
-            causes=frozenset(Cause(c) for c in self.when.causes),
-            run=self.run or (),
-            webhook=self.webhook,
-            timeout_s=self.timeout,
-        )
-
-
-class LimitsConfig(Frozen):
-    """``limits:``: guardrails over every remediation hook."""
-
-    max_concurrent_per_cluster: Int = Field(1, ge=1, le=1000)
-    cooldown: Duration = Field(600.0, le=7 * 86_400.0)
-    max_per_hour: Int = Field(6, ge=1, le=10_000)
-    dry_run: bool = False
-
-    def to_limits(self) -> Limits:
-        return Limits(
-            self.max_concurrent_per_cluster, self.cooldown, self.max_per_hour, self.dry_run
-        )
 
 
 class AdminConfig(Frozen):
