@@ -107,9 +107,7 @@ async def test_fires_once_past_for_never_in_grace_never_for_starting(tmp_path: P
 async def test_never_more_than_the_limit_at_once(tmp_path: Path) -> None:
     clock = Clock()
     slow = (sys.executable, "-c", "import time; time.sleep(0.5)")
-    board, component, _ = build(
-        rule(1.0, slow), limits(max_concurrent_per_cluster=4), clock
-    )
+    board, component, _ = build(rule(1.0, slow), limits(max_concurrent_per_cluster=4), clock)
     for address in ADDRESSES:
         down(board, address, 0.0)
     clock.now = 10.0
@@ -132,9 +130,7 @@ async def test_a_hanging_hook_is_killed_and_output_is_bounded(tmp_path: Path) ->
         "-c",
         "import sys, time; sys.stdout.write('x' * 1_000_000); sys.stdout.flush(); time.sleep(60)",
     )
-    board, component, notices = build(
-        rule(1.0, hang, timeout=0.5), limits(), clock
-    )
+    board, component, notices = build(rule(1.0, hang, timeout=0.5), limits(), clock)
     down(board, ADDRESSES[1], 0.0)
     clock.now = 10.0
     started = time.monotonic()
@@ -158,9 +154,7 @@ async def test_a_hanging_hook_is_killed_and_output_is_bounded(tmp_path: Path) ->
 async def test_dry_run_only_logs(tmp_path: Path) -> None:
     log = tmp_path / "ran.txt"
     clock = Clock()
-    board, component, notices = build(
-        rule(1.0, writer(log)), limits(dry_run=True), clock
-    )
+    board, component, notices = build(rule(1.0, writer(log)), limits(dry_run=True), clock)
     down(board, ADDRESSES[2], 0.0)
     clock.now = 10.0
     assert len(component.tick(board.snapshot())) == 1

@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from llm_health.admin.component import AdminComponent
 from llm_health.alerts.component import attach as attach_alerts
-from llm_health.app.admin import AdminComponent
 from llm_health.app.authz import AuthzComponent
 from llm_health.app.endpoints import EndpointCatalog
 from llm_health.app.engines import EngineChecks

@@ -6,7 +6,6 @@
 
 from llm_health.config.loader import load_config, parse_config
 from llm_health.config.schema import (
-    AdminConfig,
     AuthzConfig,
     ClusterConfig,
     Config,
@@ -19,7 +18,6 @@ from llm_health.config.schema import (
 from llm_health.core.addresses import is_local_bind, split_address
 
 __all__ = [
-    "AdminConfig",
     "AuthzConfig",
     "ClusterConfig",
     "Config",

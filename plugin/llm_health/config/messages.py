@@ -14,9 +14,9 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from llm_health.admin.settings import AdminConfig
 from llm_health.alerts.settings import AlertsConfig, WebhookConfig
 from llm_health.config.schema import (
-    AdminConfig,
     AuthzConfig,
     ClusterConfig,
     Config,

@@ -28,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from llm_health.admin.settings import AdminConfig
 from llm_health.alerts.settings import AlertsConfig
 from llm_health.authz.settings import UNROUTED_VALUE, AuthzSettings
 from llm_health.core.addresses import (
@@ -42,6 +43,7 @@ from llm_health.core.settings import (
     Headers,
     Int,
     Number,
+    Token,
     UrlPath,
     regex,
 )
@@ -350,7 +352,7 @@ class ServerConfig(Frozen):
     # §16.9): admission never waits for the event loop that times the probes. null: on
     # ``grpc`` with everything else. Same token and TLS as ``grpc``. Applies at start.
     authz: str | None = None
-    token: SecretStr | None = None
+    token: Token | None = None
     tls: ServerTlsConfig | None = None
     # Probe worker processes (docs/design.md §16.2): 0 probes on the runtime's own loop;
     # "auto" starts one per core this process may run on. Applies at start.
@@ -368,18 +370,6 @@ class ServerConfig(Frozen):
     def _valid_bind(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith("unix:"):
             split_address(value)
-        return value
-
-    @field_validator("token")
-    @classmethod
-    def _token_shape(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is None:
-            return None
-        secret = value.get_secret_value()
-        if len(secret) < 16:
-            raise ValueError("must be at least 16 characters (use a random string)")
-        if not secret.isascii() or not secret.isprintable() or " " in secret:
-            raise ValueError("must be printable ASCII without spaces (it is sent as a header)")
         return value
 
     @model_validator(mode="after")
@@ -485,37 +475,6 @@ def redis_where(url: str) -> str:
 
 def _bracketed(host: str) -> str:
     return f"[{host}]" if ":" in host else host
-
-
-class AdminConfig(Frozen):
-    """The admin gRPC API (llm_health.v1.Admin). ``grpc`` unset: served on server.grpc.
-    A non-loopback ``grpc`` needs ``token``; with a token every call must present it."""
-
-    grpc: str | None = None
-    token: SecretStr | None = None
-
-    @field_validator("grpc")
-    @classmethod
-    def _valid_bind(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith("unix:"):
-            split_address(value)
-        return value
-
-    @field_validator("token")
-    @classmethod
-    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and len(value.get_secret_value()) < 16:
-            raise ValueError("must be at least 16 characters (use a random string)")
-        return value
-
-    @model_validator(mode="after")
-    def _token_off_loopback(self) -> AdminConfig:
-        if self.grpc is not None and self.token is None and not is_local_bind(self.grpc):
-            raise ValueError(
-                f'grpc "{self.grpc}" is not a loopback address: set admin.token '
-                '(e.g. token: "${LLM_HEALTH_ADMIN_TOKEN}") or bind 127.0.0.1'
-            )
-        return self
 
 
 class XdsConfig(Frozen):
