@@ -3,7 +3,10 @@
 Each feature keeps its own settings type (``hds.HdsSettings``, ``authz.AuthzSettings``,
 ``model.Policy``, ``probe.ProbeTarget``); the sections here validate the file's words and
 convert to those (``to_settings``, ``to_policy``, ``to_target``), so no feature package
-reads the config. Loading (YAML, ``${ENV}``, error lines) is ``config.loader``.
+reads the config. Where a section is itself the feature's type it is defined in the
+feature and only composed here: ``discovery.settings``, ``remediation.settings``,
+``alerts.settings``, ``admin.settings``. Loading (YAML, ``${ENV}``, error lines) is
+``config.loader``.
 """
 
 from __future__ import annotations

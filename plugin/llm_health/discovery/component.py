@@ -27,7 +27,6 @@ from llm_health.discovery.lookup import DnsLookup
 from llm_health.discovery.settings import DiscoveryConfig, DnsConfig
 from llm_health.discovery.watcher import Watcher
 from llm_health.model.board import EndpointSpec
-from llm_health.probe.target import ProbeTarget
 
 # The config in force: ``dns:`` and every cluster's ``discovery:`` by cluster name.
 Settings = Callable[[], tuple[DnsConfig, Mapping[str, DiscoveryConfig]]]
@@ -43,7 +42,8 @@ class EndpointSet(Protocol):
     @property
     def discovered(self) -> Mapping[str, tuple[EndpointSpec, ...]]: ...
 
-    def on_targets(self, listener: Callable[[list[ProbeTarget]], None]) -> None: ...
+    # The listener gets the new probe targets; discovery only needs to be woken.
+    def on_targets(self, listener: Callable[[list[Any]], None]) -> None: ...
 
     async def set_discovered(self, cluster: str, endpoints: tuple[EndpointSpec, ...]) -> None: ...
 
