@@ -16,9 +16,9 @@ import pytest
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.protobuf.duration_pb2 import Duration
 
+from llm_health.admin.component import AdminComponent
 from llm_health.adminpb import admin_pb2 as pb
 from llm_health.adminpb import admin_pb2_grpc as pb_grpc
-from llm_health.app.admin import AdminComponent
 from llm_health.app.assemble import build_runtime
 from llm_health.app.runtime import Runtime
 from llm_health.config import parse_config

@@ -138,24 +138,23 @@ def messages(cluster: str, extra: str = "") -> list[str]:
     return info.value.messages
 
 
-def test_discovery_config_to_settings() -> None:
+def test_discovery_config_by_cluster() -> None:
     loaded = config(
         "    discovery: {dns: vllm.llm.svc.cluster.local, port: 8000, refresh: 2s}\n",
         'dns: {nameservers: ["10.96.0.10", "127.0.0.1:5353", "[::1]:53"], timeout: 1s}\n',
     )
-    (settings,) = loaded.discoveries()
-    assert (settings.cluster, settings.name, settings.kind, settings.port) == (
+    ((cluster, settings),) = loaded.discoveries().items()
+    assert (cluster, settings.name, settings.kind, settings.port) == (
         "c",
         "vllm.llm.svc.cluster.local",
         "dns",
         8000,
     )
-    assert settings.refresh_s == 2.0 and settings.max_endpoints == 1000
-    dns = loaded.dns.to_settings()
-    assert dns.nameservers == (("10.96.0.10", 53), ("127.0.0.1", 5353), ("::1", 53))
-    assert dns.timeout_s == 1.0
+    assert settings.refresh == 2.0 and settings.max_endpoints == 1000
+    assert loaded.dns.servers() == (("10.96.0.10", 53), ("127.0.0.1", 5353), ("::1", 53))
+    assert loaded.dns.timeout == 1.0
     srv = config("    discovery: {srv: _http._tcp.vllm.llm.svc.cluster.local}\n").discoveries()
-    assert srv[0].kind == "srv" and srv[0].port is None and srv[0].refresh_s == 5.0
+    assert srv["c"].kind == "srv" and srv["c"].port is None and srv["c"].refresh == 5.0
 
 
 @pytest.mark.parametrize(

@@ -11,23 +11,22 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from llm_health.app.admin import AdminComponent
-from llm_health.app.alerts import attach as attach_alerts
+from llm_health.admin.component import AdminComponent
+from llm_health.alerts.component import attach as attach_alerts
 from llm_health.app.authz import AuthzComponent
-from llm_health.app.discovery import DiscoveryComponent
 from llm_health.app.endpoints import EndpointCatalog
 from llm_health.app.fleet import FleetComponent
 from llm_health.app.grpc_auth import GrpcAuthComponent
 from llm_health.app.hds import HdsComponent
 from llm_health.app.keeper import BoardKeeper
 from llm_health.app.live import LiveConfig
-from llm_health.app.remediation import RemediationComponent
 from llm_health.app.runtime import Runtime
 from llm_health.app.traffic import TrafficComponent
 from llm_health.config import Config
 from llm_health.core.component import Component
 from llm_health.core.control import ProberStats
-from llm_health.discovery.settings import DiscoverySettings, DnsSettings
+from llm_health.discovery.component import DiscoveryComponent
+from llm_health.discovery.settings import DiscoveryConfig, DnsConfig
 from llm_health.engines.component import EngineChecks
 from llm_health.engines.settings import ClusterChecks
 from llm_health.model.board import Board
@@ -36,6 +35,7 @@ from llm_health.model.states import State
 from llm_health.ops.metrics import RuntimeMetrics
 from llm_health.probe.lag import LoopLagMonitor
 from llm_health.probe.target import ProbeTarget
+from llm_health.remediation.component import RemediationComponent
 from llm_health.xds.nodes import OpenNodes
 from llm_health.xds.stream import XdsStats
 
@@ -184,24 +184,14 @@ def _engine_checks(
 def _remediation(
     config: Config, control: BoardKeeper, catalog: EndpointCatalog | None
 ) -> RemediationComponent:
-    def first_seen(cluster: str, address: str) -> float | None:
-        board = control.board
-        return (
-            board.health(cluster, address).first_seen
-            if board.has_endpoint(cluster, address)
-            else None
-        )
-
     return RemediationComponent(
-        tuple(r.to_rule() for r in config.remediation),
-        config.limits.to_limits(),
+        config.remediation,
+        config.limits,
         control,
-        first_seen=first_seen,
-        policy=control.board.policy,
         responsible=catalog.probes_here if catalog is not None else lambda _c, _a: True,
     )
 
 
-def _discovery(live: LiveConfig) -> tuple[DnsSettings, tuple[DiscoverySettings, ...]]:
+def _discovery(live: LiveConfig) -> tuple[DnsConfig, dict[str, DiscoveryConfig]]:
     config = live.current
-    return config.dns.to_settings(), config.discoveries()
+    return config.dns, config.discoveries()

@@ -25,7 +25,8 @@ from typing import Any
 
 import grpc
 
-from llm_health.config import AdminConfig, ServerConfig
+from llm_health.admin.settings import AdminConfig
+from llm_health.config import ServerConfig
 from llm_health.servers.grpc import (
     BearerTokenInterceptor,
     GrpcAuthStats,

@@ -6,8 +6,6 @@
 
 from llm_health.config.loader import load_config, parse_config
 from llm_health.config.schema import (
-    AdminConfig,
-    AlertsConfig,
     AuthzConfig,
     ClusterConfig,
     Config,
@@ -15,14 +13,11 @@ from llm_health.config.schema import (
     HdsConfig,
     ProbeSettings,
     ServerConfig,
-    WebhookConfig,
     XdsConfig,
 )
 from llm_health.core.addresses import is_local_bind, split_address
 
 __all__ = [
-    "AdminConfig",
-    "AlertsConfig",
     "AuthzConfig",
     "ClusterConfig",
     "Config",
@@ -30,7 +25,6 @@ __all__ = [
     "HdsConfig",
     "ProbeSettings",
     "ServerConfig",
-    "WebhookConfig",
     "XdsConfig",
     "is_local_bind",
     "load_config",

@@ -14,9 +14,9 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from llm_health.admin.settings import AdminConfig
+from llm_health.alerts.settings import AlertsConfig, WebhookConfig
 from llm_health.config.schema import (
-    AdminConfig,
-    AlertsConfig,
     AuthzConfig,
     ClusterConfig,
     Config,
@@ -25,7 +25,6 @@ from llm_health.config.schema import (
     ProbeSettings,
     ServerConfig,
     ServerTlsConfig,
-    WebhookConfig,
     XdsConfig,
 )
 from llm_health.model.redact import escape

@@ -3,7 +3,10 @@
 Each feature keeps its own settings type (``hds.HdsSettings``, ``authz.AuthzSettings``,
 ``model.Policy``, ``probe.ProbeTarget``); the sections here validate the file's words and
 convert to those (``to_settings``, ``to_policy``, ``to_target``), so no feature package
-reads the config. Loading (YAML, ``${ENV}``, error lines) is ``config.loader``.
+reads the config. Where a section is itself the feature's type it is defined in the
+feature and only composed here: ``discovery.settings``, ``remediation.settings``,
+``alerts.settings``, ``admin.settings``. Loading (YAML, ``${ENV}``, error lines) is
+``config.loader``.
 """
 
 from __future__ import annotations
@@ -27,14 +30,13 @@ from pydantic import (
     model_validator,
 )
 
+from llm_health.admin.settings import AdminConfig
+from llm_health.alerts.settings import AlertsConfig
 from llm_health.authz.settings import UNROUTED_VALUE, AuthzSettings
 from llm_health.core.addresses import (
-    is_host_name,
     is_ip_host,
     is_local_bind,
-    is_service_name,
     split_address,
-    split_nameserver,
 )
 from llm_health.core.settings import (
     MERGING,
@@ -43,9 +45,10 @@ from llm_health.core.settings import (
     Headers,
     Int,
     Number,
+    Token,
     UrlPath,
 )
-from llm_health.discovery.settings import DiscoverySettings, DnsSettings
+from llm_health.discovery.settings import DiscoveryConfig, DnsConfig
 from llm_health.engines.settings import (
     ClusterChecks,
     EngineMetricsConfig,
@@ -55,17 +58,15 @@ from llm_health.engines.settings import (
 from llm_health.fleet.settings import FleetSettings
 from llm_health.hds.settings import CheckSpec, HdsSettings
 from llm_health.model.board import ClusterSpec, EndpointSpec
-from llm_health.model.causes import Cause
 from llm_health.model.policy import Policy
 from llm_health.model.redact import secret_forms
-from llm_health.model.states import State
 from llm_health.probe.target import (
     DEFAULT_FATAL_PATTERNS,
     ProbeTarget,
     compile_fatal_patterns,
     endpoint_url,
 )
-from llm_health.remediation.settings import Limits, Rule
+from llm_health.remediation.settings import LimitsConfig, RemediationConfig
 from llm_health.traffic.settings import BusySettings, QualitySettings
 
 MAX_WEIGHT_SUM = 4_294_967_295  # Envoy: per-locality weight sum must fit in uint32
@@ -250,71 +251,6 @@ class EndpointConfig(Frozen):
         return EndpointSpec(self.address, host, port, self.weight)
 
 
-class DiscoveryConfig(Frozen):
-    """``clusters[].discovery``: endpoints from DNS (docs/design.md §11). Exactly one of
-    ``dns`` (A and AAAA records of a name, every address on ``port``) and ``srv`` (SRV
-    records: each target's addresses on the record's port)."""
-
-    dns: str | None = Field(None, max_length=253)
-    srv: str | None = Field(None, max_length=253)
-    port: Int | None = Field(None, ge=1, le=65535)
-    refresh: Duration = Field(5.0, ge=0.5, le=3600.0)
-    weight: Int = Field(100, ge=1, le=1_000_000)
-    max_endpoints: Int = Field(1000, ge=1, le=10_000)
-
-    @field_validator("dns")
-    @classmethod
-    def _host_name(cls, value: str | None) -> str | None:
-        if value is not None and not is_host_name(value):
-            raise ValueError(f'"{value}" is not a DNS name (letters, digits, "-", dots)')
-        return value
-
-    @field_validator("srv")
-    @classmethod
-    def _service_name(cls, value: str | None) -> str | None:
-        if value is not None and not is_service_name(value):
-            raise ValueError(f'"{value}" is not an SRV name (e.g. "_http._tcp.svc.example")')
-        return value
-
-    @model_validator(mode="after")
-    def _one_source(self) -> DiscoveryConfig:
-        if (self.dns is None) == (self.srv is None):
-            raise ValueError("set exactly one of dns (with port) and srv")
-        if self.dns is not None and self.port is None:
-            raise ValueError("dns discovery needs a port: every address is an endpoint on it")
-        if self.srv is not None and self.port is not None:
-            raise ValueError("srv discovery takes each target's port from its record: drop port")
-        return self
-
-    def to_settings(self, cluster: str) -> DiscoverySettings:
-        return DiscoverySettings(
-            cluster=cluster,
-            name=self.dns or self.srv or "",
-            kind="dns" if self.dns is not None else "srv",
-            port=self.port,
-            refresh_s=self.refresh,
-            weight=self.weight,
-            max_endpoints=self.max_endpoints,
-        )
-
-
-class DnsConfig(Frozen):
-    """``dns:``: the servers discovery asks (none: the system's /etc/resolv.conf)."""
-
-    nameservers: tuple[str, ...] = Field((), max_length=10)
-    timeout: Duration = Field(2.0, le=30.0)
-
-    @field_validator("nameservers")
-    @classmethod
-    def _ip_literals(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for text in value:
-            split_nameserver(text)  # ValueError names the problem
-        return value
-
-    def to_settings(self) -> DnsSettings:
-        return DnsSettings(tuple(split_nameserver(t) for t in self.nameservers), self.timeout)
-
-
 class ClusterConfig(Frozen):
     name: str = Field(min_length=1, max_length=200)
     model: str | None = Field(None, max_length=500)
@@ -387,7 +323,7 @@ class ServerConfig(Frozen):
     # §16.9): admission never waits for the event loop that times the probes. null: on
     # ``grpc`` with everything else. Same token and TLS as ``grpc``. Applies at start.
     authz: str | None = None
-    token: SecretStr | None = None
+    token: Token | None = None
     tls: ServerTlsConfig | None = None
     # Probe worker processes (docs/design.md §16.2): 0 probes on the runtime's own loop;
     # "auto" starts one per core this process may run on. Applies at start.
@@ -405,18 +341,6 @@ class ServerConfig(Frozen):
     def _valid_bind(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith("unix:"):
             split_address(value)
-        return value
-
-    @field_validator("token")
-    @classmethod
-    def _token_shape(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is None:
-            return None
-        secret = value.get_secret_value()
-        if len(secret) < 16:
-            raise ValueError("must be at least 16 characters (use a random string)")
-        if not secret.isascii() or not secret.isprintable() or " " in secret:
-            raise ValueError("must be printable ASCII without spaces (it is sent as a header)")
         return value
 
     @model_validator(mode="after")
@@ -524,110 +448,6 @@ def _bracketed(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-CauseName = Literal[
-    "startup_timeout", "slow", "silent", "overloaded", "timeout", "error", "fatal", "signal"
-]  # fmt: skip
-
-
-class WhenConfig(Frozen):
-    """``remediation[].when``: the endpoint has been in ``state`` for ``for`` (entered for
-    one of ``causes``; empty: any cause)."""
-
-    state: Literal["unhealthy", "degraded"]
-    for_: Duration = Field(alias="for", ge=1.0, le=86_400.0)
-    causes: tuple[CauseName, ...] = Field((), max_length=20)
-
-
-class RemediationConfig(Frozen):
-    """One remediation hook: ``run`` (an argv, no shell; ``{cluster}`` ``{address}``
-    ``{host}`` ``{port}`` ``{state}`` ``{cause}`` are filled in) or ``webhook`` (POSTed a
-    JSON body). ``timeout``: a hook still running then is killed (or the POST given up)."""
-
-    when: WhenConfig
-    run: tuple[Annotated[str, Field(min_length=1, max_length=4096)], ...] | None = Field(
-        None, min_length=1, max_length=64
-    )
-    webhook: str | None = Field(None, max_length=2000)
-    timeout: Duration = Field(30.0, le=3600.0)
-
-    @field_validator("run")
-    @classmethod
-    def _absolute_program(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
-        if value is not None and not value[0].startswith("/"):
-            raise ValueError(f'"{value[0]}": the program must be an absolute path (no PATH lookup)')
-        return value
-
-    @field_validator("webhook")
-    @classmethod
-    def _http_url(cls, value: str | None) -> str | None:
-        if value is not None:
-            parts = urlsplit(value)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise ValueError("must be an http:// or https:// URL with a host")
-        return value
-
-    @model_validator(mode="after")
-    def _one_action(self) -> RemediationConfig:
-        if (self.run is None) == (self.webhook is None):
-            raise ValueError("give exactly one of run (an argv) and webhook")
-        return self
-
-    def to_rule(self) -> Rule:
-        return Rule(
-            state=State(self.when.state),
-            for_s=self.when.for_,
-            causes=frozenset(Cause(c) for c in self.when.causes),
-            run=self.run or (),
-            webhook=self.webhook,
-            timeout_s=self.timeout,
-        )
-
-
-class LimitsConfig(Frozen):
-    """``limits:``: guardrails over every remediation hook."""
-
-    max_concurrent_per_cluster: Int = Field(1, ge=1, le=1000)
-    cooldown: Duration = Field(600.0, le=7 * 86_400.0)
-    max_per_hour: Int = Field(6, ge=1, le=10_000)
-    dry_run: bool = False
-
-    def to_limits(self) -> Limits:
-        return Limits(
-            self.max_concurrent_per_cluster, self.cooldown, self.max_per_hour, self.dry_run
-        )
-
-
-class AdminConfig(Frozen):
-    """The admin gRPC API (llm_health.v1.Admin). ``grpc`` unset: served on server.grpc.
-    A non-loopback ``grpc`` needs ``token``; with a token every call must present it."""
-
-    grpc: str | None = None
-    token: SecretStr | None = None
-
-    @field_validator("grpc")
-    @classmethod
-    def _valid_bind(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith("unix:"):
-            split_address(value)
-        return value
-
-    @field_validator("token")
-    @classmethod
-    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and len(value.get_secret_value()) < 16:
-            raise ValueError("must be at least 16 characters (use a random string)")
-        return value
-
-    @model_validator(mode="after")
-    def _token_off_loopback(self) -> AdminConfig:
-        if self.grpc is not None and self.token is None and not is_local_bind(self.grpc):
-            raise ValueError(
-                f'grpc "{self.grpc}" is not a loopback address: set admin.token '
-                '(e.g. token: "${LLM_HEALTH_ADMIN_TOKEN}") or bind 127.0.0.1'
-            )
-        return self
-
-
 class XdsConfig(Frozen):
     coalesce: Duration = 0.02
     warm_start_timeout: Duration = 5.0
@@ -688,60 +508,6 @@ class HdsConfig(Frozen):
             quorum=self.quorum,
             report_ttl_s=self.report_ttl,
         )
-
-
-AlertEventName = Literal[
-    "unhealthy",
-    "recovered",
-    "fatal",
-    "added",
-    "removed",
-    "discovery_failed",
-    "discovery_recovered",
-    "fleet_fallback",
-    "fleet_recovered",
-    "remediation",
-]
-
-
-class WebhookConfig(Frozen):
-    """One alert receiver. ``url`` and ``headers`` may hold secrets (a Slack-style URL
-    carries its token in the path): only scheme://host:port is ever logged or shown."""
-
-    url: str = Field(max_length=2000)
-    on: tuple[AlertEventName, ...] = Field(("unhealthy", "recovered", "fatal"), min_length=1)
-    headers: Headers = Field(default_factory=dict)
-    timeout: Duration = 5.0
-
-    @model_validator(mode="before")
-    @classmethod
-    def _yaml_on_key(cls, data: Any) -> Any:
-        """YAML 1.1 (PyYAML) reads the bare key ``on`` as the boolean true."""
-        if isinstance(data, dict) and True in data and "on" not in data:
-            return {("on" if key is True else key): value for key, value in data.items()}
-        return data
-
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, value: str) -> str:
-        from urllib.parse import urlsplit
-
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("must be an http:// or https:// URL with a host")
-        return value
-
-
-class AlertsConfig(Frozen):
-    """Webhook alerts; no webhooks (the default): nothing is sent."""
-
-    webhooks: tuple[WebhookConfig, ...] = Field((), max_length=100)
-    dedup_window: Duration = 300.0
-    max_per_minute: Int = Field(30, ge=1, le=10_000)
-    max_attempts: Int = Field(5, ge=1, le=20)
-    retry_backoff: Duration = 0.5
-    max_retry_time: Duration = 120.0
-    queue_size: Int = Field(1000, ge=1, le=100_000)
 
 
 def _lower(value: Any) -> Any:
@@ -859,11 +625,10 @@ class Config(Frozen):
             found[cluster.name] = in_force(probe.verify, probe.engine_metrics)
         return found
 
-    def discoveries(self) -> tuple[DiscoverySettings, ...]:
-        """Every cluster's discovery, in domain form."""
-        return tuple(
-            c.discovery.to_settings(c.name) for c in self.clusters if c.discovery is not None
-        )
+    def discoveries(self) -> dict[str, DiscoveryConfig]:
+        """Every cluster's ``discovery:`` by the cluster's name (the section, under
+        ``clusters[]``, does not carry it), in the file's order."""
+        return {c.name: c.discovery for c in self.clusters if c.discovery is not None}
 
     def secret_values(self) -> frozenset[str]:
         """Every secret this config holds (``SecretStr`` values anywhere: probe and webhook
