@@ -8,11 +8,9 @@ from llm_health.config.loader import load_config, parse_config
 from llm_health.config.schema import (
     AdminConfig,
     AlertsConfig,
-    AuthzConfig,
     ClusterConfig,
     Config,
     EndpointConfig,
-    HdsConfig,
     ProbeSettings,
     ServerConfig,
     WebhookConfig,
@@ -23,11 +21,9 @@ from llm_health.core.addresses import is_local_bind, split_address
 __all__ = [
     "AdminConfig",
     "AlertsConfig",
-    "AuthzConfig",
     "ClusterConfig",
     "Config",
     "EndpointConfig",
-    "HdsConfig",
     "ProbeSettings",
     "ServerConfig",
     "WebhookConfig",

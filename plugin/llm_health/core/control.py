@@ -119,6 +119,13 @@ class BoardControl(Protocol):
         (result, trusted). KeyError: not probed here; RuntimeError: no prober running."""
         ...
 
+    # --- for traffic
+
+    def probe_state(self, cluster: str, address: str) -> State | None:
+        """The probe state machine's verdict on this endpoint now (the board's, not the
+        published snapshot's); None when it is not on the board."""
+        ...
+
 
 class LagReader(Protocol):
     """How late the prober's event loop runs (``probe.lag.LoopLagMonitor``)."""
