@@ -9,33 +9,33 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from llm_health.admin.component import AdminComponent
 from llm_health.alerts.component import attach as attach_alerts
-from llm_health.app.authz import AuthzComponent
 from llm_health.app.endpoints import EndpointCatalog
 from llm_health.app.fleet import FleetComponent
-from llm_health.app.grpc_auth import GrpcAuthComponent
-from llm_health.app.hds import HdsComponent
 from llm_health.app.keeper import BoardKeeper
 from llm_health.app.live import LiveConfig
 from llm_health.app.runtime import Runtime
-from llm_health.app.traffic import TrafficComponent
+from llm_health.authz.component import AuthzComponent
 from llm_health.config import Config
-from llm_health.core.component import Component
+from llm_health.core.component import Component, SkipRule
 from llm_health.core.control import ProberStats
 from llm_health.discovery.component import DiscoveryComponent
 from llm_health.discovery.settings import DiscoveryConfig, DnsConfig
 from llm_health.engines.component import EngineChecks
 from llm_health.engines.settings import ClusterChecks
+from llm_health.hds.component import HdsComponent
 from llm_health.model.board import Board
 from llm_health.model.engine_load import EngineLoad
-from llm_health.model.states import State
 from llm_health.ops.metrics import RuntimeMetrics
 from llm_health.probe.lag import LoopLagMonitor
 from llm_health.probe.target import ProbeTarget
 from llm_health.remediation.component import RemediationComponent
+from llm_health.servers.auth import GrpcAuth, SecurityProvider
+from llm_health.traffic.component import TrafficComponent
 from llm_health.xds.nodes import OpenNodes
 from llm_health.xds.stream import XdsStats
 
@@ -52,9 +52,8 @@ def build_runtime(
     live = LiveConfig(config, config_path)
     catalog = EndpointCatalog(live, control)
     xds_nodes = OpenNodes()  # node ids with an open xDS stream: HDS trusts only those
-    components, checks = build_components(
-        live, control, clock, xds_open=xds_nodes.is_open, catalog=catalog
-    )
+    parts = build_components(live, control, clock, xds_open=xds_nodes.is_open, catalog=catalog)
+    components = parts.components
     xds_stats = XdsStats()
 
     def statuses() -> dict[str, dict[str, object]]:
@@ -71,8 +70,20 @@ def build_runtime(
         clock,
         xds_nodes=xds_nodes,
         catalog=catalog,
-        probe_wrapper=checks,
+        probe_wrapper=parts.checks,
+        security=parts.security,
+        skip=parts.skip,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Parts:
+    """Every component, and the ones the runtime calls itself, by their role."""
+
+    components: list[Component]
+    security: SecurityProvider  # the main gRPC server's token and TLS
+    skip: SkipRule  # the scheduler's busy rule
+    checks: EngineChecks  # the engine checks: the runtime's probe wrapper
 
 
 def build_components(
@@ -82,14 +93,16 @@ def build_components(
     *,
     xds_open: Callable[[str], bool] | None = None,
     catalog: EndpointCatalog | None = None,
-) -> tuple[list[Component], EngineChecks]:
+) -> Parts:
     """Each feature adds itself here (one line each). Settings read once at start, except
     where a getter over ``live`` follows reloads (ext_authz, discovery, engine checks).
     ``xds_open``: whether a node id holds an open xDS stream (HDS counts only those nodes'
     reports). ``catalog``: the endpoint set discovery feeds (None: no discovery, e.g. in
     tests). Also returned apart: the engine checks, the runtime's probe wrapper."""
     config = live.current
-    grpc_auth = GrpcAuthComponent(config.server, config.admin)
+    grpc_auth = GrpcAuth(
+        config.server, exempt_admin=config.admin.token is not None and config.admin.grpc is None
+    )
     components: list[Component] = [
         grpc_auth,
         AdminComponent(
@@ -106,7 +119,7 @@ def build_components(
             security=grpc_auth.security,
         ),
         HdsComponent(
-            config.hds.to_settings(),
+            config.hds,
             control,
             clock,
             xds_open=xds_open,
@@ -124,7 +137,7 @@ def build_components(
     if catalog is not None and config.fleet is not None:
         member = f"{socket.gethostname()}-{os.getpid()}"
         components.append(FleetComponent(config.fleet.to_settings(member), control, catalog))
-    return components, checks
+    return Parts(components, grpc_auth.security, traffic, checks)
 
 
 def _traffic(
@@ -134,17 +147,8 @@ def _traffic(
     catalog: EndpointCatalog | None,
 ) -> TrafficComponent:
     """Passive health: Envoy's access logs and the engines' TTFT, per endpoint."""
-
-    def state_of(cluster: str, address: str) -> State | None:
-        board = control.board
-        return (
-            board.health(cluster, address).state if board.has_endpoint(cluster, address) else None
-        )
-
     targets = catalog.targets() if catalog is not None else live.current.probe_targets()
-    traffic = TrafficComponent(
-        control, lambda: live.current.traffic_settings(), targets, state_of, clock
-    )
+    traffic = TrafficComponent(control, lambda: live.current.traffic_settings(), targets, clock)
     traffic.set_probed(catalog.probed(targets) if catalog is not None else targets)
     if catalog is not None:
 

@@ -184,6 +184,13 @@ class BoardKeeper:
     def policy(self, cluster: str) -> Policy:
         return self.board.policy(cluster)
 
+    # --- for traffic
+
+    def probe_state(self, cluster: str, address: str) -> State | None:
+        if not self.board.has_endpoint(cluster, address):
+            return None
+        return self.board.health(cluster, address).state
+
 
 def timings(result: ProbeResult) -> dict[str, Any]:
     """A probe result's log fields (milliseconds, rounded)."""

@@ -29,14 +29,12 @@ import grpc
 from aiohttp import web
 
 from llm_health.app.endpoints import EndpointCatalog
-from llm_health.app.grpc_auth import GrpcAuthComponent, GrpcSecurity
 from llm_health.app.heap import settle_heap
 from llm_health.app.keeper import BoardKeeper
 from llm_health.app.live import LiveConfig
-from llm_health.app.traffic import TrafficComponent
 from llm_health.config import Config, load_config
 from llm_health.config.loader import MAX_FILE_BYTES
-from llm_health.core.component import Component
+from llm_health.core.component import Component, SkipRule
 from llm_health.core.control import ProberStats
 from llm_health.errors import ConfigError
 from llm_health.model.board import Board, Change
@@ -50,6 +48,7 @@ from llm_health.probe.lag import LoopLagMonitor
 from llm_health.probe.pool import WorkerPool
 from llm_health.probe.scheduler import Scheduler
 from llm_health.probe.target import ProbeTarget
+from llm_health.servers.auth import GrpcSecurity, SecurityProvider
 from llm_health.servers.grpc import start_grpc_server
 from llm_health.servers.xds import add_xds_servicers
 from llm_health.xds.nodes import OpenNodes
@@ -79,7 +78,11 @@ class Runtime:
         xds_nodes: OpenNodes | None = None,
         catalog: EndpointCatalog | None = None,
         probe_wrapper: ProbeWrapper | None = None,
+        security: SecurityProvider = GrpcSecurity,
+        skip: SkipRule | None = None,
     ) -> None:
+        """``security``: the main gRPC server's interceptors and credentials (called when
+        it starts); ``skip``: the scheduler's busy rule, if any."""
         self.live = live
         self.catalog = catalog if catalog is not None else EndpointCatalog(live, control)
         self.xds_nodes = xds_nodes if xds_nodes is not None else OpenNodes()
@@ -89,6 +92,8 @@ class Runtime:
         self.metrics = metrics
         self.lag = lag
         self.xds_stats = xds_stats
+        self._security = security
+        self._skip_rule = skip
         self.targets: list[ProbeTarget] = []
         self._by_key: dict[tuple[str, str], ProbeTarget] = {}
         self.scheduler: Scheduler | None = None
@@ -131,7 +136,7 @@ class Runtime:
                 on_silence=self.on_silence,
                 confirm=self._confirm(slots),
                 lag=_ProberLag(self.stats),
-                skip=self._skip_fn(),
+                skip=self._skip_rule.skip if self._skip_rule is not None else None,
             )
             self.scheduler = scheduler
             try:
@@ -167,11 +172,6 @@ class Runtime:
             if self.workers is not None:
                 self.stats.worker_lag_ms = None
                 await self.workers.close()
-
-    def _skip_fn(self) -> Callable[[ProbeTarget], bool] | None:
-        """The busy rule (probe.backoff_when_busy) when the traffic component runs."""
-        traffic = next((c for c in self.components if isinstance(c, TrafficComponent)), None)
-        return traffic.skip if traffic is not None else None
 
     async def on_result(self, target: ProbeTarget, result: ProbeResult) -> None:
         """The scheduler's callback: fold the result into the board."""
@@ -216,10 +216,7 @@ class Runtime:
                 log.warning("component start-up failed", extra={"component": component.name})
 
     async def _start_grpc(self) -> grpc.aio.Server:
-        security = next(
-            (c.security() for c in self.components if isinstance(c, GrpcAuthComponent)),
-            GrpcSecurity(),
-        )
+        security = self._security()
         server, port = await start_grpc_server(
             self.config.server.grpc,
             interceptors=security.interceptors,

@@ -6,11 +6,9 @@
 
 from llm_health.config.loader import load_config, parse_config
 from llm_health.config.schema import (
-    AuthzConfig,
     ClusterConfig,
     Config,
     EndpointConfig,
-    HdsConfig,
     ProbeSettings,
     ServerConfig,
     XdsConfig,
@@ -18,11 +16,9 @@ from llm_health.config.schema import (
 from llm_health.core.addresses import is_local_bind, split_address
 
 __all__ = [
-    "AuthzConfig",
     "ClusterConfig",
     "Config",
     "EndpointConfig",
-    "HdsConfig",
     "ProbeSettings",
     "ServerConfig",
     "XdsConfig",

@@ -1,17 +1,18 @@
 """The configuration schema (docs/design.md §6): pydantic models, frozen once validated.
 
-Each feature keeps its own settings type (``hds.HdsSettings``, ``authz.AuthzSettings``,
-``model.Policy``, ``probe.ProbeTarget``); the sections here validate the file's words and
-convert to those (``to_settings``, ``to_policy``, ``to_target``), so no feature package
-reads the config. Where a section is itself the feature's type it is defined in the
-feature and only composed here: ``discovery.settings``, ``remediation.settings``,
-``alerts.settings``, ``admin.settings``. Loading (YAML, ``${ENV}``, error lines) is
-``config.loader``.
+The feature sections are defined in their own packages (``<feature>/settings.py``:
+``probe.verify`` and ``probe.engine_metrics`` in ``engines``, ``probe.quality`` and
+``probe.backoff_when_busy`` in ``traffic``, ``hds``, ``authz``, ``alerts``, ``admin``,
+``fleet``, ``remediation``, ``dns`` and ``clusters[].discovery``) and are the types those
+features receive; this module composes them into the whole file, with the sections that
+belong to no one feature (server, xds, probe, clusters) and the rules across sections.
+Where a section builds a different domain type (``to_policy``: ``model.Policy``,
+``to_target``: ``probe.ProbeTarget``) it is built here, in one place. Loading (YAML,
+``${ENV}``, error lines) is ``config.loader``.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -32,7 +33,7 @@ from pydantic import (
 
 from llm_health.admin.settings import AdminConfig
 from llm_health.alerts.settings import AlertsConfig
-from llm_health.authz.settings import UNROUTED_VALUE, AuthzSettings
+from llm_health.authz.settings import AuthzConfig
 from llm_health.core.addresses import (
     is_ip_host,
     is_local_bind,
@@ -56,7 +57,7 @@ from llm_health.engines.settings import (
     in_force,
 )
 from llm_health.fleet.settings import FleetSettings
-from llm_health.hds.settings import CheckSpec, HdsSettings
+from llm_health.hds.settings import HdsConfig
 from llm_health.model.board import ClusterSpec, EndpointSpec
 from llm_health.model.policy import Policy
 from llm_health.model.redact import secret_forms
@@ -67,47 +68,13 @@ from llm_health.probe.target import (
     endpoint_url,
 )
 from llm_health.remediation.settings import LimitsConfig, RemediationConfig
-from llm_health.traffic.settings import BusySettings, QualitySettings
+from llm_health.traffic.settings import BusyConfig, QualityConfig, busy_shorthand
 
 MAX_WEIGHT_SUM = 4_294_967_295  # Envoy: per-locality weight sum must fit in uint32
 MAX_CLUSTERS = 2_000  # per file (docs/configuration.md "Limits")
 MAX_ENDPOINTS = 50_000  # per file, over every cluster
 MAX_FATAL_PATTERNS = 100
 Discovered = Mapping[str, tuple[EndpointSpec, ...]]  # cluster -> endpoints found in DNS
-
-
-class QualityConfig(Frozen):
-    """``probe.quality``: the rolling window of real traffic (docs/design.md §15)."""
-
-    window: Duration = Field(60.0, ge=10.0, le=3600.0)
-    min_requests: Int = Field(50, ge=1, le=1_000_000)
-    max_error_rate: Number = Field(0.01, ge=0, le=1)
-    max_p95_ttft: Duration = Field(0.8, le=600.0)
-
-    def to_settings(self) -> QualitySettings:
-        return QualitySettings(
-            self.window, self.min_requests, self.max_error_rate, self.max_p95_ttft
-        )
-
-
-def _busy_shorthand(value: object) -> object:
-    """``backoff_when_busy: true`` is the section with its defaults; ``false``: off."""
-    if value is True:
-        return {}
-    if value is False:
-        return None
-    return value
-
-
-class BusyConfig(Frozen):
-    """``probe.backoff_when_busy``: probe at most every ``every`` intervals an endpoint
-    whose last interval held ``min_requests`` successful real requests and no error."""
-
-    min_requests: Int = Field(10, ge=1, le=1_000_000)
-    every: Int = Field(5, ge=2, le=100)
-
-    def to_settings(self) -> BusySettings:
-        return BusySettings(self.min_requests, self.every)
 
 
 class ProbeSettings(Frozen):
@@ -139,7 +106,7 @@ class ProbeSettings(Frozen):
     engine_metrics: EngineMetricsConfig | None = Field(default_factory=EngineMetricsConfig)
     models_path: UrlPath | None = "/v1/models"  # the served-model check; null: none
     quality: QualityConfig | None = Field(default_factory=QualityConfig)
-    backoff_when_busy: Annotated[BusyConfig | None, BeforeValidator(_busy_shorthand)] = None
+    backoff_when_busy: Annotated[BusyConfig | None, BeforeValidator(busy_shorthand)] = None
     prompt: str = Field("hi", min_length=1, max_length=200)
     model: str | None = Field(None, max_length=500)
     headers: Headers = Field(default_factory=dict)
@@ -453,102 +420,6 @@ class XdsConfig(Frozen):
     warm_start_timeout: Duration = 5.0
 
 
-class HdsConfig(Frozen):
-    """Health Discovery Service (docs/design.md §5.2); each key is explained on ``HdsSettings`` and
-    ``CheckSpec``. Dormant until an Envoy with ``hds_config`` connects."""
-
-    enabled: bool = True
-    check: Literal["tcp", "http"] = "tcp"
-    path: str = Field("/health", pattern=r"^/[^\s]*$", max_length=2000)
-    expected_statuses: tuple[Int, ...] = Field((200,), min_length=1, max_length=100)
-    body: str | None = Field(None, max_length=65536)
-    interval: Duration = 1.0
-    timeout: Duration = 1.0
-    unhealthy_threshold: Int = Field(2, ge=1, le=100)
-    healthy_threshold: Int = Field(2, ge=1, le=100)
-    report_interval: Duration = 1.0
-    checkers_per_endpoint: Int = Field(2, ge=1, le=100)
-    quorum: Int | None = Field(None, ge=1, le=100)
-    report_ttl: Duration = 5.0
-
-    @field_validator("expected_statuses")
-    @classmethod
-    def _http_statuses(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        bad = [status for status in value if not 100 <= status <= 599]
-        if bad:
-            raise ValueError(f"{bad[0]} is not an HTTP status (100-599)")
-        return value
-
-    @model_validator(mode="after")
-    def _consistent(self) -> HdsConfig:
-        if self.body is not None and self.check != "http":
-            raise ValueError("body needs check: http (a tcp check sends nothing)")
-        if self.quorum is not None and self.quorum > self.checkers_per_endpoint:
-            raise ValueError("quorum cannot exceed checkers_per_endpoint")
-        if self.report_ttl <= self.report_interval:
-            raise ValueError("report_ttl must be longer than report_interval")
-        return self
-
-    def to_settings(self) -> HdsSettings:
-        check = CheckSpec(
-            kind=self.check,
-            path=self.path,
-            expected_statuses=self.expected_statuses,
-            body=None if self.body is None else self.body.encode(),
-            interval_s=self.interval,
-            timeout_s=self.timeout,
-            unhealthy_threshold=self.unhealthy_threshold,
-            healthy_threshold=self.healthy_threshold,
-        )
-        return HdsSettings(
-            enabled=self.enabled,
-            check=check,
-            report_interval_s=self.report_interval,
-            checkers_per_endpoint=self.checkers_per_endpoint,
-            quorum=self.quorum,
-            report_ttl_s=self.report_ttl,
-        )
-
-
-def _lower(value: Any) -> Any:
-    return value.lower() if isinstance(value, str) else value
-
-
-HeaderName = Annotated[
-    str, BeforeValidator(_lower), Field(max_length=100, pattern=r"^[a-z0-9!#$%&'*+.^_`|~-]+$")
-]
-
-
-class AuthzConfig(Frozen):
-    """ext_authz admission (docs/design.md §5.3); each key is explained on ``AuthzSettings``."""
-
-    enabled: bool = True
-    cluster_key: str = Field("llm_cluster", min_length=1, max_length=100)
-    cluster_header: HeaderName = "x-llm-cluster"
-    probe_header: Literal["strip", "deny"] = "strip"
-    probe_header_name: HeaderName = "x-llm-probe"
-    shed_below: Number = Field(0.5, ge=0, le=1)
-    priority_header: HeaderName = "x-llm-priority"
-    route_header: HeaderName = "x-llm-route"
-    route_value: str = Field("healthy", pattern=r"^[A-Za-z0-9._-]{1,64}$")
-    capacity_header: HeaderName = "x-llm-capacity"
-    retry_after: Duration = 1.0
-
-    @model_validator(mode="after")
-    def _distinct(self) -> AuthzConfig:
-        names = [self.cluster_header, self.probe_header_name, self.priority_header]
-        names += [self.route_header, self.capacity_header]
-        if len(set(names)) != len(names):
-            raise ValueError("the authz header names must all differ")
-        if self.route_value == UNROUTED_VALUE:
-            raise ValueError(f'route_value "{UNROUTED_VALUE}" is reserved')
-        return self
-
-    def to_settings(self) -> AuthzSettings:
-        fields = self.model_dump(exclude={"retry_after"})
-        return AuthzSettings(**fields, retry_after_s=max(1, math.ceil(self.retry_after)))
-
-
 class Config(Frozen):
     server: ServerConfig = Field(default_factory=ServerConfig)
     probe: ProbeSettings = Field(default_factory=ProbeSettings)
@@ -604,16 +475,12 @@ class Config(Frozen):
             )
         return targets
 
-    def traffic_settings(
-        self,
-    ) -> dict[str, tuple[QualitySettings | None, BusySettings | None]]:
+    def traffic_settings(self) -> dict[str, tuple[QualityConfig | None, BusyConfig | None]]:
         """Per cluster: its ``probe.quality`` and ``probe.backoff_when_busy`` (None: off)."""
         found = {}
         for cluster in self.clusters:
             probe = self.probe_for(cluster)
-            quality = probe.quality.to_settings() if probe.quality is not None else None
-            busy = probe.backoff_when_busy
-            found[cluster.name] = (quality, busy.to_settings() if busy is not None else None)
+            found[cluster.name] = (probe.quality, probe.backoff_when_busy)
         return found
 
     def engine_checks(self) -> dict[str, ClusterChecks]:

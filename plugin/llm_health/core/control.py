@@ -131,6 +131,13 @@ class BoardControl(Protocol):
         """The cluster's health policy in force. KeyError: unknown cluster."""
         ...
 
+    # --- for traffic
+
+    def probe_state(self, cluster: str, address: str) -> State | None:
+        """The probe state machine's verdict on this endpoint now (the board's, not the
+        published snapshot's); None when it is not on the board."""
+        ...
+
 
 class LagReader(Protocol):
     """How late the prober's event loop runs (``probe.lag.LoopLagMonitor``)."""
