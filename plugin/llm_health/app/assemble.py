@@ -18,7 +18,6 @@ from llm_health.core.component import Component
 from llm_health.app.discovery import DiscoveryComponent
 from llm_health.app.endpoints import EndpointCatalog
 from llm_health.app.engines import EngineChecks
-from llm_health.app.fleet import FleetComponent
 from llm_health.app.grpc_auth import GrpcAuthComponent
 from llm_health.app.hds import HdsComponent
 from llm_health.app.keeper import BoardKeeper
@@ -30,6 +29,7 @@ from llm_health.app.traffic import TrafficComponent
 from llm_health.config import Config
 from llm_health.core.control import ProberStats
 from llm_health.discovery.settings import DiscoverySettings, DnsSettings
+from llm_health.fleet.component import FleetComponent
 from llm_health.model.board import Board
 from llm_health.model.states import State
 from llm_health.probe.engine_metrics import EngineLoad
@@ -84,6 +84,7 @@ def build_components(
     whether a node id holds an open xDS stream (HDS counts only those nodes' reports).
     ``catalog``: the endpoint set discovery feeds (None: no discovery, e.g. in tests)."""
     config = live.current
+    fleet = _fleet(config, control, catalog)  # first: its probe filter is read below
     grpc_auth = GrpcAuthComponent(config.server, config.admin)
     components: list[Component] = [
         grpc_auth,
@@ -115,10 +116,23 @@ def build_components(
     traffic = _traffic(live, control, clock, catalog)
     components.append(traffic)
     components.append(_engine_checks(live, control, clock, catalog, traffic.feed_load))
-    if catalog is not None and config.fleet is not None:
-        member = f"{socket.gethostname()}-{os.getpid()}"
-        components.append(FleetComponent(config.fleet.to_settings(member), control, catalog))
+    if fleet is not None:
+        components.append(fleet)
     return components
+
+
+def _fleet(
+    config: Config, control: BoardKeeper, catalog: EndpointCatalog | None
+) -> FleetComponent | None:
+    """Fleet mode (docs/design.md §12): built before every component that reads the
+    catalog's probe filter (traffic, engine checks, remediation, the prober), and so
+    first to follow an endpoint change (its owners before their probed sets)."""
+    if catalog is None or config.fleet is None:
+        return None
+    member = config.fleet.member(f"{socket.gethostname()}-{os.getpid()}")
+    fleet = FleetComponent(config.fleet, member, control, catalog)
+    catalog.set_probe_filter(fleet.probes_here)
+    return fleet
 
 
 def _traffic(

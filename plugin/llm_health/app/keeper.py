@@ -26,7 +26,7 @@ from llm_health.core.hub import SnapshotHub
 from llm_health.model.board import Board, HealthSnapshot
 from llm_health.model.machine import Transition, trusted
 from llm_health.model.outcome import FAILURES, Outcome, ProbeResult, round_ms
-from llm_health.model.states import State
+from llm_health.model.states import EndpointHealth, State
 
 T = TypeVar("T")
 ProbeNow = Callable[[str, str], Awaitable[ProbeResult]]  # (cluster, address) -> result
@@ -172,6 +172,15 @@ class BoardKeeper:
         result = await self._probe_now(cluster, address)
         await self.fold_probe(cluster, address, result)
         return result, trusted(result, self.board.policy(cluster))
+
+    # --- for fleet
+
+    def endpoint_health(
+        self, cluster: str, address: str
+    ) -> tuple[EndpointHealth, ProbeResult | None] | None:
+        if not self.board.has_endpoint(cluster, address):
+            return None
+        return self.board.health(cluster, address), self.board.last_result(cluster, address)
 
 
 def timings(result: ProbeResult) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from typing import Protocol, TypeVar
 from llm_health.model.board import Board, HealthSnapshot
 from llm_health.model.machine import Transition
 from llm_health.model.outcome import ProbeResult
-from llm_health.model.states import State
+from llm_health.model.states import EndpointHealth, State
 
 T = TypeVar("T")
 
@@ -117,6 +117,15 @@ class BoardControl(Protocol):
     async def probe_now(self, cluster: str, address: str) -> tuple[ProbeResult, bool]:
         """Probe one endpoint at once, fold the result in like a scheduled one; returns
         (result, trusted). KeyError: not probed here; RuntimeError: no prober running."""
+        ...
+
+    # --- for fleet
+
+    def endpoint_health(
+        self, cluster: str, address: str
+    ) -> tuple[EndpointHealth, ProbeResult | None] | None:
+        """The state machine's own health of an endpoint (its counters: what a fleet
+        verdict carries) and its last result; None: not on the board."""
         ...
 
 
