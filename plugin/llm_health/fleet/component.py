@@ -127,7 +127,7 @@ class FleetComponent:
         }
         control.on_transition(self._on_transition)
         control.on_action(self._on_action)
-        routing.on_targets(lambda _targets: self._roster.endpoints_changed(self._keys()))
+        routing.on_targets(lambda _targets: self._endpoints_changed())
 
     @property
     def mode(self) -> Mode:
@@ -197,6 +197,12 @@ class FleetComponent:
             for name, cluster in snapshot.clusters.items()
             for e in cluster.endpoints
         ]
+
+    def _endpoints_changed(self) -> None:
+        """Endpoints added or removed (reload, discovery): owners of new keys, before the
+        catalog's other listeners read the filter (``app.assemble`` builds us first)."""
+        if self._roster.sharing:
+            self._roster.endpoints_changed(self._keys())
 
     async def _set_members(self, membership: Membership) -> None:
         gained = self._roster.set_members(membership, self._keys(), self._wall_clock())
