@@ -214,8 +214,9 @@ async def child_main(
     kind: str, nameserver: str, seconds: float, timeout_s: float
 ) -> dict[str, Any]:
     """In the child: run the discovery loop (or nothing) and measure its CPU."""
+    from llm_health.core.settings import MERGING
     from llm_health.discovery.lookup import DnsLookup
-    from llm_health.discovery.settings import DiscoverySettings, DnsSettings
+    from llm_health.discovery.settings import DiscoveryConfig, DnsConfig
     from llm_health.discovery.watcher import Watcher
     from llm_health.model.board import EndpointSpec
 
@@ -226,13 +227,12 @@ async def child_main(
     watcher: Watcher | None = None
     task: asyncio.Task[None] | None = None
     if kind != "idle":
-        if kind == "a":
-            settings = DiscoverySettings(CLUSTER, CPU_A_NAME, "dns", 8000, refresh_s=1.0)
-        else:
-            settings = DiscoverySettings(CLUSTER, CPU_SRV_NAME, "srv", None, refresh_s=1.0)
-        lookup = DnsLookup(DnsSettings(((host, int(port)),), timeout_s=timeout_s))
+        name = {"dns": CPU_A_NAME, "port": 8000} if kind == "a" else {"srv": CPU_SRV_NAME}
+        settings = DiscoveryConfig.model_validate({**name, "refresh": "1s"})
+        dns = {"nameservers": [nameserver], "timeout": timeout_s}
+        lookup = DnsLookup(DnsConfig.model_validate(dns, context=MERGING))
 
-        async def timed(discovery: DiscoverySettings) -> Any:
+        async def timed(discovery: DiscoveryConfig) -> Any:
             started = time.monotonic()
             try:
                 return await lookup.resolve(discovery)
@@ -246,7 +246,7 @@ async def child_main(
             if fault is not None:  # None: recovered
                 faults.append(str(fault))
 
-        watcher = Watcher(settings, timed, on_found, on_fault)
+        watcher = Watcher(CLUSTER, settings, timed, on_found, on_fault)
         task = asyncio.create_task(watcher.run())
     await asyncio.sleep(WARMUP_S)
     before = (0, 0) if watcher is None else (watcher.stats.resolutions, watcher.stats.failures)

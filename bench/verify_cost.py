@@ -25,6 +25,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "plugin"), str(Path(__file__).resolve().pa
 
 from common import write_result  # noqa: E402
 from llm_health.config.schema import ProbeSettings  # noqa: E402
+from llm_health.engines.settings import VerifyConfig  # noqa: E402
 from llm_health.probe.client import MicroProbe, new_session  # noqa: E402
 from llm_health.probe.target import ProbeTarget  # noqa: E402
 from tests.engine.llama import ENGINE_ENV, LlamaServer, server_binary  # noqa: E402
@@ -43,7 +44,9 @@ async def measure(
     async with new_session() as session:
         prober = MicroProbe(session, engines={target.key: "llamacpp"})
         for _ in range(count):
-            result = await (prober.verify(target) if verify else prober.probe(target))
+            result = await (
+                prober.verify(target, VerifyConfig()) if verify else prober.probe(target)
+            )
             if result.outcome.value != "fast":
                 raise SystemExit(f"probe not FAST: {result}")
             await asyncio.sleep(0.05)

@@ -125,7 +125,7 @@ def test_the_mounted_llm_health_config_is_valid() -> None:
 def test_discovery_follows_the_headless_service() -> None:
     """The shipped cluster is discovered from the headless Service's DNS name, on its
     port; the Service is headless and publishes booting pods (seen as STARTING)."""
-    (discovery,) = llm_health_config().discoveries()
+    (discovery,) = llm_health_config().discoveries().values()
     service = next(d for p, d in load_manifests() if p.name == "model-servers.yaml")
     spec = service["spec"]
     meta = service["metadata"]

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from kubernetes_validate.utils import validate
 
-from llm_health.app.metrics import traffic_families
+from llm_health.ops.metrics import traffic_families
 from tests.deploy.manifests import KUBERNETES
 
 HPA = KUBERNETES / "autoscaling" / "hpa-quality.yaml"

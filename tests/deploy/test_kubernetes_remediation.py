@@ -72,7 +72,7 @@ limits: {{max_concurrent_per_cluster: 1, cooldown: 600s, max_per_hour: 6, dry_ru
 clusters: [{{name: c, endpoints: [{{address: "10.0.0.1:8000"}}]}}]
 """
     (rule,) = parse_config(text, "x.yaml", {}).remediation
-    assert rule.to_rule().run[-2:] == ("{host}", "llm")
+    assert rule.run is not None and rule.run[-2:] == ("{host}", "llm")
 
 
 def test_example_dir_has_no_stray_files() -> None:

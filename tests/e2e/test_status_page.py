@@ -1,10 +1,11 @@
-"""The live status page at ``GET /`` (plugin/llm_health/app/statuspage.py) in a real
+"""The live status page at ``GET /`` (plugin/llm_health/ops/status_page.py) in a real
 browser: Debian's headless chromium driven by Selenium through Debian's chromedriver
 (``make tools`` installs both; a missing browser fails here, it is never skipped).
 No Envoy: simulators and ``llm-health serve`` on loopback.
 
-Set ``STATUS_PAGE_SCREENSHOT=docs/status-page.png`` to (re)write the README screenshot
-(healthy, degraded, unhealthy and drained rows, sparklines filled for ~15 s).
+Set ``STATUS_PAGE_SCREENSHOT=docs/status-page.png`` to (re)write the screenshot in
+docs/operations.md (healthy, degraded, unhealthy and drained rows, sparklines filled for
+~15 s).
 """
 
 from __future__ import annotations
@@ -207,7 +208,7 @@ def test_status_page_live(
 
 
 def screenshot(driver: webdriver.Chrome, path: Path, watch: list[str]) -> None:
-    """The README picture: wide window, sparklines given time to fill."""
+    """The picture in docs/operations.md: wide window, sparklines given time to fill."""
     driver.set_window_size(1280, 900)
     wait_until(lambda: page_rows(driver)[watch[0]]["spark"] >= 15, 40, "15 sparkline points")
     height = driver.execute_script("return document.documentElement.scrollHeight")

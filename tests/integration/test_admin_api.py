@@ -16,13 +16,13 @@ import pytest
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.protobuf.duration_pb2 import Duration
 
+from llm_health.admin.component import AdminComponent
 from llm_health.adminpb import admin_pb2 as pb
 from llm_health.adminpb import admin_pb2_grpc as pb_grpc
-from llm_health.app.admin import AdminComponent
 from llm_health.app.assemble import build_runtime
 from llm_health.app.runtime import Runtime
-from llm_health.app.status import status_document
 from llm_health.config import parse_config
+from llm_health.ops.status_document import status_document
 from llm_health.servers.admin_codec import result_from_pb, snapshot_from_pb
 from llm_health.xds.resources import TYPE_URL
 from tests.envoy_harness import free_port

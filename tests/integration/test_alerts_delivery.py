@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from llm_health.app.alerts import AlertsComponent
-from llm_health.config import AlertsConfig, WebhookConfig
+from llm_health.alerts.component import AlertsComponent
+from llm_health.alerts.settings import AlertsConfig, WebhookConfig
 from llm_health.model.machine import Transition, initial_health, step
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.policy import Policy

@@ -10,7 +10,7 @@ import itertools
 import time
 from pathlib import Path
 
-from llm_health.app.alerts import AlertsComponent
+from llm_health.alerts.component import AlertsComponent
 from llm_health.app.assemble import build_runtime
 from llm_health.config import parse_config
 from llm_health.model.outcome import ProbeResult

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from llm_health.authz import AuthzSettings
+from llm_health.authz import AuthzConfig
 from llm_health.model.envoy_view import envoy_view
 from llm_health.model.states import State
 from llm_health.xds.resources import LB_METADATA_KEY, LB_METADATA_NAMESPACE
@@ -25,7 +25,7 @@ from tests.envoy_harness import (
 )
 
 CONFIG = ENVOY_CONFIGS_DIR / "ext-authz.yaml"
-DEFAULTS = AuthzSettings()
+DEFAULTS = AuthzConfig()
 
 
 def http_filters(config: dict[str, Any]) -> list[dict[str, Any]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -14,7 +14,7 @@ import pytest
 from envoy.config.core.v3 import base_pb2
 from envoy.service.auth.v3 import external_auth_pb2, external_auth_pb2_grpc
 
-from llm_health.authz import AuthzCounters, AuthzSettings, Gate, ProblemLog
+from llm_health.authz import AuthzConfig, AuthzCounters, Gate, ProblemLog
 from llm_health.core.hub import SnapshotHub
 from llm_health.model.board import Board, ClusterSpec, EndpointSpec, HealthSnapshot
 from llm_health.model.outcome import Outcome, ProbeResult
@@ -36,7 +36,7 @@ class Service:
     board: Board
     hub: SnapshotHub
     counters: AuthzCounters
-    settings: list[AuthzSettings]
+    settings: list[AuthzConfig]
 
     async def check(self, **kwargs: Any) -> Any:
         return await self.stub.Check(check_request(**kwargs), timeout=5)
@@ -77,7 +77,7 @@ def board() -> Board:
 async def serve(snapshot: Callable[[], HealthSnapshot] | None = None) -> AsyncIterator[Service]:
     the_board = board()
     hub = SnapshotHub(the_board.snapshot())
-    settings = [AuthzSettings()]
+    settings = [AuthzConfig()]
     counters = AuthzCounters()
     gate = Gate(snapshot or hub.current, lambda: settings[0])
     server, port = await start_grpc_server("127.0.0.1:0")
@@ -203,6 +203,6 @@ async def test_internal_failure_is_a_grpc_error_and_counted(
 
 
 async def test_settings_changes_apply_to_the_next_check(service: Service) -> None:
-    service.settings[0] = replace(service.settings[0], probe_header="deny")
+    service.settings[0] = service.settings[0].model_copy(update={"probe_header": "deny"})
     response = await service.check(headers={"x-llm-probe": "true"})
     assert (response.status.code, response.denied_response.status.code) == (PERMISSION_DENIED, 403)

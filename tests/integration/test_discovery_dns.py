@@ -12,12 +12,13 @@ from typing import Any
 import pytest
 
 from llm_health.app.assemble import build_runtime
-from llm_health.app.discovery import DiscoveryComponent
 from llm_health.config import parse_config
 from llm_health.core.control import Notice
+from llm_health.core.settings import MERGING
 from llm_health.discovery.answers import DnsFault, FaultKind, Found
+from llm_health.discovery.component import DiscoveryComponent
 from llm_health.discovery.lookup import DnsLookup
-from llm_health.discovery.settings import DiscoverySettings, DnsSettings
+from llm_health.discovery.settings import DiscoveryConfig, DnsConfig
 from llm_health.discovery.watcher import Watcher
 from llm_health.model.board import EndpointSpec
 from llm_health.model.states import State
@@ -34,11 +35,12 @@ def dns() -> Iterator[LoopbackDns]:
 
 
 def lookup(dns: LoopbackDns, timeout: float = 0.5) -> DnsLookup:
-    return DnsLookup(DnsSettings((("127.0.0.1", dns.port),), timeout))
+    settings = {"nameservers": [f"127.0.0.1:{dns.port}"], "timeout": timeout}
+    return DnsLookup(DnsConfig.model_validate(settings, context=MERGING))
 
 
-def a_records(name: str = NAME, port: int = 8000, **more: Any) -> DiscoverySettings:
-    return DiscoverySettings("c", name, "dns", port, **more)
+def a_records(name: str = NAME, port: int = 8000, **more: Any) -> DiscoveryConfig:
+    return DiscoveryConfig.model_validate({"dns": name, "port": port, **more}, context=MERGING)
 
 
 def addresses(found: Found) -> list[str]:
@@ -59,7 +61,7 @@ async def test_srv_targets_with_their_ports(dns: LoopbackDns) -> None:
     dns.set_a("a.llm.test", ["127.0.0.5"])
     dns.set_a("b.llm.test", ["127.0.0.6", "127.0.0.7"])
     targets = [("a.llm.test", 9001), ("b.llm.test", 9002), ("missing.llm.test", 9003), (".", 1)]
-    srv = DiscoverySettings("c", "_http._tcp.vllm.llm.test", "srv")
+    srv = DiscoveryConfig(srv="_http._tcp.vllm.llm.test")
     for glue in (True, False):  # addresses in the answer (CoreDNS), or asked target by target
         dns.set_srv("_http._tcp.vllm.llm.test", targets, glue=glue)
         before = dns.queries
@@ -122,7 +124,7 @@ class Recorder:
 async def test_watcher_keeps_the_set_through_an_outage_and_reports_once(dns: LoopbackDns) -> None:
     dns.set_a(NAME, ["127.0.0.2", "127.0.0.3"])
     seen = Recorder()
-    watcher = Watcher(a_records(refresh_s=0.5), lookup(dns, 0.2).resolve, seen.found, seen.fault)
+    watcher = Watcher("c", a_records(refresh=0.5), lookup(dns, 0.2).resolve, seen.found, seen.fault)
     task = asyncio.create_task(watcher.run())
     try:
         await wait_until_async(lambda: len(seen.sets) == 1, 5, "the first set")
@@ -149,10 +151,10 @@ async def test_watcher_keeps_the_set_through_an_outage_and_reports_once(dns: Loo
 async def test_watcher_turns_a_resolver_bug_into_a_fault() -> None:
     seen = Recorder()
 
-    async def broken(_settings: DiscoverySettings) -> Found:
+    async def broken(_settings: DiscoveryConfig) -> Found:
         raise ZeroDivisionError
 
-    watcher = Watcher(a_records(refresh_s=0.5), broken, seen.found, seen.fault)
+    watcher = Watcher("c", a_records(refresh=0.5), broken, seen.found, seen.fault)
     task = asyncio.create_task(watcher.run())
     try:
         await wait_until_async(lambda: seen.faults, 5, "the fault")

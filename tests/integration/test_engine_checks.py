@@ -205,7 +205,8 @@ async def test_detected_llamacpp_gets_cache_prompt_false(sims: list[SimProcess])
 def test_metrics_reads_are_stretched_to_the_budget() -> None:
     """1,000 endpoints read every 300 ms would be 3,333 /metrics reads a second: the
     budget (MAX_METRICS_READS_PER_S) stretches each endpoint's interval instead."""
-    from llm_health.app.engines import MAX_METRICS_READS_PER_S, EngineChecks
+    from llm_health.engines.component import EngineChecks
+    from llm_health.engines.schedule import MAX_METRICS_READS_PER_S
 
     many = [SimProcess.__new__(SimProcess) for _ in range(1000)]
     for index, sim in enumerate(many):

@@ -3,7 +3,7 @@
 Envoy messages (good, empty, malformed, out of order, reconnecting). The service runs on
 a fake clock so report TTL and first-check grace are exact.
 
-The component (``llm_health.app.hds``) is tested against a real Runtime's board at the end:
+The component (``llm_health.hds.component``) is tested against a real Runtime's board at the end:
 verdicts become the board's "hds" signal, and go away again.
 """
 
@@ -18,12 +18,12 @@ from envoy.config.core.v3 import health_check_pb2
 from envoy.service.health.v3 import hds_pb2, hds_pb2_grpc
 
 from llm_health.app.assemble import build_runtime
-from llm_health.app.hds import endpoints_of
 from llm_health.config import parse_config
+from llm_health.hds.component import endpoints_of
 from llm_health.hds.fleet import ReportEntry
 from llm_health.hds.ledger import Said
 from llm_health.hds.service import HdsService
-from llm_health.hds.settings import HdsSettings
+from llm_health.hds.settings import HdsConfig
 from llm_health.model.board import ClusterSpec
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.states import State
@@ -57,7 +57,7 @@ class Plugin:
         return Stream(hds_pb2_grpc.HealthDiscoveryServiceStub(self.channel).StreamHealthCheck)
 
 
-async def serve(settings: HdsSettings) -> AsyncIterator[Plugin]:
+async def serve(settings: HdsConfig) -> AsyncIterator[Plugin]:
     clock = Clock()
     plugin: Plugin | None = None
 
@@ -79,7 +79,7 @@ async def serve(settings: HdsSettings) -> AsyncIterator[Plugin]:
 
 @pytest.fixture
 async def plugin() -> AsyncIterator[Plugin]:
-    async for running in serve(HdsSettings(checkers_per_endpoint=1)):
+    async for running in serve(HdsConfig(checkers_per_endpoint=1)):
         yield running
 
 
@@ -318,7 +318,7 @@ async def test_a_node_that_reconnects_at_once_keeps_its_assignment(plugin: Plugi
 
 @pytest.fixture
 async def pair_plugin() -> AsyncIterator[Plugin]:
-    async for running in serve(HdsSettings(checkers_per_endpoint=2, report_ttl_s=5.0)):
+    async for running in serve(HdsConfig(checkers_per_endpoint=2, report_ttl="5s")):
         yield running
 
 
@@ -364,7 +364,7 @@ async def test_reports_of_a_node_that_went_away_expire(pair_plugin: Plugin) -> N
 
 
 async def test_disabled_hds_refuses_streams() -> None:
-    async for plugin in serve(HdsSettings(enabled=False)):
+    async for plugin in serve(HdsConfig(enabled=False)):
         call = hds_pb2_grpc.HealthDiscoveryServiceStub(plugin.channel).StreamHealthCheck(
             iter([hello("gw-1")])
         )
@@ -439,7 +439,7 @@ async def test_a_vanished_peer_leaves_even_if_the_stream_is_never_resumed() -> N
     """Seen with a SIGKILLed Envoy under CPU load: gRPC dropped the response generator
     while it was suspended, so its ``finally`` did not run; the node must leave when the
     request side ends, not when (or if) the generator is finalised."""
-    service = HdsService(HdsSettings(), endpoints=ENDPOINTS)
+    service = HdsService(HdsConfig(), endpoints=ENDPOINTS)
     end = asyncio.Event()
     stream = service.stream(scripted(hello("gw-1"), end=end))
     await anext(stream)  # the first specifier; the generator now sits at its yield
@@ -454,7 +454,7 @@ async def test_a_vanished_peer_leaves_even_if_the_stream_is_never_resumed() -> N
 
 
 async def test_a_second_cancellation_cannot_skip_leaving() -> None:
-    service = HdsService(HdsSettings(), endpoints=ENDPOINTS)
+    service = HdsService(HdsConfig(), endpoints=ENDPOINTS)
     end = asyncio.Event()
 
     async def consume() -> None:

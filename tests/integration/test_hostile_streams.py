@@ -21,11 +21,11 @@ import grpc
 import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 
-from llm_health.app.http import build_http_app, start_http
-from llm_health.authz import AuthzCounters, AuthzSettings, Gate, ProblemLog
+from llm_health.authz import AuthzConfig, AuthzCounters, Gate, ProblemLog
 from llm_health.core.hub import SnapshotHub
-from llm_health.hds import HdsSettings
+from llm_health.hds import HdsConfig
 from llm_health.hds.service import HdsService
+from llm_health.ops.http_server import build_http_app, start_http
 from llm_health.servers.accesslog import add_access_log_servicer
 from llm_health.servers.admin import AdminServicer, AuthStats, add_admin_service
 from llm_health.servers.authz import add_authz_servicer
@@ -61,11 +61,11 @@ async def server() -> AsyncIterator[Server]:
     """Every gRPC service we serve on one server, and the HTTP port, on the test's loop."""
     board = make_board()
     hub, stats = SnapshotHub(board.snapshot()), XdsStats()
-    hds = HdsService(HdsSettings())
+    hds = HdsService(HdsConfig())
     grpc_server, port = await start_grpc_server("127.0.0.1:0")
     add_xds_servicers(grpc_server, hub, stats)
     add_hds_servicer(grpc_server, hds)
-    gate = Gate(hub.current, AuthzSettings)
+    gate = Gate(hub.current, AuthzConfig)
     add_authz_servicer(grpc_server, gate, AuthzCounters(), ProblemLog(every_s=0.0))
     add_admin_service(grpc_server, AdminServicer(None), None, AuthStats())  # type: ignore[arg-type]
     add_access_log_servicer(grpc_server, LogStreams(lambda _request, _now: None, time.monotonic))

@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from llm_health.app.http import build_http_app, start_http
+from llm_health.ops.http_server import build_http_app, start_http
 
 pytestmark = pytest.mark.timeout(60)
 

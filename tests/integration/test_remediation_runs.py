@@ -9,13 +9,14 @@ import time
 from pathlib import Path
 
 from llm_health.app.keeper import BoardKeeper
-from llm_health.app.remediation import MAX_OUTPUT, RemediationComponent
 from llm_health.core.control import Notice, ProberStats
+from llm_health.core.settings import MERGING
 from llm_health.model.board import Board, ClusterSpec, EndpointSpec
 from llm_health.model.policy import Policy
 from llm_health.model.states import State
 from llm_health.probe.lag import LoopLagMonitor
-from llm_health.remediation.settings import Limits, Rule
+from llm_health.remediation.component import MAX_OUTPUT, RemediationComponent
+from llm_health.remediation.settings import LimitsConfig, RemediationConfig
 
 ADDRESSES = [f"10.0.0.{i}:8000" for i in range(1, 5)]
 WALL = 1_800_000_000.0
@@ -32,8 +33,17 @@ class Clock:
         return WALL + self.now
 
 
+def rule(for_s: float, run: tuple[str, ...], **more: object) -> RemediationConfig:
+    when = {"state": "unhealthy", "for": for_s}
+    return RemediationConfig.model_validate({"when": when, "run": run, **more}, context=MERGING)
+
+
+def limits(**values: object) -> LimitsConfig:
+    return LimitsConfig.model_validate(values, context=MERGING)
+
+
 def build(
-    rule: Rule, limits: Limits, clock: Clock
+    hook: RemediationConfig, bounds: LimitsConfig, clock: Clock
 ) -> tuple[Board, RemediationComponent, list[Notice]]:
     specs = tuple(EndpointSpec(a, a.split(":")[0], 8000) for a in ADDRESSES)
     policy = Policy(startup_grace_s=5.0, max_ejection_percent=50)
@@ -42,11 +52,9 @@ def build(
     notices: list[Notice] = []
     keeper.on_notice(notices.append)
     component = RemediationComponent(
-        (rule,),
-        limits,
+        (hook,),
+        bounds,
         keeper,
-        first_seen=lambda c, a: board.health(c, a).first_seen,
-        policy=board.policy,
         clock=clock,
         wall_clock=clock.wall,
     )
@@ -74,8 +82,8 @@ async def settle(component: RemediationComponent) -> None:
 async def test_fires_once_past_for_never_in_grace_never_for_starting(tmp_path: Path) -> None:
     log = tmp_path / "ran.txt"
     clock = Clock()
-    rule = Rule(State.UNHEALTHY, 2.0, run=writer(log), timeout_s=10.0)
-    board, component, notices = build(rule, Limits(cooldown_s=600.0), clock)
+    hook = rule(2.0, writer(log), timeout=10.0)
+    board, component, notices = build(hook, limits(cooldown=600.0), clock)
     clock.now = 1.0
     down(board, ADDRESSES[0], 1.0)
     clock.now = 4.0  # unhealthy for 3 s, but within startup_grace (5 s from first sight)
@@ -99,9 +107,7 @@ async def test_fires_once_past_for_never_in_grace_never_for_starting(tmp_path: P
 async def test_never_more_than_the_limit_at_once(tmp_path: Path) -> None:
     clock = Clock()
     slow = (sys.executable, "-c", "import time; time.sleep(0.5)")
-    board, component, _ = build(
-        Rule(State.UNHEALTHY, 1.0, run=slow), Limits(max_concurrent_per_cluster=4), clock
-    )
+    board, component, _ = build(rule(1.0, slow), limits(max_concurrent_per_cluster=4), clock)
     for address in ADDRESSES:
         down(board, address, 0.0)
     clock.now = 10.0
@@ -124,9 +130,7 @@ async def test_a_hanging_hook_is_killed_and_output_is_bounded(tmp_path: Path) ->
         "-c",
         "import sys, time; sys.stdout.write('x' * 1_000_000); sys.stdout.flush(); time.sleep(60)",
     )
-    board, component, notices = build(
-        Rule(State.UNHEALTHY, 1.0, run=hang, timeout_s=0.5), Limits(), clock
-    )
+    board, component, notices = build(rule(1.0, hang, timeout=0.5), limits(), clock)
     down(board, ADDRESSES[1], 0.0)
     clock.now = 10.0
     started = time.monotonic()
@@ -139,7 +143,7 @@ async def test_a_hanging_hook_is_killed_and_output_is_bounded(tmp_path: Path) ->
     assert "killed" in notices[0].reason
 
     talk = (sys.executable, "-c", "print('y' * 1_000_000)")
-    board, component, _ = build(Rule(State.UNHEALTHY, 1.0, run=talk), Limits(), clock)
+    board, component, _ = build(rule(1.0, talk), limits(), clock)
     down(board, ADDRESSES[1], 0.0)
     component.tick(board.snapshot())
     await settle(component)
@@ -150,9 +154,7 @@ async def test_a_hanging_hook_is_killed_and_output_is_bounded(tmp_path: Path) ->
 async def test_dry_run_only_logs(tmp_path: Path) -> None:
     log = tmp_path / "ran.txt"
     clock = Clock()
-    board, component, notices = build(
-        Rule(State.UNHEALTHY, 1.0, run=writer(log)), Limits(dry_run=True), clock
-    )
+    board, component, notices = build(rule(1.0, writer(log)), limits(dry_run=True), clock)
     down(board, ADDRESSES[2], 0.0)
     clock.now = 10.0
     assert len(component.tick(board.snapshot())) == 1

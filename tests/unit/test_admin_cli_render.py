@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from llm_health.app.status import status_document
 from llm_health.cli.admin import change_line, render_table, status_json
 from llm_health.model.board import Board, ClusterSpec, EndpointSpec
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.policy import Policy
 from llm_health.model.states import State
+from llm_health.ops.status_document import status_document
 
 LONG_CLUSTER = "meta-llama-3.1-405b-instruct-fp8-east-1"
 LONG_ADDRESS = "[2001:db8:ffff:ffff:ffff:ffff:ffff:ffff]:8000"

@@ -3,12 +3,12 @@ keep /status byte-identical (``llm-health status --json`` relies on it)."""
 
 from __future__ import annotations
 
-from llm_health.app.status import status_document
 from llm_health.model.board import Board, ClusterSpec, EndpointSpec
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.policy import Policy
 from llm_health.model.states import State
 from llm_health.model.watch import diff
+from llm_health.ops.status_document import status_document
 from llm_health.servers.admin_codec import (
     endpoint_from_pb,
     endpoint_to_pb,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import replace
 from types import MappingProxyType
 
 import pytest
@@ -14,8 +13,8 @@ from hypothesis import strategies as st
 
 from llm_health.authz import (
     AdmissionRequest,
+    AuthzConfig,
     AuthzCounters,
-    AuthzSettings,
     Decision,
     Gate,
     Problem,
@@ -32,7 +31,7 @@ from llm_health.model.states import State
 
 H, D, U, S, DR = State.HEALTHY, State.DEGRADED, State.UNHEALTHY, State.STARTING, State.DRAINING
 NAME = "llama-70b"
-DEFAULT = AuthzSettings()
+DEFAULT = AuthzConfig()
 
 
 def endpoint(
@@ -70,7 +69,7 @@ def req(
 def run(
     request: AdmissionRequest, *states: State, warm: bool = True, **overrides: object
 ) -> Decision:
-    config = replace(DEFAULT, **overrides)  # type: ignore[arg-type]
+    config = DEFAULT.model_copy(update=overrides)
     view = build_view(snapshot(cluster(*states, warm=warm)), config)
     return decide(request, view, config)
 
@@ -163,7 +162,7 @@ def test_no_capacity_answer() -> None:
 
 
 def test_shed_answer_and_settings() -> None:
-    decision = run(req({"x-llm-priority": "low"}), H, D, U, shed_below=0.6, retry_after_s=7)
+    decision = run(req({"x-llm-priority": "low"}), H, D, U, shed_below=0.6, retry_after=7.0)
     assert decision.status == 429
     assert dict(decision.reply_headers)["retry-after"] == "7"
     error = json.loads(decision.body)["error"]
@@ -299,7 +298,7 @@ def test_invariants_for_any_request(
     warm: bool,
     mode: str,
 ) -> None:
-    config = replace(DEFAULT, probe_header=mode)  # type: ignore[arg-type]
+    config = DEFAULT.model_copy(update={"probe_header": mode})
     view = build_view(snapshot(cluster(*states, warm=warm)), config)
     decision = decide(AdmissionRequest(headers, extensions, 0), view, config)
     assert decision.status in (200, 403, 429, 503)
@@ -329,7 +328,7 @@ def test_gate_rebuilds_only_when_the_snapshot_or_the_settings_change() -> None:
     assert gate.check(req()).rule is Rule.NO_CAPACITY
     assert gate.check(req()).rule is Rule.NO_CAPACITY
     assert gate.rebuilds == 2
-    current["settings"] = replace(DEFAULT, enabled=False)
+    current["settings"] = DEFAULT.model_copy(update={"enabled": False})
     assert gate.check(req()).rule is Rule.DISABLED
     assert gate.rebuilds == 3
 

@@ -1,4 +1,4 @@
-"""The ``authz:`` section of the config (llm_health.config.AuthzConfig)."""
+"""The ``authz:`` section of the config (llm_health.authz.settings.AuthzConfig)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from llm_health.authz import AuthzSettings
+from llm_health.authz import AuthzConfig
 from llm_health.config import parse_config
 from llm_health.errors import ConfigError
 
@@ -17,9 +17,9 @@ clusters:
 """
 
 
-def parse(authz: str) -> AuthzSettings:
+def parse(authz: str) -> AuthzConfig:
     text = textwrap.dedent(authz).strip("\n") + "\n" + CLUSTERS
-    return parse_config(text, "x.yaml", {}).authz.to_settings()
+    return parse_config(text, "x.yaml", {}).authz
 
 
 def problems(authz: str) -> list[str]:
@@ -29,8 +29,9 @@ def problems(authz: str) -> list[str]:
 
 
 def test_no_section_gives_the_defaults() -> None:
-    assert parse("") == AuthzSettings()
-    assert AuthzSettings().enabled and AuthzSettings().probe_header == "strip"
+    assert parse("") == AuthzConfig()
+    assert AuthzConfig().enabled and AuthzConfig().probe_header == "strip"
+    assert AuthzConfig().retry_after_s == 1
 
 
 def test_every_key() -> None:
@@ -50,7 +51,7 @@ def test_every_key() -> None:
           retry_after: 1500ms
         """
     )
-    assert settings == AuthzSettings(
+    assert settings == AuthzConfig(
         enabled=False,
         cluster_key="model_pool",
         cluster_header="x-pool",
@@ -61,8 +62,9 @@ def test_every_key() -> None:
         route_header="x-subset",
         route_value="gold",
         capacity_header="x-cap",
-        retry_after_s=2,  # whole seconds, rounded up
+        retry_after="1500ms",
     )
+    assert settings.retry_after_s == 2  # whole seconds, rounded up
 
 
 @pytest.mark.parametrize(

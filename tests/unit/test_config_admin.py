@@ -57,6 +57,18 @@ def test_short_token_rejected_without_echoing_it() -> None:
     assert "hunter2" not in message
 
 
+@pytest.mark.parametrize("token", ["0123456789 abcdef-token", "0123456789abcdéf-token"])
+def test_token_that_is_no_header_value_is_refused_like_server_token(token: str) -> None:
+    """admin.token and server.token are both sent as gRPC metadata: one rule, one message."""
+    env = {"TOKEN": token}
+    (admin,) = errors("admin:\n  token: ${TOKEN}\n", env)
+    (server,) = errors("server:\n  token: ${TOKEN}\n", env)
+    shape = "must be printable ASCII without spaces (it is sent as a header)"
+    assert admin == f"llm-health.yaml:2 admin.token: {shape}", admin
+    assert admin.replace("admin.token", "server.token") == server
+    assert token not in admin
+
+
 def test_typo_gets_a_suggestion() -> None:
     (message,) = errors("admin:\n  tokn: x\n")
     assert 'admin.tokn: unknown key (did you mean "token"?)' in message

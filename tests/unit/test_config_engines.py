@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llm_health.config import parse_config
+from llm_health.engines.settings import ClusterChecks
 from llm_health.errors import ConfigError
 
 BASE = """
@@ -21,41 +22,44 @@ clusters:
 """
 
 
-def targets(top: str = "", cluster: str = "{}") -> dict[str, object]:
+def checks(top: str = "", cluster: str = "{}") -> dict[str, ClusterChecks]:
+    """Per cluster, the engine checks in force (what the engines component receives)."""
     config = parse_config(BASE.format(top=top, cluster=cluster), "engines.yaml", {})
-    return {t.cluster: t for t in config.probe_targets()}
+    return config.engine_checks()
 
 
 def test_defaults_verify_every_30s_and_read_metrics_every_second() -> None:
     config = parse_config(
         'clusters: [{name: a, endpoints: [{address: "127.0.0.1:1"}]}]', "d.yaml", {}
     )
+    verify, metrics = config.engine_checks()["a"]
+    assert verify is not None and verify.every == 30.0
+    assert verify.prompt == "The capital of France is" and verify.max_tokens == 3
+    assert verify.expect is None and verify.pattern is None
+    assert metrics is not None and metrics.path == "/metrics"
+    assert (metrics.interval, metrics.queue_threshold) == (1.0, 5.0)
+    assert metrics.kv_cache_threshold == 0.8
     (target,) = config.probe_targets()
-    assert target.verify is not None and target.verify.every_s == 30.0
-    assert target.verify.prompt == "The capital of France is" and target.verify.max_tokens == 3
-    assert target.verify.expect is None
-    assert target.metrics is not None and target.metrics.path == "/metrics"
-    assert (target.metrics.interval_s, target.metrics.queue_threshold) == (1.0, 5.0)
-    assert target.metrics.kv_cache_threshold == 0.8
     assert target.engine == "auto" and target.cache_bust == "auto"
     assert target.models_path == "/v1/models"
 
 
 def test_a_cluster_overrides_one_key_of_a_section_and_inherits_the_rest() -> None:
-    found = targets(cluster='{verify: {expect: "Paris"}, engine_metrics: {queue_threshold: 9}}')
-    a, b = found["a"], found["b"]
-    assert a.verify.expect is None and a.verify.every_s == 10.0  # type: ignore[attr-defined]
-    assert b.verify.expect.pattern == "Paris"  # type: ignore[attr-defined]
-    assert b.verify.prompt == "2 + 2 =" and b.verify.every_s == 10.0  # type: ignore[attr-defined]
-    assert b.metrics.queue_threshold == 9 and b.metrics.interval_s == 1.0  # type: ignore[attr-defined]
+    found = checks(cluster='{verify: {expect: "Paris"}, engine_metrics: {queue_threshold: 9}}')
+    (a, _), (b, b_metrics) = found["a"], found["b"]
+    assert a is not None and b is not None and b_metrics is not None
+    assert a.expect is None and a.every == 10.0
+    assert b.pattern is not None and b.pattern.pattern == "Paris"
+    assert b.prompt == "2 + 2 =" and b.every == 10.0
+    assert b_metrics.queue_threshold == 9 and b_metrics.interval == 1.0
 
 
 def test_null_turns_a_check_off_for_one_cluster() -> None:
-    found = targets(cluster="{engine_metrics: {path: null}, verify: {enabled: false}}")
-    assert found["b"].metrics is None and found["b"].verify is None  # type: ignore[attr-defined]
-    assert found["a"].metrics is not None and found["a"].verify is not None  # type: ignore[attr-defined]
-    off = targets(top="  engine_metrics: null")
-    assert off["a"].metrics is None and off["b"].metrics is None  # type: ignore[attr-defined]
+    found = checks(cluster="{engine_metrics: {path: null}, verify: {enabled: false}}")
+    assert found["b"] == (None, None)
+    assert None not in found["a"]
+    off = checks(top="  engine_metrics: null")
+    assert off["a"][1] is None and off["b"][1] is None
 
 
 @pytest.mark.parametrize(
@@ -72,6 +76,6 @@ def test_null_turns_a_check_off_for_one_cluster() -> None:
 )
 def test_bad_values_are_named(cluster: str, path: str, detail: str) -> None:
     with pytest.raises(ConfigError) as info:
-        targets(cluster=cluster)
+        checks(cluster=cluster)
     (message,) = info.value.messages
     assert path in message and detail in message, message

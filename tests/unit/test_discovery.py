@@ -10,7 +10,6 @@ import pytest
 
 from llm_health.alerts import AlertKind, classify, payload
 from llm_health.alerts.events import notice_event
-from llm_health.app.metrics import component_families, discovery_families
 from llm_health.config import parse_config
 from llm_health.discovery.answers import (
     MAX_TTL_WAIT_S,
@@ -28,6 +27,7 @@ from llm_health.model.board import Board, ClusterSpec, EndpointSpec
 from llm_health.model.causes import Cause
 from llm_health.model.policy import Policy
 from llm_health.model.states import State
+from llm_health.ops.metrics import component_families, discovery_families
 
 POLICY = Policy(healthy_after=3, unhealthy_after=2, drain_time_s=30.0)
 
@@ -138,24 +138,23 @@ def messages(cluster: str, extra: str = "") -> list[str]:
     return info.value.messages
 
 
-def test_discovery_config_to_settings() -> None:
+def test_discovery_config_by_cluster() -> None:
     loaded = config(
         "    discovery: {dns: vllm.llm.svc.cluster.local, port: 8000, refresh: 2s}\n",
         'dns: {nameservers: ["10.96.0.10", "127.0.0.1:5353", "[::1]:53"], timeout: 1s}\n',
     )
-    (settings,) = loaded.discoveries()
-    assert (settings.cluster, settings.name, settings.kind, settings.port) == (
+    ((cluster, settings),) = loaded.discoveries().items()
+    assert (cluster, settings.name, settings.kind, settings.port) == (
         "c",
         "vllm.llm.svc.cluster.local",
         "dns",
         8000,
     )
-    assert settings.refresh_s == 2.0 and settings.max_endpoints == 1000
-    dns = loaded.dns.to_settings()
-    assert dns.nameservers == (("10.96.0.10", 53), ("127.0.0.1", 5353), ("::1", 53))
-    assert dns.timeout_s == 1.0
+    assert settings.refresh == 2.0 and settings.max_endpoints == 1000
+    assert loaded.dns.servers() == (("10.96.0.10", 53), ("127.0.0.1", 5353), ("::1", 53))
+    assert loaded.dns.timeout == 1.0
     srv = config("    discovery: {srv: _http._tcp.vllm.llm.svc.cluster.local}\n").discoveries()
-    assert srv[0].kind == "srv" and srv[0].port is None and srv[0].refresh_s == 5.0
+    assert srv["c"].kind == "srv" and srv["c"].port is None and srv["c"].refresh == 5.0
 
 
 @pytest.mark.parametrize(

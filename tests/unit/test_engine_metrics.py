@@ -1,17 +1,17 @@
-"""Engine load from /metrics (probe.engine_metrics): names per engine, saturation, staleness."""
+"""Engine load from /metrics (engines.metrics): names per engine, saturation, staleness."""
 
 from __future__ import annotations
 
 import pytest
 
-from llm_health.probe.engine_metrics import (
+from llm_health.engines.metrics import (
     STALE_AFTER,
-    EngineLoad,
     MetricsError,
     Reading,
     parse_load,
     saturation,
 )
+from llm_health.model.engine_load import EngineLoad
 
 
 def gauge(name: str, value: float, labels: str = 'model_name="m"') -> str:

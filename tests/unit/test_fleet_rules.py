@@ -13,7 +13,6 @@ import pytest
 from llm_health.app.assemble import build_runtime
 from llm_health.app.endpoints import EndpointCatalog
 from llm_health.app.live import LiveConfig
-from llm_health.app.traffic import TrafficComponent
 from llm_health.config import parse_config
 from llm_health.core.control import OperatorAction
 from llm_health.fleet import actions
@@ -37,6 +36,7 @@ from llm_health.model.causes import Cause
 from llm_health.model.outcome import Outcome
 from llm_health.model.policy import Policy
 from llm_health.model.states import State
+from llm_health.traffic.component import TrafficComponent
 
 KEYS = [endpoint_key("c", f"10.0.0.{i}:8000") for i in range(1, 201)]
 

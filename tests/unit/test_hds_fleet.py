@@ -8,7 +8,7 @@ import pytest
 from llm_health.hds.assign import assign
 from llm_health.hds.fleet import Fleet, NodePlan, ReportEntry
 from llm_health.hds.ledger import Counted, Ledger, Said
-from llm_health.hds.settings import CheckSpec, HdsSettings
+from llm_health.hds.settings import HdsConfig
 
 A = ("llama", "10.0.0.1:8000")
 B = ("llama", "10.0.0.2:8000")
@@ -138,10 +138,11 @@ TARGETS = {
 
 
 def fleet(count: int = 2, check: str = "tcp") -> Fleet:
-    settings = HdsSettings(
-        check=CheckSpec(kind="http" if check == "http" else "tcp", timeout_s=1.0),
+    settings = HdsConfig(
+        check="http" if check == "http" else "tcp",
+        timeout="1s",
         checkers_per_endpoint=count,
-        report_ttl_s=TTL,
+        report_ttl=f"{TTL}s",
     )
     return Fleet(settings, TARGETS, now=0.0)
 

@@ -14,13 +14,13 @@ from llm_health.errors import ConfigError
 from llm_health.hds import wire
 from llm_health.hds.fleet import NodePlan, ReportEntry
 from llm_health.hds.ledger import Said
-from llm_health.hds.settings import CheckSpec, HdsSettings
+from llm_health.hds.settings import HdsConfig
 
 PLAN = NodePlan((("llama", (("10.0.0.1", 8000), ("10.0.0.2", 8000))), ("qwen", (("::1", 9000),))))
 
 
 def test_specifier_names_clusters_and_endpoints_and_sets_the_report_interval() -> None:
-    spec = wire.specifier(PLAN, HdsSettings(report_interval_s=2.5))
+    spec = wire.specifier(PLAN, HdsConfig(report_interval="2500ms"))
     assert spec.interval.ToMilliseconds() == 2500
     assert [c.cluster_name for c in spec.cluster_health_checks] == ["hds_llama", "hds_qwen"]
     llama = spec.cluster_health_checks[0]
@@ -33,13 +33,13 @@ def test_specifier_names_clusters_and_endpoints_and_sets_the_report_interval() -
 
 
 def test_nothing_assigned_is_an_empty_specifier_not_an_error() -> None:
-    spec = wire.specifier(NodePlan(), HdsSettings())
+    spec = wire.specifier(NodePlan(), HdsConfig())
     assert list(spec.cluster_health_checks) == []
     assert spec.interval.ToMilliseconds() == 1000
 
 
 def test_tcp_check_is_connect_only_and_checks_without_traffic() -> None:
-    check = wire.health_check(CheckSpec(interval_s=0.5, timeout_s=0.25, unhealthy_threshold=3))
+    check = wire.health_check(HdsConfig(interval="500ms", timeout="250ms", unhealthy_threshold=3))
     assert check.HasField("tcp_health_check")
     assert not check.tcp_health_check.HasField("send")
     assert check.timeout.ToMilliseconds() == 250
@@ -52,14 +52,14 @@ def test_tcp_check_is_connect_only_and_checks_without_traffic() -> None:
 
 def test_http_check_path_statuses_and_post_body() -> None:
     check = wire.health_check(
-        CheckSpec(kind="http", path="/ping", expected_statuses=(204, 200, 201), body=b"{}")
+        HdsConfig(check="http", path="/ping", expected_statuses=(204, 200, 201), body="{}")
     )
     http = check.http_health_check
     assert http.path == "/ping"
     assert [(r.start, r.end) for r in http.expected_statuses] == [(200, 202), (204, 205)]
     assert http.method == base_pb2.POST
     assert http.send.binary == b"{}"
-    plain = wire.health_check(CheckSpec(kind="http")).http_health_check
+    plain = wire.health_check(HdsConfig(check="http")).http_health_check
     assert plain.method == base_pb2.METHOD_UNSPECIFIED  # Envoy's default: GET
     assert not plain.HasField("send")
 
@@ -135,16 +135,16 @@ def test_identity_reads_node_and_capability() -> None:
 BASE = "clusters:\n  - name: llama\n    endpoints: [{address: 10.0.0.1:8000}]\n"
 
 
-def config(hds: str) -> HdsSettings:
-    return parse_config(textwrap.dedent(hds) + BASE, "x.yaml", {}).hds.to_settings()
+def config(hds: str) -> HdsConfig:
+    return parse_config(textwrap.dedent(hds) + BASE, "x.yaml", {}).hds
 
 
 def test_defaults_leave_users_without_hds_unaffected() -> None:
-    settings = parse_config(BASE, "x.yaml", {}).hds.to_settings()
-    assert settings == HdsSettings()
-    assert settings.enabled and settings.check.kind == "tcp"
+    settings = parse_config(BASE, "x.yaml", {}).hds
+    assert settings == HdsConfig()
+    assert settings.enabled and settings.check == "tcp"
     assert (settings.checkers_per_endpoint, settings.quorum) == (2, None)
-    assert (settings.report_interval_s, settings.report_ttl_s) == (1.0, 5.0)
+    assert (settings.report_interval, settings.report_ttl) == (1.0, 5.0)
 
 
 def test_every_key_is_read() -> None:
@@ -166,14 +166,23 @@ def test_every_key_is_read() -> None:
           report_ttl: 4s
         """
     )
-    assert settings == HdsSettings(
+    assert settings == HdsConfig(
         enabled=False,
-        check=CheckSpec("http", "/ping", (200, 204), b'{"prompt": "hi"}', 2.0, 0.3, 3, 4),
-        report_interval_s=0.5,
+        check="http",
+        path="/ping",
+        expected_statuses=(200, 204),
+        body='{"prompt": "hi"}',
+        interval="2s",
+        timeout="300ms",
+        unhealthy_threshold=3,
+        healthy_threshold=4,
+        report_interval="500ms",
         checkers_per_endpoint=3,
         quorum=1,
-        report_ttl_s=4.0,
+        report_ttl="4s",
     )
+    assert (settings.interval, settings.timeout, settings.report_interval) == (2.0, 0.3, 0.5)
+    assert settings.protocol == "HTTP" and settings.first_check_grace_s == 1.3
 
 
 @pytest.mark.parametrize(

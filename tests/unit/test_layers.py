@@ -1,20 +1,28 @@
 """Import direction between layers, checked statically with ``ast`` (no module is imported).
 
     rank 0  llm_health (version), errors, model        the pure domain
-    rank 1  core                                        the seam: hub, BoardControl
-    rank 2  probe | xds | hds | authz | alerts | sim |     features, never each other
-            discovery | fleet | remediation | traffic
-    rank 3  config | bootstrap                          the file's words -> features' types
-    rank 4  servers                                     thin gRPC adapters
-    rank 5  app                                         wiring and lifecycle
-    rank 6  cli | demo                                  entry points
+    rank 1  core                                        the seams: hub, BoardControl,
+                                                        Component and its extension points,
+                                                        settings building blocks
+    rank 2  probe | xds | sim | adminpb                 foundations, never each other
+    rank 3  engines | fleet | traffic | hds | authz |   features: pure modules and their
+            discovery | remediation | alerts | admin    settings, never each other
+    rank 4  config | bootstrap                          the file's words -> features' sections
+    rank 5  servers | ops                               thin gRPC adapters; the operator
+                                                        surface (HTTP, status, page, metrics)
+    rank 6  <feature>.component                         each feature's component
+    rank 7  app                                         wiring and lifecycle
+    rank 8  cli | demo                                  entry points
 
 Rules (``violations``):
 - every module of the package belongs to exactly one unit above (a new top-level module
   must be placed in a layer before it can land);
 - imports point down: never to a higher rank;
-- never sideways between two units of the same rank (features, config/bootstrap,
-  cli/demo);
+- never sideways between two units of the same rank (foundations, features,
+  config/bootstrap, servers/ops, components, cli/demo);
+- a feature's component (``llm_health.<feature>.component``) imports ``core`` (and the pure
+  domain below it), ``probe``, its own feature package and the shared gRPC/ops helpers
+  (``servers``, ``ops``), nothing else: never config, another feature or the app;
 - ``model`` is pure: no grpc/protobuf/envoy/aiohttp/..., nothing of llm_health outside
   ``model`` and ``errors``; ``probe`` depends on ``model`` (and ``errors``) only;
 - no import cycle between modules (``cycles``).
@@ -51,28 +59,39 @@ MODEL_FORBIDDEN_THIRD_PARTY = (
 )
 MODEL_ALLOWED_OWN = ("llm_health.model", "llm_health.errors")
 PROBE_ALLOWED_OWN = ("llm_health.probe", "llm_health.model", "llm_health.errors")
+FEATURES = (
+    "llm_health.engines",
+    "llm_health.fleet",
+    "llm_health.traffic",
+    "llm_health.hds",
+    "llm_health.authz",
+    "llm_health.discovery",
+    "llm_health.remediation",
+    "llm_health.alerts",
+    "llm_health.admin",
+)
+COMPONENT_RANK = 6
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("llm_health.errors", "llm_health.model"),
     ("llm_health.core",),
-    (
-        "llm_health.probe",
-        "llm_health.xds",
-        "llm_health.hds",
-        "llm_health.authz",
-        "llm_health.alerts",
-        "llm_health.sim",
-        "llm_health.discovery",
-        "llm_health.fleet",
-        "llm_health.remediation",
-        "llm_health.traffic",
-        "llm_health.adminpb",
-    ),
+    ("llm_health.probe", "llm_health.xds", "llm_health.sim", "llm_health.adminpb"),
+    FEATURES,
     ("llm_health.config", "llm_health.bootstrap"),
-    ("llm_health.servers",),
+    ("llm_health.servers", "llm_health.ops"),
+    tuple(f"{feature}.component" for feature in FEATURES),
     ("llm_health.app",),
     ("llm_health.cli", "llm_health.demo"),
 )
-SIDEWAYS_FORBIDDEN_RANKS = (2, 3, 6)  # rank 0: model's own rule; ranks 1, 4, 5: one unit
+SIDEWAYS_FORBIDDEN_RANKS = (2, 3, 4, 5, 6, 8)  # rank 0: model's own rule; 1 and 7: one unit
+# What a feature's component may import besides its own feature package.
+COMPONENT_ALLOWED_OWN = (
+    "llm_health.errors",
+    "llm_health.model",
+    "llm_health.core",
+    "llm_health.probe",
+    "llm_health.servers",
+    "llm_health.ops",
+)
 
 
 @dataclass(frozen=True)
@@ -151,12 +170,15 @@ def all_imports(modules: dict[str, tuple[str, bool]] | None = None) -> list[Impo
 
 
 def unit_of(name: str) -> tuple[int, str] | None:
-    """(rank, unit) of a module of ours; None for third-party names and the bare root."""
+    """(rank, unit) of a module of ours; None for third-party names and the bare root.
+    The longest matching unit wins, so ``llm_health.fleet.component`` is a component
+    (rank 6), while ``llm_health.fleet.wire`` is the fleet feature (rank 3)."""
+    best: tuple[int, str] | None = None
     for rank, units in enumerate(LAYERS):
         for unit in units:
-            if under(name, (unit,)):
-                return rank, unit
-    return None
+            if under(name, (unit,)) and (best is None or len(unit) > len(best[1])):
+                best = rank, unit
+    return best
 
 
 def _own(name: str) -> bool:
@@ -185,6 +207,9 @@ def _broken(imp: Import) -> bool:
     source, target = unit_of(imp.module), unit_of(imp.target)
     if source is None or target is None or not _own(imp.target):
         return False
+    if source[0] == COMPONENT_RANK:
+        own_feature = source[1].removesuffix(".component")
+        return not under(imp.target, (*COMPONENT_ALLOWED_OWN, own_feature))
     if target[0] > source[0]:
         return True  # upward
     return target[0] == source[0] in SIDEWAYS_FORBIDDEN_RANKS and target[1] != source[1]
@@ -320,7 +345,26 @@ def test_no_import_cycles() -> None:
         ("llm_health.servers.xds", False, "from llm_health.app import runtime\n", "app"),
         ("llm_health.servers.xds", False, "from ..cli import build_parser\n", "llm_health.cli"),
         # sideways between features, and from a lower layer up to config
-        ("llm_health.hds.service", False, "from llm_health.xds import stream\n", "xds"),
+        ("llm_health.hds.service", False, "from llm_health.fleet import store\n", "fleet"),
+        (
+            "llm_health.engines.verify",
+            False,
+            "from llm_health.traffic.window import X\n",
+            "traffic",
+        ),
+        ("llm_health.engines.verify", False, "from .component import EngineChecks\n", "component"),
+        ("llm_health.ops.http", False, "from llm_health.servers.grpc import X\n", "servers"),
+        # a component: core, probe, its own feature, servers and ops only
+        ("llm_health.fleet.component", False, "from llm_health.config import Config\n", "config"),
+        ("llm_health.fleet.component", False, "from llm_health.app.keeper import K\n", "app"),
+        ("llm_health.fleet.component", False, "from llm_health.traffic import window\n", "traffic"),
+        (
+            "llm_health.fleet.component",
+            False,
+            "from llm_health.xds.nodes import OpenNodes\n",
+            "xds",
+        ),
+        ("llm_health.fleet.component", False, "from ..hds.component import H\n", "hds"),
         ("llm_health.authz.view", False, "from ..alerts import events\n", "llm_health.alerts"),
         ("llm_health.sim.app", False, "from llm_health.probe.sse import X\n", "probe"),
         ("llm_health.xds.stream", False, "from llm_health.config import Config\n", "config"),
@@ -352,6 +396,15 @@ def test_checker_catches(module: str, package: bool, source: str, target: str) -
         ("llm_health.app.runtime", "from llm_health.servers.xds import serve\n"),
         ("llm_health.cli", "from llm_health.app.assemble import build_runtime\n"),
         ("llm_health.cli.probe", "from llm_health.cli.argtypes import duration\n"),
+        ("llm_health.hds.service", "from llm_health.xds.nodes import OpenNodes\n"),
+        ("llm_health.engines.verify", "from llm_health.probe.target import ProbeTarget\n"),
+        ("llm_health.fleet.component", "from llm_health.core.control import BoardControl\n"),
+        ("llm_health.fleet.component", "from llm_health.fleet.wire import decode\n"),
+        ("llm_health.fleet.component", "from .store import Store\n"),
+        ("llm_health.fleet.component", "from llm_health.servers.grpc import x\n"),
+        ("llm_health.fleet.component", "from llm_health.ops.metrics import counter\n"),
+        ("llm_health.fleet.component", "from llm_health.probe.target import ProbeTarget\n"),
+        ("llm_health.app.assemble", "from llm_health.fleet.component import FleetComponent\n"),
     ],
 )
 def test_checker_allows(module: str, source: str) -> None:

@@ -8,13 +8,13 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from llm_health.app.assemble import build_runtime
-from llm_health.app.metrics import MAX_COMPONENT_SERIES, component_families
 from llm_health.app.runtime import Runtime
 from llm_health.config import parse_config
 from llm_health.model.causes import Cause
 from llm_health.model.machine import Transition
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.states import EndpointHealth, State
+from llm_health.ops.metrics import MAX_COMPONENT_SERIES, component_families
 
 A, B = "127.0.0.1:8001", "127.0.0.1:8002"
 CONFIG = f"""

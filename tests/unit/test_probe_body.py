@@ -7,6 +7,7 @@ import re
 import pytest
 
 from llm_health.config.schema import ProbeSettings
+from llm_health.engines.settings import VerifyConfig
 from llm_health.probe.client import probe_body
 from llm_health.probe.target import ProbeTarget
 
@@ -44,8 +45,9 @@ def test_an_explicit_cache_bust_wins_over_the_engine() -> None:
 
 @pytest.mark.parametrize("api", ["openai-completions", "openai-chat"])
 def test_the_known_answer_body_asks_for_the_answer_and_its_logprobs(api: str) -> None:
-    probe = target(api=api, verify={"prompt": "The capital of France is", "max_tokens": 3})
-    body = probe_body(probe, "tgi", verify=True)  # tgi: prefix bust, never on the verify prompt
+    probe = target(api=api)
+    question = VerifyConfig(prompt="The capital of France is", max_tokens=3)
+    body = probe_body(probe, "tgi", question)  # tgi: prefix bust, never on the verify prompt
     text = body["messages"][0]["content"] if api == "openai-chat" else body["prompt"]
     assert text == "The capital of France is" and body["max_tokens"] == 3
     assert body["temperature"] == 0
@@ -54,4 +56,4 @@ def test_the_known_answer_body_asks_for_the_answer_and_its_logprobs(api: str) ->
     else:
         assert body["logprobs"] == 5
     assert "return_token_ids" not in body
-    assert probe_body(probe, "vllm", verify=True)["return_token_ids"] is True
+    assert probe_body(probe, "vllm", question)["return_token_ids"] is True

@@ -7,14 +7,23 @@ from dataclasses import replace
 
 import pytest
 
+from llm_health.core.settings import MERGING
 from llm_health.model.causes import Cause
 from llm_health.model.states import State
 from llm_health.remediation.decide import Candidate, Ledger, is_due, refusal
-from llm_health.remediation.settings import Limits, Rule
+from llm_health.remediation.settings import LimitsConfig, RemediationConfig
 from llm_health.remediation.template import render
 
-RULE = Rule(State.UNHEALTHY, 120.0, frozenset({Cause.FATAL, Cause.TIMEOUT}), ("/bin/true",))
-LIMITS = Limits(max_concurrent_per_cluster=1, cooldown_s=600.0, max_per_hour=6)
+
+def rule(for_s: float, causes: tuple[str, ...] = (), **action: object) -> RemediationConfig:
+    when = {"state": "unhealthy", "for": for_s, "causes": causes}
+    return RemediationConfig.model_validate({"when": when, **action}, context=MERGING)
+
+
+RULE = rule(120.0, ("fatal", "timeout"), run=("/bin/true",))
+LIMITS = LimitsConfig.model_validate(
+    {"max_concurrent_per_cluster": 1, "cooldown": 600.0, "max_per_hour": 6}, context=MERGING
+)
 DUE = Candidate("c", "10.0.0.1:8000", State.UNHEALTHY, Cause.FATAL, 121.0, False, 10, 50)
 
 
@@ -34,7 +43,7 @@ def test_is_due(changes: dict[str, object], due: bool) -> None:
 
 
 def test_any_cause_when_the_rule_names_none() -> None:
-    assert is_due(replace(RULE, causes=frozenset()), replace(DUE, cause=Cause.SIGNAL))
+    assert is_due(rule(120.0, run=("/bin/true",)), replace(DUE, cause=Cause.SIGNAL))
 
 
 def test_once_then_cooldown() -> None:
@@ -46,7 +55,7 @@ def test_once_then_cooldown() -> None:
     assert refusal(ledger, DUE, RULE, LIMITS, 1599.0) == "cooldown (600 s)"
     assert refusal(ledger, DUE, RULE, LIMITS, 1600.0) is None
     # An escalation rule (another rule) has its own cooldown.
-    rebuild = Rule(State.UNHEALTHY, 300.0, webhook="https://ops.example/rebuild")
+    rebuild = rule(300.0, webhook="https://ops.example/rebuild")
     assert refusal(ledger, DUE, rebuild, LIMITS, 1001.0) is None
 
 
@@ -56,7 +65,7 @@ def test_concurrency_and_ejection_limits_per_cluster() -> None:
     assert refusal(ledger, DUE, RULE, LIMITS, 1.0) == "max_concurrent_per_cluster (1)"
     other_cluster = replace(DUE, cluster="d")
     assert refusal(ledger, other_cluster, RULE, LIMITS, 1.0) is None
-    wide = replace(LIMITS, max_concurrent_per_cluster=10)
+    wide = LIMITS.model_copy(update={"max_concurrent_per_cluster": 10})
     small = replace(DUE, cluster_size=3, max_ejection_percent=50)  # 1 of 3 at most
     assert refusal(ledger, small, RULE, wide, 1.0) == "max_ejection_percent (50 % of 3)"
     big = replace(DUE, cluster_size=10, max_ejection_percent=50)  # 5 of 10
@@ -65,7 +74,7 @@ def test_concurrency_and_ejection_limits_per_cluster() -> None:
 
 def test_max_per_hour_over_every_endpoint() -> None:
     ledger = Ledger()
-    wide = replace(LIMITS, max_concurrent_per_cluster=100, max_per_hour=2)
+    wide = LIMITS.model_copy(update={"max_concurrent_per_cluster": 100, "max_per_hour": 2})
     for index in range(2):
         ledger.start(("c", f"10.0.0.{index + 10}:8000"), RULE, float(index))
         ledger.finish(("c", f"10.0.0.{index + 10}:8000"), RULE)

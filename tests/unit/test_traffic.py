@@ -15,7 +15,7 @@ from envoy.service.accesslog.v3 import als_pb2
 from llm_health.traffic.busy import skip
 from llm_health.traffic.entries import Request, decode
 from llm_health.traffic.quality import note, verdict
-from llm_health.traffic.settings import BusySettings, QualitySettings
+from llm_health.traffic.settings import BusyConfig, QualityConfig
 from llm_health.traffic.stream import LogStreams
 from llm_health.traffic.ttft import delta
 from llm_health.traffic.window import Recent, Summary, Window, quantile
@@ -135,7 +135,7 @@ def test_recent_counts_the_last_interval_to_a_quarter_second() -> None:
 
 # --- quality -------------------------------------------------------------------------
 
-LIMITS = QualitySettings(window_s=60.0, min_requests=50, max_error_rate=0.01, max_p95_ttft_s=0.8)
+LIMITS = QualityConfig(window="60s", min_requests=50, max_error_rate=0.01, max_p95_ttft="800ms")
 
 
 def summary(requests: int, errors: int, ttft_count: int = 0, p95: float | None = None) -> Summary:
@@ -164,7 +164,7 @@ def test_the_note_says_why_there_is_no_verdict() -> None:
 
 # --- busy ----------------------------------------------------------------------------
 
-BUSY = BusySettings(min_requests=10, every=5)
+BUSY = BusyConfig(min_requests=10, every=5)
 
 
 @pytest.mark.parametrize(

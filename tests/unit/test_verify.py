@@ -1,17 +1,16 @@
-"""Known-answer judging (probe.verify): garbage, expect, consensus (table-tested)."""
+"""Known-answer judging (engines.verify): garbage, expect, consensus (table-tested)."""
 
 from __future__ import annotations
 
 import math
-import re
 
 import pytest
 
+from llm_health.engines.settings import VerifyConfig
+from llm_health.engines.verify import Verdict, Verifier, degenerate
 from llm_health.model.answer import Answer
-from llm_health.probe.target import VerifySpec
-from llm_health.probe.verify import Verdict, Verifier, degenerate
 
-CONSENSUS = VerifySpec(30.0, "The capital of France is", 3, None)
+CONSENSUS = VerifyConfig(every="30s", prompt="The capital of France is", max_tokens=3)
 PARIS = Answer(" Paris is a", (" Paris", " is", " a"), first_top=(" Paris", " Lyon"))
 
 
@@ -54,7 +53,7 @@ def test_real_answers_are_not_garbage(fine: Answer) -> None:
 
 
 def test_expect_needs_unhealthy_after_misses_then_a_pass_clears() -> None:
-    spec = VerifySpec(30.0, "p", 3, re.compile("Paris"))
+    spec = VerifyConfig(every="30s", prompt="p", max_tokens=3, expect="Paris")
     verifier = Verifier()
     (first,) = verifier.judge("c", "a", answer("London is big"), spec, 2, 0.0, {"a"})
     assert first.verdict is Verdict.MISS and first.recheck and not first.down
@@ -65,7 +64,7 @@ def test_expect_needs_unhealthy_after_misses_then_a_pass_clears() -> None:
 
 
 def test_garbage_is_out_at_once_even_with_expect() -> None:
-    spec = VerifySpec(30.0, "p", 3, re.compile("!"))
+    spec = VerifyConfig(every="30s", prompt="p", max_tokens=3, expect="!")
     (judged,) = Verifier().judge("c", "a", Answer("!!!", ("!",) * 3), spec, 2, 0.0, {"a"})
     assert judged.verdict is Verdict.GARBAGE and judged.down
 

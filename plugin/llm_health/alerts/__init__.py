@@ -1,5 +1,7 @@
-"""Alerts, the pure part: which transitions are alerts, their payload, deduplication and
-rate limiting. Delivery (aiohttp, retries) lives in ``llm_health.app.alerts``."""
+"""Webhook alerts (docs/design.md §5.5). The pure part, exported here: which transitions
+are alerts, their payload, deduplication and rate limiting (``events``, ``dedup``,
+``ratelimit``), what goes on the wire (``wire``). ``settings``: the ``alerts:`` section;
+``component``: delivery (aiohttp, retries, one bounded queue per webhook)."""
 
 from llm_health.alerts.dedup import Deduplicator
 from llm_health.alerts.events import (

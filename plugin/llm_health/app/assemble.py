@@ -9,32 +9,33 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from llm_health.app.admin import AdminComponent
-from llm_health.app.alerts import attach as attach_alerts
-from llm_health.app.authz import AuthzComponent
-from llm_health.core.component import Component
-from llm_health.app.discovery import DiscoveryComponent
+from llm_health.admin.component import AdminComponent
+from llm_health.alerts.component import attach as attach_alerts
 from llm_health.app.endpoints import EndpointCatalog
-from llm_health.app.engines import EngineChecks
-from llm_health.app.grpc_auth import GrpcAuthComponent
-from llm_health.app.hds import HdsComponent
 from llm_health.app.keeper import BoardKeeper
 from llm_health.app.live import LiveConfig
-from llm_health.app.metrics import RuntimeMetrics
-from llm_health.app.remediation import RemediationComponent
 from llm_health.app.runtime import Runtime
-from llm_health.app.traffic import TrafficComponent
+from llm_health.authz.component import AuthzComponent
 from llm_health.config import Config
+from llm_health.core.component import Component, SkipRule
 from llm_health.core.control import ProberStats
-from llm_health.discovery.settings import DiscoverySettings, DnsSettings
+from llm_health.discovery.component import DiscoveryComponent
+from llm_health.discovery.settings import DiscoveryConfig, DnsConfig
+from llm_health.engines.component import EngineChecks
+from llm_health.engines.settings import ClusterChecks
 from llm_health.fleet.component import FleetComponent
+from llm_health.hds.component import HdsComponent
 from llm_health.model.board import Board
-from llm_health.model.states import State
-from llm_health.probe.engine_metrics import EngineLoad
+from llm_health.model.engine_load import EngineLoad
+from llm_health.ops.metrics import RuntimeMetrics
 from llm_health.probe.lag import LoopLagMonitor
 from llm_health.probe.target import ProbeTarget
+from llm_health.remediation.component import RemediationComponent
+from llm_health.servers.auth import GrpcAuth, SecurityProvider
+from llm_health.traffic.component import TrafficComponent
 from llm_health.xds.nodes import OpenNodes
 from llm_health.xds.stream import XdsStats
 
@@ -51,7 +52,8 @@ def build_runtime(
     live = LiveConfig(config, config_path)
     catalog = EndpointCatalog(live, control)
     xds_nodes = OpenNodes()  # node ids with an open xDS stream: HDS trusts only those
-    components = build_components(live, control, clock, xds_open=xds_nodes.is_open, catalog=catalog)
+    parts = build_components(live, control, clock, xds_open=xds_nodes.is_open, catalog=catalog)
+    components = parts.components
     xds_stats = XdsStats()
 
     def statuses() -> dict[str, dict[str, object]]:
@@ -68,7 +70,20 @@ def build_runtime(
         clock,
         xds_nodes=xds_nodes,
         catalog=catalog,
+        probe_wrapper=parts.checks,
+        security=parts.security,
+        skip=parts.skip,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Parts:
+    """Every component, and the ones the runtime calls itself, by their role."""
+
+    components: list[Component]
+    security: SecurityProvider  # the main gRPC server's token and TLS
+    skip: SkipRule  # the scheduler's busy rule
+    checks: EngineChecks  # the engine checks: the runtime's probe wrapper
 
 
 def build_components(
@@ -78,14 +93,17 @@ def build_components(
     *,
     xds_open: Callable[[str], bool] | None = None,
     catalog: EndpointCatalog | None = None,
-) -> list[Component]:
+) -> Parts:
     """Each feature adds itself here (one line each). Settings read once at start, except
-    where a getter over ``live`` follows reloads (ext_authz, discovery). ``xds_open``:
-    whether a node id holds an open xDS stream (HDS counts only those nodes' reports).
-    ``catalog``: the endpoint set discovery feeds (None: no discovery, e.g. in tests)."""
+    where a getter over ``live`` follows reloads (ext_authz, discovery, engine checks).
+    ``xds_open``: whether a node id holds an open xDS stream (HDS counts only those nodes'
+    reports). ``catalog``: the endpoint set discovery feeds (None: no discovery, e.g. in
+    tests). Also returned apart: the engine checks, the runtime's probe wrapper."""
     config = live.current
     fleet = _fleet(config, control, catalog)  # first: its probe filter is read below
-    grpc_auth = GrpcAuthComponent(config.server, config.admin)
+    grpc_auth = GrpcAuth(
+        config.server, exempt_admin=config.admin.token is not None and config.admin.grpc is None
+    )
     components: list[Component] = [
         grpc_auth,
         AdminComponent(
@@ -102,7 +120,7 @@ def build_components(
             security=grpc_auth.security,
         ),
         HdsComponent(
-            config.hds.to_settings(),
+            config.hds,
             control,
             clock,
             xds_open=xds_open,
@@ -115,10 +133,11 @@ def build_components(
         components.append(_remediation(config, control, catalog))
     traffic = _traffic(live, control, clock, catalog)
     components.append(traffic)
-    components.append(_engine_checks(live, control, clock, catalog, traffic.feed_load))
+    checks = _engine_checks(live, control, clock, catalog, traffic.feed_load)
+    components.append(checks)
     if fleet is not None:
         components.append(fleet)
-    return components
+    return Parts(components, grpc_auth.security, traffic, checks)
 
 
 def _fleet(
@@ -142,17 +161,8 @@ def _traffic(
     catalog: EndpointCatalog | None,
 ) -> TrafficComponent:
     """Passive health: Envoy's access logs and the engines' TTFT, per endpoint."""
-
-    def state_of(cluster: str, address: str) -> State | None:
-        board = control.board
-        return (
-            board.health(cluster, address).state if board.has_endpoint(cluster, address) else None
-        )
-
     targets = catalog.targets() if catalog is not None else live.current.probe_targets()
-    traffic = TrafficComponent(
-        control, lambda: live.current.traffic_settings(), targets, state_of, clock
-    )
+    traffic = TrafficComponent(control, lambda: live.current.traffic_settings(), targets, clock)
     traffic.set_probed(catalog.probed(targets) if catalog is not None else targets)
     if catalog is not None:
 
@@ -172,9 +182,19 @@ def _engine_checks(
     on_load: Callable[[ProbeTarget, EngineLoad], None] | None = None,
 ) -> EngineChecks:
     """Known-answer, served-model and saturation checks on the endpoints probed here."""
+    read: list[tuple[Config, dict[str, ClusterChecks]]] = []
+
+    def settings() -> dict[str, ClusterChecks]:
+        # Read again after a reload only: targets change far more often (discovery,
+        # ownership), and each cluster's effective settings cost a validation.
+        config = live.current
+        if not read or read[0][0] is not config:
+            read[:] = [(config, config.engine_checks())]
+        return read[0][1]
+
     if catalog is None:
-        return EngineChecks(control, live.current.probe_targets(), clock, on_load)
-    checks = EngineChecks(control, catalog.probed(catalog.targets()), clock, on_load)
+        return EngineChecks(control, live.current.probe_targets(), settings, clock, on_load)
+    checks = EngineChecks(control, catalog.probed(catalog.targets()), settings, clock, on_load)
     catalog.on_targets(lambda targets: checks.set_targets(catalog.probed(targets)))
     return checks
 
@@ -182,24 +202,14 @@ def _engine_checks(
 def _remediation(
     config: Config, control: BoardKeeper, catalog: EndpointCatalog | None
 ) -> RemediationComponent:
-    def first_seen(cluster: str, address: str) -> float | None:
-        board = control.board
-        return (
-            board.health(cluster, address).first_seen
-            if board.has_endpoint(cluster, address)
-            else None
-        )
-
     return RemediationComponent(
-        tuple(r.to_rule() for r in config.remediation),
-        config.limits.to_limits(),
+        config.remediation,
+        config.limits,
         control,
-        first_seen=first_seen,
-        policy=control.board.policy,
         responsible=catalog.probes_here if catalog is not None else lambda _c, _a: True,
     )
 
 
-def _discovery(live: LiveConfig) -> tuple[DnsSettings, tuple[DiscoverySettings, ...]]:
+def _discovery(live: LiveConfig) -> tuple[DnsConfig, dict[str, DiscoveryConfig]]:
     config = live.current
-    return config.dns.to_settings(), config.discoveries()
+    return config.dns, config.discoveries()

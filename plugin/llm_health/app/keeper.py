@@ -26,6 +26,7 @@ from llm_health.core.hub import SnapshotHub
 from llm_health.model.board import Board, HealthSnapshot
 from llm_health.model.machine import Transition, trusted
 from llm_health.model.outcome import FAILURES, Outcome, ProbeResult, round_ms
+from llm_health.model.policy import Policy
 from llm_health.model.states import EndpointHealth, State
 
 T = TypeVar("T")
@@ -172,6 +173,23 @@ class BoardKeeper:
         result = await self._probe_now(cluster, address)
         await self.fold_probe(cluster, address, result)
         return result, trusted(result, self.board.policy(cluster))
+
+    # --- for remediation
+
+    def first_seen(self, cluster: str, address: str) -> float | None:
+        if not self.board.has_endpoint(cluster, address):
+            return None
+        return self.board.health(cluster, address).first_seen
+
+    def policy(self, cluster: str) -> Policy:
+        return self.board.policy(cluster)
+
+    # --- for traffic
+
+    def probe_state(self, cluster: str, address: str) -> State | None:
+        if not self.board.has_endpoint(cluster, address):
+            return None
+        return self.board.health(cluster, address).state
 
     # --- for fleet
 

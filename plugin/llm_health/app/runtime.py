@@ -20,7 +20,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,29 +28,27 @@ import aiohttp
 import grpc
 from aiohttp import web
 
-from llm_health.core.component import Component
 from llm_health.app.endpoints import EndpointCatalog
-from llm_health.app.engines import EngineChecks
-from llm_health.app.grpc_auth import GrpcAuthComponent, GrpcSecurity
 from llm_health.app.heap import settle_heap
-from llm_health.app.http import build_http_app, start_http
 from llm_health.app.keeper import BoardKeeper
 from llm_health.app.live import LiveConfig
-from llm_health.app.metrics import RuntimeMetrics
-from llm_health.app.redaction import Secrets, scrubbed_logs
-from llm_health.app.status import status_document
-from llm_health.app.traffic import TrafficComponent
 from llm_health.config import Config, load_config
 from llm_health.config.loader import MAX_FILE_BYTES
+from llm_health.core.component import Component, SkipRule
 from llm_health.core.control import ProberStats
 from llm_health.errors import ConfigError
 from llm_health.model.board import Board, Change
 from llm_health.model.outcome import ProbeResult
-from llm_health.probe.client import MicroProbe, Prober, new_session
+from llm_health.ops.http_server import build_http_app, start_http
+from llm_health.ops.metrics import RuntimeMetrics
+from llm_health.ops.secret_scrubbing import Secrets, scrubbed_logs
+from llm_health.ops.status_document import status_document
+from llm_health.probe.client import MicroProbe, ProbeFn, Prober, ProbeWrapper, new_session
 from llm_health.probe.lag import LoopLagMonitor
 from llm_health.probe.pool import WorkerPool
 from llm_health.probe.scheduler import Scheduler
 from llm_health.probe.target import ProbeTarget
+from llm_health.servers.auth import GrpcSecurity, SecurityProvider
 from llm_health.servers.grpc import start_grpc_server
 from llm_health.servers.xds import add_xds_servicers
 from llm_health.xds.nodes import OpenNodes
@@ -62,7 +60,6 @@ EXPIRY_TICK_S = 1.0
 RELOAD_POLL_S = 2.0
 HEAP_POLL_S = 0.25
 log = logging.getLogger("llm_health")
-ProbeFn = Callable[[ProbeTarget], Coroutine[Any, Any, ProbeResult]]
 
 
 class Runtime:
@@ -80,15 +77,23 @@ class Runtime:
         *,
         xds_nodes: OpenNodes | None = None,
         catalog: EndpointCatalog | None = None,
+        probe_wrapper: ProbeWrapper | None = None,
+        security: SecurityProvider = GrpcSecurity,
+        skip: SkipRule | None = None,
     ) -> None:
+        """``security``: the main gRPC server's interceptors and credentials (called when
+        it starts); ``skip``: the scheduler's busy rule, if any."""
         self.live = live
         self.catalog = catalog if catalog is not None else EndpointCatalog(live, control)
         self.xds_nodes = xds_nodes if xds_nodes is not None else OpenNodes()
         self.control = control
         self.components = list(components)
+        self.probe_wrapper = probe_wrapper  # the engine checks, when they run
         self.metrics = metrics
         self.lag = lag
         self.xds_stats = xds_stats
+        self._security = security
+        self._skip_rule = skip
         self.targets: list[ProbeTarget] = []
         self._by_key: dict[tuple[str, str], ProbeTarget] = {}
         self.scheduler: Scheduler | None = None
@@ -131,7 +136,7 @@ class Runtime:
                 on_silence=self.on_silence,
                 confirm=self._confirm(slots),
                 lag=_ProberLag(self.stats),
-                skip=self._skip_fn(),
+                skip=self._skip_rule.skip if self._skip_rule is not None else None,
             )
             self.scheduler = scheduler
             try:
@@ -150,8 +155,8 @@ class Runtime:
         """The micro-probe (in-process, or in ``server.probe_workers`` processes: docs/
         design.md §16.2), through the engine checks when they run (known-answer probes in
         some slots; the request body by detected engine)."""
-        checks = next((c for c in self.components if isinstance(c, EngineChecks)), None)
-        engines = checks.engines if checks else None
+        wrapper = self.probe_wrapper
+        engines = wrapper.engines if wrapper is not None else None
         local = MicroProbe(session, self.lag, engines=engines)
         prober: Prober = local
         count = self.config.server.probe_worker_count()
@@ -162,16 +167,11 @@ class Runtime:
             prober = self.workers
         self.prober = prober
         try:
-            yield checks.wrap(prober) if checks is not None else prober.probe
+            yield wrapper.wrap(prober) if wrapper is not None else prober.probe
         finally:
             if self.workers is not None:
                 self.stats.worker_lag_ms = None
                 await self.workers.close()
-
-    def _skip_fn(self) -> Callable[[ProbeTarget], bool] | None:
-        """The busy rule (probe.backoff_when_busy) when the traffic component runs."""
-        traffic = next((c for c in self.components if isinstance(c, TrafficComponent)), None)
-        return traffic.skip if traffic is not None else None
 
     async def on_result(self, target: ProbeTarget, result: ProbeResult) -> None:
         """The scheduler's callback: fold the result into the board."""
@@ -216,10 +216,7 @@ class Runtime:
                 log.warning("component start-up failed", extra={"component": component.name})
 
     async def _start_grpc(self) -> grpc.aio.Server:
-        security = next(
-            (c.security() for c in self.components if isinstance(c, GrpcAuthComponent)),
-            GrpcSecurity(),
-        )
+        security = self._security()
         server, port = await start_grpc_server(
             self.config.server.grpc,
             interceptors=security.interceptors,

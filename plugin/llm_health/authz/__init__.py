@@ -4,6 +4,9 @@ through, and how. Pure decisions, no grpc/protobuf here (``servers.authz`` trans
     AdmissionRequest --decide(request, view, settings)--> Decision
     HealthSnapshot  --build_view(snapshot, settings)-->  AdmissionView (once per revision)
     Gate: the two glued to the hub's current snapshot; AuthzCounters, ProblemLog: bookkeeping.
+
+``settings``: the ``authz:`` section (``AuthzConfig``). ``component`` (not re-exported
+here: it loads grpc) serves ``Check`` and reports the counters.
 """
 
 from llm_health.authz.counters import AuthzCounters
@@ -11,7 +14,7 @@ from llm_health.authz.decide import decide
 from llm_health.authz.decision import AdmissionRequest, Decision, Problem, Rule
 from llm_health.authz.gate import Gate
 from llm_health.authz.problems import ProblemLog
-from llm_health.authz.settings import AuthzSettings, ProbeHeaderMode
+from llm_health.authz.settings import AuthzConfig, ProbeHeaderMode
 from llm_health.authz.view import (
     AdmissionView,
     Capacity,
@@ -23,8 +26,8 @@ from llm_health.authz.view import (
 __all__ = [
     "AdmissionRequest",
     "AdmissionView",
+    "AuthzConfig",
     "AuthzCounters",
-    "AuthzSettings",
     "Capacity",
     "ClusterAdmission",
     "Decision",

@@ -22,14 +22,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from llm_health.authz.decision import AdmissionRequest, Decision, Problem, Rule
-from llm_health.authz.settings import UNROUTED_VALUE, AuthzSettings
+from llm_health.authz.settings import UNROUTED_VALUE, AuthzConfig
 from llm_health.authz.view import AdmissionView, ClusterAdmission
 
 DISABLED = Decision(Rule.DISABLED)
 _CLIP = 80  # characters of a client-chosen name shown in a problem
 
 
-def decide(request: AdmissionRequest, view: AdmissionView, settings: AuthzSettings) -> Decision:
+def decide(request: AdmissionRequest, view: AdmissionView, settings: AuthzConfig) -> Decision:
     """The answer to one check. Never raises for any request content."""
     if not settings.enabled:
         return DISABLED
@@ -49,7 +49,7 @@ def decide(request: AdmissionRequest, view: AdmissionView, settings: AuthzSettin
     return decision
 
 
-def _cluster_name(request: AdmissionRequest, settings: AuthzSettings) -> tuple[str, bool]:
+def _cluster_name(request: AdmissionRequest, settings: AuthzConfig) -> tuple[str, bool]:
     """(name, whether it came from the header); "" when none is given."""
     name = request.context_extensions.get(settings.cluster_key, "")
     if name:
@@ -57,7 +57,7 @@ def _cluster_name(request: AdmissionRequest, settings: AuthzSettings) -> tuple[s
     return request.headers.get(settings.cluster_header, "").strip(), True
 
 
-def _unresolved(name: str, from_header: bool, settings: AuthzSettings) -> Decision:
+def _unresolved(name: str, from_header: bool, settings: AuthzConfig) -> Decision:
     if not name:
         detail = (
             f"no cluster named: neither context_extensions[{settings.cluster_key}] "
@@ -74,7 +74,7 @@ def _unresolved(name: str, from_header: bool, settings: AuthzSettings) -> Decisi
 
 
 def _verdict(
-    request: AdmissionRequest, cluster: ClusterAdmission, settings: AuthzSettings
+    request: AdmissionRequest, cluster: ClusterAdmission, settings: AuthzConfig
 ) -> Decision:
     if not cluster.warm:
         return cluster.cold
@@ -97,7 +97,7 @@ def _priority(value: str | None) -> str:
 
 
 def _adjust(
-    decision: Decision, request: AdmissionRequest, settings: AuthzSettings, probe: bool
+    decision: Decision, request: AdmissionRequest, settings: AuthzConfig, probe: bool
 ) -> Decision:
     """The rare per-request header changes on top of a prebuilt allowing decision."""
     if probe:
@@ -114,7 +114,7 @@ def _adjust(
     return decision
 
 
-def _oversized(request: AdmissionRequest, settings: AuthzSettings) -> Problem:
+def _oversized(request: AdmissionRequest, settings: AuthzConfig) -> Problem:
     detail = (
         f"request headers total {request.header_bytes} bytes "
         f"(more than {settings.max_header_bytes}); answered normally"

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from llm_health.authz.decide import decide
 from llm_health.authz.decision import AdmissionRequest, Decision
-from llm_health.authz.settings import AuthzSettings
+from llm_health.authz.settings import AuthzConfig
 from llm_health.authz.view import AdmissionView, build_view
 from llm_health.model.board import HealthSnapshot
 
@@ -22,15 +22,15 @@ class Gate:
     def __init__(
         self,
         snapshot: Callable[[], HealthSnapshot],
-        settings: Callable[[], AuthzSettings],
+        settings: Callable[[], AuthzConfig],
     ) -> None:
         self._snapshot = snapshot
         self._settings = settings
         self._view: AdmissionView | None = None
-        self._view_settings: AuthzSettings | None = None
+        self._view_settings: AuthzConfig | None = None
         self.rebuilds = 0
 
-    def view(self) -> tuple[AdmissionView, AuthzSettings]:
+    def view(self) -> tuple[AdmissionView, AuthzConfig]:
         """The view for the current snapshot and settings (cached per revision)."""
         snapshot, settings = self._snapshot(), self._settings()
         view = self._view

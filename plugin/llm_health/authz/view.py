@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from llm_health.authz.decision import Decision, Headers, Rule
-from llm_health.authz.settings import AuthzSettings
+from llm_health.authz.settings import AuthzConfig
 from llm_health.model.board import ClusterSnapshot, HealthSnapshot
 from llm_health.model.states import State
 
@@ -74,21 +74,21 @@ class ClusterAdmission:
 
 @dataclass(frozen=True, slots=True)
 class AdmissionView:
-    """Everything ``decide`` needs from one snapshot, for one AuthzSettings."""
+    """Everything ``decide`` needs from one snapshot, for one AuthzConfig."""
 
     revision: int
     clusters: Mapping[str, ClusterAdmission]
     probe_denied: Decision  # for a request that names no known cluster
 
 
-def build_view(snapshot: HealthSnapshot, settings: AuthzSettings) -> AdmissionView:
+def build_view(snapshot: HealthSnapshot, settings: AuthzConfig) -> AdmissionView:
     clusters = {n: _cluster(c, settings) for n, c in snapshot.clusters.items()}
     return AdmissionView(
         snapshot.revision, MappingProxyType(clusters), _probe_denied(None, settings)
     )
 
 
-def _cluster(cluster: ClusterSnapshot, settings: AuthzSettings) -> ClusterAdmission:
+def _cluster(cluster: ClusterSnapshot, settings: AuthzConfig) -> ClusterAdmission:
     capacity = cluster_capacity(cluster)
     text = f"{capacity.ratio:.2f}"
     tag = ((settings.capacity_header, text),)
@@ -117,7 +117,7 @@ def _no_capacity(name: str, capacity: Capacity) -> str:
     )
 
 
-def _shed(name: str, capacity: Capacity, settings: AuthzSettings) -> str:
+def _shed(name: str, capacity: Capacity, settings: AuthzConfig) -> str:
     return (
         f"cluster {name} is at {capacity.ratio:.0%} of its capacity (below "
         f"{settings.shed_below:.0%}): low-priority requests are turned away, retry later"
@@ -125,7 +125,7 @@ def _shed(name: str, capacity: Capacity, settings: AuthzSettings) -> str:
 
 
 def _deny(
-    rule: Rule, name: str, status: int, message: str, settings: AuthzSettings, extra: Headers
+    rule: Rule, name: str, status: int, message: str, settings: AuthzConfig, extra: Headers
 ) -> Decision:
     retry_after = settings.retry_after_s
     body = _body(message, rule, status, cluster=name, retry_after_s=retry_after)
@@ -133,7 +133,7 @@ def _deny(
     return Decision(rule, name, status, reply_headers=headers, body=body)
 
 
-def _probe_denied(name: str | None, settings: AuthzSettings) -> Decision:
+def _probe_denied(name: str | None, settings: AuthzConfig) -> Decision:
     message = f"client requests may not carry the {settings.probe_header_name} header"
     body = _body(message, Rule.PROBE_DENIED, 403, cluster=name)
     headers = (("content-type", "application/json"),)

@@ -231,7 +231,7 @@ def _print_changes(
     revision: int,
     as_json: bool,
 ) -> None:
-    from llm_health.app.status import status_document
+    from llm_health.ops.status_document import status_document
 
     now = time.time()
     if as_json:
@@ -359,7 +359,7 @@ def _probe_json(result: Any) -> dict[str, Any]:
 
 def status_json(snapshot: HealthSnapshot) -> dict[str, Any]:
     """``{"revision", "clusters"}`` exactly as the plugin's /status has them."""
-    from llm_health.app.status import status_document
+    from llm_health.ops.status_document import status_document
 
     doc = status_document(snapshot)
     return {"revision": doc["revision"], "clusters": doc["clusters"]}

@@ -9,8 +9,8 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llm_health.app.logs import setup_logging
 from llm_health.cli.validate import load_or_report
+from llm_health.ops.logging_setup import setup_logging
 
 if TYPE_CHECKING:
     from llm_health.app.runtime import Runtime

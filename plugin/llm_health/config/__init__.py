@@ -6,31 +6,21 @@
 
 from llm_health.config.loader import load_config, parse_config
 from llm_health.config.schema import (
-    AdminConfig,
-    AlertsConfig,
-    AuthzConfig,
     ClusterConfig,
     Config,
     EndpointConfig,
-    HdsConfig,
     ProbeSettings,
     ServerConfig,
-    WebhookConfig,
     XdsConfig,
 )
 from llm_health.core.addresses import is_local_bind, split_address
 
 __all__ = [
-    "AdminConfig",
-    "AlertsConfig",
-    "AuthzConfig",
     "ClusterConfig",
     "Config",
     "EndpointConfig",
-    "HdsConfig",
     "ProbeSettings",
     "ServerConfig",
-    "WebhookConfig",
     "XdsConfig",
     "is_local_bind",
     "load_config",

@@ -14,20 +14,19 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from llm_health.admin.settings import AdminConfig
+from llm_health.alerts.settings import AlertsConfig, WebhookConfig
+from llm_health.authz.settings import AuthzConfig
 from llm_health.config.schema import (
-    AdminConfig,
-    AlertsConfig,
-    AuthzConfig,
     ClusterConfig,
     Config,
     EndpointConfig,
-    HdsConfig,
     ProbeSettings,
     ServerConfig,
     ServerTlsConfig,
-    WebhookConfig,
     XdsConfig,
 )
+from llm_health.hds.settings import HdsConfig
 from llm_health.model.redact import escape
 
 ConfigPath = tuple[str | int, ...]  # keys and list indexes from the top of the file

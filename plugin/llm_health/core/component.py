@@ -4,6 +4,9 @@ A component is built by ``app.assemble`` from its own config section and a
 ``core.control.BoardControl``; it never sees the runtime. All methods run on the runtime's
 event loop. A component may also have ``async def prepare(self) -> None``: run before the
 first probe and before the gRPC server starts, bounded (fleet mode's warm start).
+
+Extension points a component may fill besides (each passed to the runtime by name, not
+looked up by type): ``SkipRule``.
 """
 
 from __future__ import annotations
@@ -27,3 +30,26 @@ class Component(Protocol):
 
     def status(self) -> dict[str, Any]:
         """This component's part of /status (JSON-ready; its numbers become metrics)."""
+
+
+class ProbeSlot(Protocol):
+    """What a skip rule reads of a scheduled probe (``probe.target.ProbeTarget`` is one)."""
+
+    @property
+    def cluster(self) -> str: ...
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def interval_s(self) -> float: ...
+
+
+class SkipRule(Protocol):
+    """A component the scheduler asks before each probe: the busy rule
+    (``probe.backoff_when_busy``, docs/design.md §15.4). ``app.assemble`` hands it to the
+    runtime."""
+
+    def skip(self, target: ProbeSlot) -> bool:
+        """Whether this slot's probe may be left out."""
+        ...

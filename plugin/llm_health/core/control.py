@@ -21,6 +21,7 @@ from typing import Protocol, TypeVar
 from llm_health.model.board import Board, HealthSnapshot
 from llm_health.model.machine import Transition
 from llm_health.model.outcome import ProbeResult
+from llm_health.model.policy import Policy
 from llm_health.model.states import EndpointHealth, State
 
 T = TypeVar("T")
@@ -117,6 +118,24 @@ class BoardControl(Protocol):
     async def probe_now(self, cluster: str, address: str) -> tuple[ProbeResult, bool]:
         """Probe one endpoint at once, fold the result in like a scheduled one; returns
         (result, trusted). KeyError: not probed here; RuntimeError: no prober running."""
+        ...
+
+    # --- for remediation
+
+    def first_seen(self, cluster: str, address: str) -> float | None:
+        """When the endpoint was first seen (monotonic seconds, the board's clock; a plugin
+        restart is a first sight too); None: not on the board."""
+        ...
+
+    def policy(self, cluster: str) -> Policy:
+        """The cluster's health policy in force. KeyError: unknown cluster."""
+        ...
+
+    # --- for traffic
+
+    def probe_state(self, cluster: str, address: str) -> State | None:
+        """The probe state machine's verdict on this endpoint now (the board's, not the
+        published snapshot's); None when it is not on the board."""
         ...
 
     # --- for fleet

@@ -1,5 +1,5 @@
 """Building blocks of every settings section (docs/design.md §6): the frozen base model,
-ASCII-only numbers, durations, URL paths and header maps. Each feature's section model
+ASCII-only numbers, durations, URL paths, header maps and bearer tokens. Each feature's section model
 (``<feature>/settings.py``) is built from these; ``config.schema`` composes the sections.
 """
 
@@ -76,6 +76,27 @@ Headers = Annotated[dict[HeaderToken, HeaderValue], Field(max_length=MAX_HEADERS
 
 MERGING = "merging parsed settings"  # validation context: values are already parsed
 Duration = Annotated[float, BeforeValidator(_duration), Field(gt=0)]
+
+MIN_TOKEN_LENGTH = 16
+
+
+def _long_enough(value: SecretStr) -> SecretStr:
+    if len(value.get_secret_value()) < MIN_TOKEN_LENGTH:
+        raise ValueError("must be at least 16 characters (use a random string)")
+    return value
+
+
+def _header_safe(value: SecretStr) -> SecretStr:
+    secret = value.get_secret_value()
+    if not secret.isascii() or not secret.isprintable() or " " in secret:
+        raise ValueError("must be printable ASCII without spaces (it is sent as a header)")
+    return value
+
+
+# A bearer token (``server.token``, ``admin.token``): sent as gRPC metadata
+# (``authorization: Bearer <token>``), so it must be a valid header value; checked in this
+# order, the length first.
+Token = Annotated[SecretStr, AfterValidator(_long_enough), AfterValidator(_header_safe)]
 
 
 class Frozen(BaseModel):

@@ -26,7 +26,7 @@ import dns.resolver
 import dns.rrset
 
 from llm_health.discovery.answers import DnsFault, FaultKind, Found, Record, endpoints_from
-from llm_health.discovery.settings import DiscoverySettings, DnsSettings
+from llm_health.discovery.settings import DiscoveryConfig, DnsConfig
 
 WHOLE_BUDGET = 3  # x dns.timeout for an A + AAAA resolution
 MAX_PARALLEL_TARGETS = 16
@@ -38,13 +38,13 @@ T = TypeVar("T")
 class DnsLookup:
     """Resolves discovery names with ``settings``' servers (or the system's resolv.conf)."""
 
-    def __init__(self, settings: DnsSettings) -> None:
+    def __init__(self, settings: DnsConfig) -> None:
         self.settings = settings
         self._resolver: dns.asyncresolver.Resolver | None = None
         self._big: set[tuple[str, dns.rdatatype.RdataType]] = set()
-        self._last: dict[DiscoverySettings, tuple[tuple[Record, ...], Found]] = {}
+        self._last: dict[DiscoveryConfig, tuple[tuple[Record, ...], Found]] = {}
 
-    async def resolve(self, discovery: DiscoverySettings) -> Found:
+    async def resolve(self, discovery: DiscoveryConfig) -> Found:
         """The endpoint set ``discovery`` names now. DnsFault: keep the last known set.
         Every step is bounded (``_within``): a server that answers slowly, or target by
         target, cannot hold the cluster's discovery for minutes."""
@@ -56,7 +56,7 @@ class DnsLookup:
         self._last[discovery] = (answer, found)
         return found
 
-    async def _records(self, discovery: DiscoverySettings) -> list[Record]:
+    async def _records(self, discovery: DiscoveryConfig) -> list[Record]:
         if discovery.kind == "srv":
             return await self._srv_records(discovery.name, discovery.max_endpoints)
         assert discovery.port is not None  # the config requires it for dns:
@@ -67,7 +67,7 @@ class DnsLookup:
 
     async def _within(self, timeouts: float, name: str, work: Awaitable[T]) -> T:
         """``work`` within ``timeouts`` x dns.timeout, else a TIMEOUT fault."""
-        budget = self.settings.timeout_s * timeouts
+        budget = self.settings.timeout * timeouts
         try:
             async with asyncio.timeout(budget):
                 return await work
@@ -150,7 +150,7 @@ class DnsLookup:
         # over TCP; a name that needed TCP last time is asked over TCP at once.
         big = (name, rdtype) in self._big
         answer = await self._get_resolver().resolve(
-            name, rdtype, lifetime=self.settings.timeout_s, search=None, tcp=big
+            name, rdtype, lifetime=self.settings.timeout, search=None, tcp=big
         )
         if answer.rrset is not None and len(answer.rrset) > UDP_RECORDS:
             self._big.add((name, rdtype))
@@ -164,11 +164,11 @@ class DnsLookup:
         return self._resolver
 
 
-def _new_resolver(settings: DnsSettings) -> dns.asyncresolver.Resolver:
+def _new_resolver(settings: DnsConfig) -> dns.asyncresolver.Resolver:
     if settings.nameservers:
         resolver = dns.asyncresolver.Resolver(configure=False)
         resolver.nameservers = [
-            dns.nameserver.Do53Nameserver(ip, port) for ip, port in settings.nameservers
+            dns.nameserver.Do53Nameserver(ip, port) for ip, port in settings.servers()
         ]
     else:
         try:
@@ -177,8 +177,8 @@ def _new_resolver(settings: DnsSettings) -> dns.asyncresolver.Resolver:
             raise DnsFault(
                 FaultKind.SERVFAIL, "no nameserver: /etc/resolv.conf has none; set dns.nameservers"
             ) from None
-    resolver.timeout = settings.timeout_s  # per server attempt
-    resolver.lifetime = settings.timeout_s  # the whole resolution
+    resolver.timeout = settings.timeout  # per server attempt
+    resolver.lifetime = settings.timeout  # the whole resolution
     resolver.cache = None
     return resolver
 

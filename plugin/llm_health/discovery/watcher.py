@@ -25,10 +25,10 @@ from tenacity import (
 )
 
 from llm_health.discovery.answers import DnsFault, FaultKind, Found, backoff_cap, next_refresh
-from llm_health.discovery.settings import DiscoverySettings
+from llm_health.discovery.settings import DiscoveryConfig
 from llm_health.model.board import EndpointSpec
 
-Resolve = Callable[[DiscoverySettings], Awaitable[Found]]
+Resolve = Callable[[DiscoveryConfig], Awaitable[Found]]
 OnFound = Callable[[str, tuple[EndpointSpec, ...]], Awaitable[None]]  # (cluster, set)
 OnFault = Callable[[str, DnsFault | None], None]  # (cluster, fault; None = recovered)
 log = logging.getLogger("llm_health")
@@ -50,17 +50,19 @@ class WatchStats:
 
 class Watcher:
     """Resolves ``settings.name`` every ``next_refresh`` seconds; calls ``on_found`` with
-    the cluster's discovered set each time it differs from the last one handed on."""
+    ``cluster``'s discovered set each time it differs from the last one handed on."""
 
     def __init__(
         self,
-        settings: DiscoverySettings,
+        cluster: str,
+        settings: DiscoveryConfig,
         resolve: Resolve,
         on_found: OnFound,
         on_fault: OnFault,
         *,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        self.cluster = cluster
         self.settings = settings
         self.stats = WatchStats()
         self._resolve = resolve
@@ -77,11 +79,11 @@ class Watcher:
     async def run(self) -> None:
         while True:
             found = await self.resolve_once()
-            await asyncio.sleep(next_refresh(self.settings.refresh_s, found.ttl))
+            await asyncio.sleep(next_refresh(self.settings.refresh, found.ttl))
 
     async def resolve_once(self) -> Found:
         """Resolve until an answer is usable (back-off between attempts), take it."""
-        refresh = self.settings.refresh_s
+        refresh = self.settings.refresh
         initial = min(refresh, 1.0)
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(DnsFault),
@@ -116,7 +118,7 @@ class Watcher:
             "DNS discovery failed; keeping the last known endpoints",
             extra={**self._fields(), "fault": fault.kind.value, "reason": fault.reason},
         )
-        self._on_fault(self.settings.cluster, fault)
+        self._on_fault(self.cluster, fault)
 
     async def _take(self, found: Found) -> None:
         stats = self.stats
@@ -125,7 +127,7 @@ class Watcher:
         if stats.failing_since is not None:
             stats.failing_since = None
             log.info("DNS discovery recovered", extra=self._fields())
-            self._on_fault(self.settings.cluster, None)
+            self._on_fault(self.cluster, None)
         if found.dropped and found.dropped != stats.dropped:
             log.warning(
                 "DNS discovery: records left out",
@@ -137,11 +139,11 @@ class Watcher:
         stats.changes += 1 if self._current is not None else 0
         stats.endpoints = len(found.endpoints)
         self._current = found.endpoints
-        await self._on_found(self.settings.cluster, found.endpoints)
+        await self._on_found(self.cluster, found.endpoints)
 
     def _fields(self) -> dict[str, Any]:
         return {
-            "cluster": self.settings.cluster,
+            "cluster": self.cluster,
             "dns_name": self.settings.name,  # "name" is a LogRecord attribute
             "kind": self.settings.kind,
             "endpoints": self.stats.endpoints,

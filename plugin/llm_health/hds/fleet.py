@@ -8,7 +8,7 @@ re-send a specifier only when their node's plan really changed (Envoy rebuilds i
 clusters on every new specifier that differs from the last one).
 
 A node is *usable* while it has an open stream, can run the configured check (its
-``Capability``), and has said something within ``report_ttl_s`` (a connected Envoy that
+``Capability``), and has said something within ``report_ttl`` (a connected Envoy that
 went silent is not checking anything). Several streams of one node id (a reconnect that
 overlaps the old stream) share one node: it goes away with its last stream.
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from llm_health.hds.assign import Assignment, assign
 from llm_health.hds.ledger import Ledger, Reporter, Said
-from llm_health.hds.settings import HdsSettings
+from llm_health.hds.settings import HdsConfig
 from llm_health.model.states import EndpointKey
 
 Target = tuple[str, int]
@@ -84,14 +84,14 @@ class Fleet:
 
     def __init__(
         self,
-        settings: HdsSettings,
+        settings: HdsConfig,
         endpoints: Mapping[EndpointKey, Target] | None = None,
         now: float = 0.0,
     ) -> None:
         self.settings = settings
         self.ledger = Ledger(
             quorum=settings.quorum,
-            ttl_s=settings.report_ttl_s,
+            ttl_s=settings.report_ttl,
             grace_s=settings.first_check_grace_s,
         )
         self.generation = 0
@@ -152,7 +152,7 @@ class Fleet:
         self.ledger.expire(now)
         changed = False
         for node in self._nodes.values():
-            stale = now - node.last_seen > self.settings.report_ttl_s
+            stale = now - node.last_seen > self.settings.report_ttl
             changed |= stale != node.stale
             node.stale = stale
         if changed:
@@ -200,7 +200,7 @@ class Fleet:
         return self.ledger.assignment
 
     def usable(self, node: NodeInfo) -> bool:
-        return not node.stale and self.settings.check.protocol in node.protocols
+        return not node.stale and self.settings.protocol in node.protocols
 
     def plan(self, node_id: str) -> NodePlan:
         clusters: dict[str, list[Target]] = {}

@@ -41,7 +41,7 @@ from google.protobuf.message import DecodeError
 from llm_health.errors import ProtocolError
 from llm_health.hds import wire
 from llm_health.hds.fleet import Fleet, NodeInfo, NodePlan, ReportTally, Target
-from llm_health.hds.settings import HdsSettings
+from llm_health.hds.settings import HdsConfig
 from llm_health.model.states import EndpointKey
 
 _LOG = logging.getLogger("llm_health.hds")
@@ -92,7 +92,7 @@ class HdsService:
 
     def __init__(
         self,
-        settings: HdsSettings,
+        settings: HdsConfig,
         *,
         endpoints: Mapping[EndpointKey, Target] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -255,7 +255,7 @@ class HdsService:
     def _log_join(self, session: _Session, who: wire.Identity) -> None:
         fields = {"node": session.node, "peer": session.peer, "capability": sorted(who.protocols)}
         _LOG.info("HDS stream open", extra=fields)
-        protocol = self.settings.check.protocol
+        protocol = self.settings.protocol
         if protocol not in who.protocols:
             _LOG.warning(
                 "HDS node %s cannot run %s checks: it is assigned nothing", session.node, protocol
@@ -267,7 +267,7 @@ class HdsService:
         now = self._clock()
         return {
             "enabled": self.settings.enabled,
-            "check": self.settings.check.kind,
+            "check": self.settings.check,
             "checkers_per_endpoint": self.settings.checkers_per_endpoint,
             "quorum": self.settings.quorum or "majority",
             "nodes": [self._node_status(node, now) for node in self.fleet.nodes()],

@@ -31,7 +31,7 @@ from google.protobuf import duration_pb2, wrappers_pb2
 
 from llm_health.hds.fleet import NodePlan, ReportEntry
 from llm_health.hds.ledger import Said
-from llm_health.hds.settings import CheckSpec, HdsSettings
+from llm_health.hds.settings import HdsConfig
 
 HDS_CLUSTER_PREFIX = "hds_"
 
@@ -71,10 +71,10 @@ def identity(request: hds_pb2.HealthCheckRequest) -> Identity:
     return Identity(request.node.id, request.node.cluster, protocols)
 
 
-def specifier(plan: NodePlan, settings: HdsSettings) -> hds_pb2.HealthCheckSpecifier:
+def specifier(plan: NodePlan, settings: HdsConfig) -> hds_pb2.HealthCheckSpecifier:
     """The specifier for one node; no clusters at all when it has nothing to check."""
-    check = health_check(settings.check)
-    message = hds_pb2.HealthCheckSpecifier(interval=_duration(settings.report_interval_s))
+    check = health_check(settings)
+    message = hds_pb2.HealthCheckSpecifier(interval=_duration(settings.report_interval))
     for cluster, targets in plan.clusters:
         entry = message.cluster_health_checks.add(cluster_name=hds_cluster_name(cluster))
         entry.health_checks.append(check)
@@ -85,19 +85,19 @@ def specifier(plan: NodePlan, settings: HdsSettings) -> hds_pb2.HealthCheckSpeci
     return message
 
 
-def health_check(check: CheckSpec) -> health_check_pb2.HealthCheck:
+def health_check(check: HdsConfig) -> health_check_pb2.HealthCheck:
     """envoy.config.core.v3.HealthCheck for ``check`` (timeout, interval and both
     thresholds are required by Envoy's validation)."""
-    interval = _duration(check.interval_s)
+    interval = _duration(check.interval)
     message = health_check_pb2.HealthCheck(
-        timeout=_duration(check.timeout_s),
+        timeout=_duration(check.timeout),
         interval=interval,
         no_traffic_interval=interval,
         no_traffic_healthy_interval=interval,
         unhealthy_threshold=wrappers_pb2.UInt32Value(value=check.unhealthy_threshold),
         healthy_threshold=wrappers_pb2.UInt32Value(value=check.healthy_threshold),
     )
-    if check.kind == "tcp":
+    if check.check == "tcp":
         message.tcp_health_check.SetInParent()  # no payload: a connect-only check
         return message
     http = message.http_health_check
@@ -105,7 +105,7 @@ def health_check(check: CheckSpec) -> health_check_pb2.HealthCheck:
     http.expected_statuses.extend(status_ranges(check.expected_statuses))
     if check.body is not None:
         http.method = base_pb2.POST
-        http.send.binary = check.body
+        http.send.binary = check.body.encode()
     return message
 
 

@@ -1,6 +1,6 @@
 """What a known-answer probe heard (docs/design.md §14): the answer's text and whatever the
 engine showed of how it chose it. Pure data; ``probe.answer`` reads it off the stream and
-``probe.verify`` judges it."""
+``engines.verify`` judges it."""
 
 from __future__ import annotations
 

@@ -1,5 +1,9 @@
 """Reading a known-answer probe's answer off its stream (pure; docs/design.md §14).
 
+The probe's own part of the check: it runs inside the exchange, within its timeout (in a
+probe worker process too), and hands over a ``model.answer.Answer``; judging it is the
+engine checks' (``engines.verify``).
+
 Both OpenAI shapes, as vLLM, SGLang and llama.cpp stream them (docs/engines.md):
 - completions: ``choices[0].text``; with ``"logprobs": N``, ``choices[0].logprobs`` =
   ``{"tokens": [...], "token_logprobs": [...], "top_logprobs": [{token: logprob}, ...]}``;

@@ -3,6 +3,15 @@ token-bearing event; the stream closed right after it so the engine aborts the r
 
 Never raises for anything the endpoint does: every failure becomes a ProbeResult.
 Cancellation (shutdown) is the only exception that propagates.
+
+The engine checks (``llm_health.engines``, a feature above this package) take part in
+probing through two small seams declared here, so that this package never imports them:
+``ProbeWrapper`` (the runtime probes through ``wrap(prober)``; the request body reads the
+engine they detected, ``engines``), and ``Question`` (what a known-answer probe asks, passed
+to ``Prober.verify``). What the exchange itself does stays here, as the probe's own
+concern: the request body per engine (``probe_body``, docs/design.md §14.4) and the
+reading of a known-answer stream (``probe.answer``), which run inside the exchange and its
+timeout, in a probe worker process as in the runtime.
 """
 
 from __future__ import annotations
@@ -11,10 +20,10 @@ import asyncio
 import json
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import aiohttp
 
@@ -73,6 +82,27 @@ class _Timing:
         return None if at is None else (at - self.start) * 1000
 
 
+class Question(Protocol):
+    """What a known-answer probe asks (docs/design.md §14.1): ``prompt`` at temperature 0,
+    for ``max_tokens`` tokens. The engine checks pass their ``probe.verify`` settings."""
+
+    @property
+    def prompt(self) -> str: ...
+
+    @property
+    def max_tokens(self) -> int: ...
+
+
+class Asked(NamedTuple):
+    """A ``Question`` as plain data: what crosses the pipe to a probe worker."""
+
+    prompt: str
+    max_tokens: int
+
+
+ProbeFn = Callable[[ProbeTarget], Coroutine[Any, Any, ProbeResult]]
+
+
 class Prober(Protocol):
     """What runs probes: ``MicroProbe`` here, or ``pool.WorkerPool`` in worker processes."""
 
@@ -81,7 +111,22 @@ class Prober(Protocol):
 
     async def probe(self, target: ProbeTarget) -> ProbeResult: ...
 
-    async def verify(self, target: ProbeTarget) -> ProbeResult: ...
+    async def verify(self, target: ProbeTarget, question: Question) -> ProbeResult: ...
+
+
+class ProbeWrapper(Protocol):
+    """A feature that takes part in every scheduled probe (the engine checks: docs/design.md
+    §14). The runtime is given it by ``app.assemble``."""
+
+    @property
+    def engines(self) -> Mapping[str, str]:
+        """The engine detected per endpoint key, read by the request body of a target
+        with ``engine: auto`` (its cache bypass: docs/design.md §14.4)."""
+        ...
+
+    def wrap(self, prober: Prober) -> ProbeFn:
+        """The scheduler's probe function, probing through ``prober``."""
+        ...
 
 
 class MicroProbe:
@@ -106,41 +151,40 @@ class MicroProbe:
         """Probe once; the result arrives within ``target.timeout_s`` (plus scheduling)."""
         return await self._run(target, None)
 
-    async def verify(self, target: ProbeTarget) -> ProbeResult:
-        """A known-answer probe (``target.verify``; a plain probe without it): TTFT and
-        outcome as ``probe``, then the rest of the answer (``ProbeResult.answer``), read
-        within one more ``timeout`` after the first token."""
-        if target.verify is None:
-            return await self.probe(target)
-        return await self._run(target, AnswerReader(target.api))
+    async def verify(self, target: ProbeTarget, question: Question) -> ProbeResult:
+        """A known-answer probe asking ``question``: TTFT and outcome as ``probe``, then
+        the rest of the answer (``ProbeResult.answer``), read within one more ``timeout``
+        after the first token."""
+        return await self._run(target, question)
 
     def engine_of(self, target: ProbeTarget) -> str | None:
         return self._engines.get(target.key) if target.engine == "auto" else target.engine
 
-    async def _run(self, target: ProbeTarget, reader: AnswerReader | None) -> ProbeResult:
+    async def _run(self, target: ProbeTarget, question: Question | None) -> ProbeResult:
         """One probe. A request that fails before any answer on a *reused* keep-alive
         connection the server had already closed (llama.cpp closes the connection after
         every streamed answer despite ``Keep-Alive``; aiohttp cannot know) is sent once
         more on a new connection: the engine never saw it, so that is no retry of a failed
         probe. Its timing starts with the resend."""
-        result = await self._attempt(target, reader)
+        result = await self._attempt(target, question)
         if result is None:
             self.stale_resends += 1
-            result = await self._attempt(target, reader, resend=True)
+            result = await self._attempt(target, question, resend=True)
         assert result is not None
         return result
 
     async def _attempt(
-        self, target: ProbeTarget, reader: AnswerReader | None, *, resend: bool = False
+        self, target: ProbeTarget, question: Question | None, *, resend: bool = False
     ) -> ProbeResult | None:
         timing = _Timing(time.perf_counter())
         wall = time.time()
         answer: Answer | None = None
-        if resend and reader is not None:
-            reader = AnswerReader(target.api)
+        reader = AnswerReader(target.api) if question is not None else None
         try:
             async with asyncio.timeout(target.timeout_s) as limit:
-                outcome, status, detail = await self._exchange(target, timing, reader, limit)
+                outcome, status, detail = await self._exchange(
+                    target, timing, question, reader, limit
+                )
         except TimeoutError:
             outcome, status, detail = Outcome.TIMEOUT, None, _timeout_detail(target, timing)
             if reader is not None and timing.first_token is not None:
@@ -159,10 +203,11 @@ class MicroProbe:
         self,
         target: ProbeTarget,
         timing: _Timing,
+        question: Question | None = None,
         reader: AnswerReader | None = None,
         limit: asyncio.Timeout | None = None,
     ) -> tuple[Outcome, int | None, str]:
-        body = probe_body(target, self.engine_of(target), verify=reader is not None)
+        body = probe_body(target, self.engine_of(target), question)
         headers = {**target.headers, PROBE_HEADER: "true", "Accept": "text/event-stream"}
         async with self._session.post(
             target.url, json=body, headers=headers, trace_request_ctx=timing
@@ -231,7 +276,7 @@ def cache_bust_for(target: ProbeTarget, engine: str | None) -> str:
 
 
 def probe_body(
-    target: ProbeTarget, engine: str | None = None, *, verify: bool = False
+    target: ProbeTarget, engine: str | None = None, question: Question | None = None
 ) -> dict[str, Any]:
     """The request body: stream, 1 token, greedy; cache busting per ``target.cache_bust``.
 
@@ -239,17 +284,16 @@ def probe_body(
     namespace, so it neither hits nor pollutes users' cached prefixes. ``cache_prompt``:
     llama.cpp's ``"cache_prompt": false`` (it reuses a slot's cached prefix otherwise).
     ``prefix``: a random nonce in front of the prompt does the same on any engine (a few
-    more prompt tokens). ``verify``: the known-answer form (``target.verify``): its prompt,
-    ``max_tokens``, log-probabilities and token ids asked for; never a nonce prefix, which
-    would change the answer (the salt and cache_prompt do not).
+    more prompt tokens). ``question``: the known-answer form: its prompt, ``max_tokens``,
+    log-probabilities and token ids asked for; never a nonce prefix, which would change
+    the answer (the salt and cache_prompt do not).
     """
     nonce = secrets.token_hex(6)
     bust = cache_bust_for(target, engine)
-    spec = target.verify if verify else None
-    prompt = spec.prompt if spec is not None else target.prompt
-    if bust == "prefix" and spec is None:
+    prompt = question.prompt if question is not None else target.prompt
+    if bust == "prefix" and question is None:
         prompt = f"{nonce} {prompt}"
-    max_tokens = spec.max_tokens if spec is not None else 1
+    max_tokens = question.max_tokens if question is not None else 1
     body: dict[str, Any] = {"stream": True, "max_tokens": max_tokens, "temperature": 0, "top_p": 1}
     if target.model:
         body["model"] = target.model
@@ -261,7 +305,7 @@ def probe_body(
         body["cache_salt"] = nonce
     elif bust == "cache_prompt":
         body["cache_prompt"] = False
-    if spec is not None:
+    if question is not None:
         body.update(answer_request(target.api))
         if engine == "vllm":
             body["return_token_ids"] = True  # vLLM >= 0.10; ids show token-0 garbage

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llm_health.model.outcome import Outcome, ProbeResult
-from llm_health.probe.client import MicroProbe
+from llm_health.probe.client import Asked, MicroProbe, Question
 from llm_health.probe.signals import FIRST_TOKEN
 from llm_health.probe.target import ProbeTarget
 from llm_health.probe.wire import FrameError, FrameReader, Message, Outbox
@@ -54,7 +54,7 @@ HEARTBEAT_S = 0.02  # a worker says how late it runs this often (probe.worker)
 @dataclass(slots=True)
 class _Pending:
     target: ProbeTarget
-    verify: bool
+    question: Asked | None  # a known-answer probe's
     future: asyncio.Future[ProbeResult]
     token: asyncio.Event | None
     sent_at: float
@@ -128,25 +128,22 @@ class WorkerPool:
         await asyncio.gather(*(self._stop(w) for w in self._workers))
 
     async def probe(self, target: ProbeTarget) -> ProbeResult:
-        return await self._run(target, verify=False)
+        return await self._run(target, None)
 
-    async def verify(self, target: ProbeTarget) -> ProbeResult:
-        if target.verify is None:
-            return await self.probe(target)
-        return await self._run(target, verify=True)
+    async def verify(self, target: ProbeTarget, question: Question) -> ProbeResult:
+        return await self._run(target, Asked(question.prompt, question.max_tokens))
 
     # --- one probe ----------------------------------------------------------------------
 
-    async def _run(self, target: ProbeTarget, *, verify: bool) -> ProbeResult:
+    async def _run(self, target: ProbeTarget, question: Asked | None) -> ProbeResult:
         worker = self._workers[_shard(target.key, len(self._workers))]
         if worker.broken or worker.outbox is None:
-            fallback = self._fallback.verify if verify else self._fallback.probe
-            return await fallback(target)
+            return await self._in_process(target, question)
         self._ids += 1
         probe_id = self._ids
         pending = _Pending(
             target,
-            verify,
+            question,
             asyncio.get_running_loop().create_future(),
             FIRST_TOKEN.get(),
             time.perf_counter(),
@@ -155,7 +152,7 @@ class WorkerPool:
         self._send(worker, target, probe_id, pending)
         # A probe may take its timeout twice (a resend after a dead pooled connection),
         # a known-answer probe once more for the rest of its answer.
-        budget = target.timeout_s * (4 if verify else 2) + GRACE_S
+        budget = target.timeout_s * (4 if question is not None else 2) + GRACE_S
         try:
             async with asyncio.timeout(budget):
                 return await asyncio.shield(pending.future)
@@ -178,7 +175,7 @@ class WorkerPool:
             worker.targets[target.key] = target
             worker.outbox.put(("target", target.key, target))
         engine = self._engines.get(target.key) if target.engine == "auto" else None
-        worker.outbox.put(("probe", probe_id, target.key, engine, pending.verify))
+        worker.outbox.put(("probe", probe_id, target.key, engine, pending.question))
 
     # --- from the workers ---------------------------------------------------------------
 
@@ -269,8 +266,14 @@ class WorkerPool:
                 continue
             if pending.token is not None:
                 pending.token.set()
-            run = self._fallback.verify if pending.verify else self._fallback.probe
-            _chain(asyncio.ensure_future(run(pending.target)), pending.future)
+            run = self._in_process(pending.target, pending.question)
+            _chain(asyncio.ensure_future(run), pending.future)
+
+    async def _in_process(self, target: ProbeTarget, question: Asked | None) -> ProbeResult:
+        """The probe run by the fallback ``MicroProbe``, on this loop."""
+        if question is None:
+            return await self._fallback.probe(target)
+        return await self._fallback.verify(target, question)
 
     def _kill(self, worker: _Worker) -> None:
         if worker.process is not None and worker.process.returncode is None:

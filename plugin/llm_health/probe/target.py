@@ -25,36 +25,15 @@ ENGINES = ("vllm", "sglang", "tgi", "trtllm", "llamacpp", "openai")
 
 
 @dataclass(frozen=True, slots=True)
-class VerifySpec:
-    """``probe.verify``: every ``every_s`` one probe of the endpoint asks ``prompt`` at
-    temperature 0 for ``max_tokens`` tokens and its answer is judged (docs/design.md §14).
-    ``expect``: a regex the answer must match; None: the cluster's consensus."""
-
-    every_s: float
-    prompt: str
-    max_tokens: int
-    expect: re.Pattern[str] | None
-
-
-@dataclass(frozen=True, slots=True)
-class MetricsSpec:
-    """``probe.engine_metrics``: the engine's own Prometheus metrics, read every
-    ``interval_s`` from ``path``; a queue of ``queue_threshold`` waiting requests or a KV
-    cache ``kv_cache_threshold`` full makes the endpoint DEGRADED (saturated)."""
-
-    path: str
-    interval_s: float
-    queue_threshold: float
-    kv_cache_threshold: float
-
-
-@dataclass(frozen=True, slots=True)
 class ProbeTarget:
     """One endpoint's probe. ``headers`` may hold secrets: repr hides them, never log them.
     ``secrets``: every configured secret value (``model.redact.secret_forms``), removed
     from whatever the backend answers before it becomes a result's ``detail``.
 
     Units: seconds. ``key`` ("cluster/address") identifies the endpoint everywhere.
+    The engine checks' own settings (``probe.verify``, ``probe.engine_metrics``) are not
+    here: they reach the checks per cluster (``engines.settings``), and a known-answer
+    probe is asked its question by them (``probe.client.Question``).
     """
 
     cluster: str
@@ -75,8 +54,6 @@ class ProbeTarget:
     act_on_silence: bool = True  # see ``silence_after_s``
     silence_degrade: float | None = None
     engine: str = "auto"  # one of ENGINES, or "auto" (detected: probe.engine)
-    verify: VerifySpec | None = None
-    metrics: MetricsSpec | None = None
     models_path: str | None = "/v1/models"  # the served-model check (None: never)
 
     @property

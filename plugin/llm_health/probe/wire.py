@@ -8,7 +8,8 @@ second cost a few hundred writes, not thousands.
 
 Messages, runtime -> worker:
   ("target", key, ProbeTarget)          the settings for an endpoint (sent on change)
-  ("probe", id, key, engine, verify)    probe it now (verify: a known-answer probe)
+  ("probe", id, key, engine, question)  probe it now (question: a known-answer probe's
+                                        ``client.Asked``, or None)
   ("cancel", id)                        the runtime gave up on that probe
 Worker -> runtime:
   ("ready", 0)                          its loop and HTTP session are up

@@ -22,7 +22,7 @@ import os
 import sys
 
 from llm_health.model.outcome import ProbeResult
-from llm_health.probe.client import MicroProbe, new_session
+from llm_health.probe.client import Asked, MicroProbe, new_session
 from llm_health.probe.lag import LoopLagMonitor
 from llm_health.probe.signals import FIRST_TOKEN
 from llm_health.probe.target import ProbeTarget
@@ -59,21 +59,24 @@ class Worker:
         if kind == "target":
             self._targets[message[1]] = message[2]
         elif kind == "probe":
-            _, probe_id, key, engine, verify = message
+            _, probe_id, key, engine, question = message
             if engine is not None:
                 self._engines[key] = engine
-            task = asyncio.ensure_future(self._probe(probe_id, self._targets[key], verify))
+            task = asyncio.ensure_future(self._probe(probe_id, self._targets[key], question))
             self._running[probe_id] = task
         elif kind == "cancel":
             running = self._running.get(message[1])
             if running is not None:
                 running.cancel()
 
-    async def _probe(self, probe_id: int, target: ProbeTarget, verify: bool) -> None:
+    async def _probe(self, probe_id: int, target: ProbeTarget, question: Asked | None) -> None:
         reset = FIRST_TOKEN.set(_TokenNotice(self._outbox, probe_id))
         try:
-            probe = self._prober.verify if verify else self._prober.probe
-            result: ProbeResult = await probe(target)
+            result: ProbeResult = await (
+                self._prober.verify(target, question)
+                if question is not None
+                else self._prober.probe(target)
+            )
             self._outbox.put(("result", probe_id, result, self._prober.stale_resends))
         except Exception as exc:  # a bug here must not leave the runtime waiting
             log.exception("probe failed inside the worker")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from llm_health.model.causes import Cause
 from llm_health.model.states import EndpointKey, State
-from llm_health.remediation.settings import Limits, Rule
+from llm_health.remediation.settings import LimitsConfig, RemediationConfig
 
 HOUR_S = 3600.0
 
@@ -55,12 +55,12 @@ class Ledger:
     def running_in(self, cluster: str) -> int:
         return len({key for (key, _rule) in self.running if key[0] == cluster})
 
-    def start(self, key: EndpointKey, rule: Rule, now: float) -> None:
+    def start(self, key: EndpointKey, rule: RemediationConfig, now: float) -> None:
         self.last[(key, rule.name)] = now
         self.hour.append(now)
         self.running.add((key, rule.name))
 
-    def finish(self, key: EndpointKey, rule: Rule) -> None:
+    def finish(self, key: EndpointKey, rule: RemediationConfig) -> None:
         self.running.discard((key, rule.name))
 
     def forget_before(self, now: float) -> None:
@@ -68,18 +68,19 @@ class Ledger:
             self.hour.popleft()
 
 
-def is_due(rule: Rule, candidate: Candidate) -> bool:
+def is_due(rule: RemediationConfig, candidate: Candidate) -> bool:
+    when = rule.when  # the file's words: state and cause names, compared by value
     return (
-        candidate.state is rule.state
+        candidate.state.value == when.state
         and candidate.state is not State.STARTING
         and not candidate.in_grace
-        and candidate.in_state_s >= rule.for_s
-        and (not rule.causes or candidate.cause in rule.causes)
+        and candidate.in_state_s >= when.for_
+        and (not when.causes or candidate.cause.value in when.causes)
     )
 
 
 def refusal(
-    ledger: Ledger, candidate: Candidate, rule: Rule, limits: Limits, now: float
+    ledger: Ledger, candidate: Candidate, rule: RemediationConfig, limits: LimitsConfig, now: float
 ) -> str | None:
     """Why a due hook must not run now (None: run it). Call ``ledger.forget_before(now)``
     first."""
@@ -87,8 +88,8 @@ def refusal(
     if key in ledger.running:
         return "already running"
     last = ledger.last.get(key)
-    if last is not None and now - last < limits.cooldown_s:
-        return f"cooldown ({limits.cooldown_s:g} s)"
+    if last is not None and now - last < limits.cooldown:
+        return f"cooldown ({limits.cooldown:g} s)"
     if len(ledger.hour) >= limits.max_per_hour:
         return f"max_per_hour ({limits.max_per_hour})"
     running = ledger.running_in(candidate.cluster)

@@ -1,7 +1,7 @@
 """gRPC adapter of the admin API (``llm_health.v1.Admin``, proto/llm_health/v1/admin.proto).
 
 Thin: each method translates protobuf to domain calls on an ``AdminBackend`` (implemented
-by the app, which owns the board) and back. Errors map at this edge:
+by ``admin.component`` over the board control) and back. Errors map at this edge:
 KeyError -> NOT_FOUND, ValueError -> INVALID_ARGUMENT, ``NotReady`` -> UNAVAILABLE.
 
 Authentication: ``add_admin_service(server, servicer, token)`` wraps every method handler

@@ -12,11 +12,11 @@ HEALTHY.
 
 from __future__ import annotations
 
-from llm_health.traffic.settings import BusySettings
+from llm_health.traffic.settings import BusyConfig
 from llm_health.traffic.window import Recent
 
 
-def skip(recent: Recent, settings: BusySettings, skipped_in_a_row: int, healthy: bool) -> bool:
+def skip(recent: Recent, settings: BusyConfig, skipped_in_a_row: int, healthy: bool) -> bool:
     if not healthy or skipped_in_a_row >= settings.every - 1:
         return False
     proven = recent.successes >= settings.min_requests and recent.latest > 0

@@ -41,18 +41,18 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from llm_health import __version__
-from llm_health.app.metrics_text import (
-    EndpointCounter,
-    EndpointHistogram,
-    endpoint_labels,
-    header,
-)
 from llm_health.core.control import BoardControl, ProberStats
 from llm_health.model.board import EndpointSnapshot, HealthSnapshot
 from llm_health.model.causes import Cause
 from llm_health.model.machine import Transition
 from llm_health.model.outcome import ProbeResult
 from llm_health.model.states import EndpointKey, State
+from llm_health.ops.endpoint_series import (
+    EndpointCounter,
+    EndpointHistogram,
+    endpoint_labels,
+    header,
+)
 from llm_health.xds.stream import XdsStats
 
 TTFT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.5, 3.0)

@@ -19,9 +19,9 @@ from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
+from llm_health.engines.settings import VerifyConfig
 from llm_health.model.answer import Answer
 from llm_health.model.redact import printable_line
-from llm_health.probe.target import VerifySpec
 
 MIN_VOTERS = 3
 FRESH_EVERY = 2.5  # an answer older than this many ``every`` no longer votes
@@ -105,7 +105,7 @@ class Verifier:
         cluster: str,
         address: str,
         answer: Answer,
-        spec: VerifySpec,
+        spec: VerifyConfig,
         unhealthy_after: int,
         now: float,
         members: Collection[str],
@@ -119,9 +119,9 @@ class Verifier:
             return [Judgement(address, Verdict.GARBAGE, garbage, down=True)]
         if not answer.complete:
             return [Judgement(address, Verdict.NONE, "answer incomplete within the timeout")]
-        if spec.expect is not None:
-            found = spec.expect.search(answer.text) is not None
-            miss = f"wrong answer: {shown(answer.text)} does not match /{spec.expect.pattern}/"
+        if spec.pattern is not None:
+            found = spec.pattern.search(answer.text) is not None
+            miss = f"wrong answer: {shown(answer.text)} does not match /{spec.expect}/"
             return [self._count(cluster, address, found, miss, unhealthy_after)]
         return self._consensus(cluster, address, answer, spec, unhealthy_after, now, members)
 
@@ -152,7 +152,7 @@ class Verifier:
         cluster: str,
         address: str,
         answer: Answer,
-        spec: VerifySpec,
+        spec: VerifyConfig,
         unhealthy_after: int,
         now: float,
         members: Collection[str],
@@ -161,7 +161,7 @@ class Verifier:
         book.votes[address] = _Vote(
             normalized(answer.text), answer.first_token, answer.first_top, now
         )
-        horizon = now - FRESH_EVERY * spec.every_s
+        horizon = now - FRESH_EVERY * spec.every
         for gone in [a for a, v in book.votes.items() if a not in members or v.at < horizon]:
             del book.votes[gone]
         self._elect(book)

@@ -21,7 +21,8 @@ Who may eject (docs/design.md §7.6):
   (``hds.stats.held_verdicts``, ``held_now``), logged once, and re-checked on every
   report, so it applies as soon as there is room.
 
-Settings are read once at start (``hds:`` changes apply after a restart).
+Settings (``hds.settings.HdsConfig``) are read once at start (``hds:`` changes apply
+after a restart).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import grpc
 from llm_health.core.control import BoardControl
 from llm_health.hds.fleet import Target
 from llm_health.hds.service import HdsService
-from llm_health.hds.settings import HdsSettings
+from llm_health.hds.settings import HdsConfig
 from llm_health.model.board import Board, HealthSnapshot
 from llm_health.model.machine import Transition
 from llm_health.model.states import EndpointKey, State
@@ -72,7 +73,7 @@ class HdsComponent:
 
     def __init__(
         self,
-        settings: HdsSettings,
+        settings: HdsConfig,
         control: BoardControl,
         clock: Callable[[], float] = time.monotonic,
         *,
@@ -86,7 +87,7 @@ class HdsComponent:
         self._wake = asyncio.Event()
         self._capped = not authenticated
         self._held: set[EndpointKey] = set()
-        self.tick_s = min(MAX_TICK_S, settings.report_interval_s / 2)
+        self.tick_s = min(MAX_TICK_S, settings.report_interval / 2)
         self.service = HdsService(
             settings,
             endpoints=endpoints_of(control.published()),

@@ -1,99 +1,3 @@
-"""``GET /`` on the HTTP port: a live, read-only status page for humans (a browser or a
-phone). One self-contained HTML document, no CDN, no internet: its CSS and JS are inline
-and allowed by their SHA-256 hashes in a strict Content-Security-Policy (nothing else may
-run or load; ``connect-src 'self'`` lets the script poll ``/status`` every second).
-
-Every text from the status document (cluster and endpoint names, reasons, probe details:
-they may quote what a backend answered) goes into the page through ``textContent``, never
-as markup. TTFT sparklines are SVG built from the last :data:`SPARK_POINTS` probes the
-page itself has seen (kept client-side across polls; a reload starts them anew).
-
-Like ``/status`` it has no authentication: the HTTP port is meant for loopback or a
-trusted network (docs/design.md §5).
-"""
-
-from __future__ import annotations
-
-import base64
-import hashlib
-
-from aiohttp import web
-
-POLL_MS = 1000
-SPARK_POINTS = 30
-
-_CSS = """
-:root{--bg:#f6f7f9;--fg:#1b1f24;--muted:#5b6470;--card:#fff;--line:#dde1e6;
---ok:#1a7f37;--ok-bg:#dafbe1;--warn:#9a6700;--warn-bg:#fff1c2;--bad:#c9212b;
---bad-bg:#ffe0e0;--start:#0b5cad;--start-bg:#ddeeff;--drain:#6e40c9;--drain-bg:#eee5ff}
-@media (prefers-color-scheme:dark){:root{--bg:#0f1216;--fg:#e6e9ed;--muted:#98a2ad;
---card:#171b21;--line:#2a3038;--ok:#4ac26b;--ok-bg:#12361f;--warn:#e3b341;
---warn-bg:#3a2e0c;--bad:#ff6b6b;--bad-bg:#431a1c;--start:#6cb6ff;--start-bg:#13304f;
---drain:#b392f0;--drain-bg:#2d2245}}
-*{box-sizing:border-box}
-body{margin:0;background:var(--bg);color:var(--fg);
-font:14px/1.4 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif}
-header{position:sticky;top:0;z-index:1;background:var(--card);
-border-bottom:1px solid var(--line);padding:8px 16px;display:flex;flex-wrap:wrap;
-gap:6px 16px;align-items:center}
-h1{font-size:17px;margin:0}
-h2{font-size:15px;margin:0;overflow-wrap:anywhere}
-.muted{color:var(--muted)}
-.small{font-size:12px}
-.mono{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;
-overflow-wrap:anywhere}
-#conn{font-weight:600}
-#conn.live{color:var(--ok)}
-#conn.stale{color:var(--bad)}
-main{padding:12px 16px;max-width:1400px;margin:0 auto}
-section.cluster{background:var(--card);border:1px solid var(--line);border-radius:8px;
-margin:0 0 14px;overflow:hidden}
-.chead{display:flex;flex-wrap:wrap;gap:4px 14px;align-items:baseline;padding:10px 12px;
-border-bottom:1px solid var(--line)}
-table{width:100%;border-collapse:collapse}
-th{text-align:left;font-size:12px;font-weight:600;color:var(--muted);
-padding:6px 10px;border-bottom:1px solid var(--line);white-space:nowrap}
-td{padding:7px 10px;border-bottom:1px solid var(--line);vertical-align:top}
-tr:last-child td{border-bottom:0}
-tr.ep{border-left:4px solid transparent}
-tr.ep.s-healthy{border-left-color:var(--ok)}
-tr.ep.s-degraded{border-left-color:var(--warn)}
-tr.ep.s-unhealthy{border-left-color:var(--bad)}
-tr.ep.s-starting{border-left-color:var(--start)}
-tr.ep.s-draining{border-left-color:var(--drain)}
-.badge{display:inline-block;padding:1px 8px;border-radius:10px;font-weight:600;
-font-size:12px;white-space:nowrap;background:var(--line)}
-.b-healthy,.b-fast,.b-HEALTHY{background:var(--ok-bg);color:var(--ok)}
-.b-degraded,.b-slow{background:var(--warn-bg);color:var(--warn)}
-.b-unhealthy,.b-fatal,.b-error,.b-timeout,.b-overloaded,.b-UNHEALTHY{
-background:var(--bad-bg);color:var(--bad)}
-.b-starting{background:var(--start-bg);color:var(--start)}
-.b-draining,.b-DRAINING,.b-flag{background:var(--drain-bg);color:var(--drain)}
-.reason{overflow-wrap:anywhere;max-width:40em}
-.addr{white-space:nowrap}
-.detail{overflow-wrap:anywhere;display:-webkit-box;-webkit-box-orient:vertical;
--webkit-line-clamp:2;overflow:hidden;max-width:28em}
-.flags .badge{margin:0 4px 2px 0}
-svg.spark{display:block;width:130px;height:30px}
-svg.spark polyline{fill:none;stroke:var(--start);stroke-width:1.5}
-svg.spark .fail{stroke:var(--bad);stroke-width:2}
-svg.spark .last{fill:var(--start)}
-#error{display:none;background:var(--bad-bg);color:var(--bad);padding:8px 16px}
-#error.on{display:block}
-@media (max-width:760px){
-header{padding:8px 10px;position:static}main{padding:8px}
-thead{display:none}
-table,tbody,tr,td{display:block;width:100%}
-tr.ep{border-bottom:1px solid var(--line);padding:4px 0}
-td{border:0;padding:3px 10px;display:flex;gap:10px}
-td::before{content:attr(data-label);flex:0 0 6.5em;color:var(--muted);font-size:12px;
-font-weight:600}
-td>div{min-width:0;flex:1}
-.addr{white-space:normal;overflow-wrap:anywhere}
-}
-"""
-
-_JS = """
 "use strict";
 (function () {
   var POLL_MS = __POLL_MS__, MAX_POINTS = __POINTS__, STALE_MS = 3000;
@@ -270,8 +174,8 @@ _JS = """
       seen.add(name);
       main.appendChild(c.section);  // (re)placed in the document's order
       c.meta.textContent = (cd.warm ? "warm" : "not warm yet") +
-        (cd.envoy_version ? " \\u00b7 version " + cd.envoy_version : "") +
-        " \\u00b7 " + (cd.endpoints || []).length + " endpoint(s)";
+        (cd.envoy_version ? " \u00b7 version " + cd.envoy_version : "") +
+        " \u00b7 " + (cd.endpoints || []).length + " endpoint(s)";
       (cd.endpoints || []).forEach(function (e) {
         var address = String(e.address), key = name + "|" + address, r = row(c, address);
         var state = known(e.state, STATES), probe = e.last_probe, envoy = e.envoy || {};
@@ -285,7 +189,7 @@ _JS = """
         if (owner && owner.owner) {
           who.push(el("div", "small muted", "owner " + owner.owner +
             (typeof owner.verdict_age_s === "number" && owner.verdict_age_s > 0
-              ? " \\u00b7 verdict " + owner.verdict_age_s.toFixed(1) + " s old" : "")));
+              ? " \u00b7 verdict " + owner.verdict_age_s.toFixed(1) + " s old" : "")));
         }
         fill(r.cells[0], who);
         fill(r.cells[1], [badge(String(e.state), state),
@@ -298,7 +202,7 @@ _JS = """
           envoy.lb_label ? el("div", "small muted", "label " + envoy.lb_label) : null]);
         fill(r.cells[3], probe ? [badge(String(probe.outcome), known(probe.outcome, OUTCOMES)),
           el("div", "small", "TTFT " + ms(probe.ttft_ms) +
-            (probe.status ? " \\u00b7 HTTP " + probe.status : "")),
+            (probe.status ? " \u00b7 HTTP " + probe.status : "")),
           probe.detail ? detail(probe.detail) : null]
           : [el("span", "muted", "no probe yet")]);
         fill(r.cells[4], [spark(remember(key, probe))]);
@@ -314,7 +218,7 @@ _JS = """
       if (!seen.has(name)) { c.section.remove(); clusters.delete(name); }
     });
     $("summary").textContent = STATES.filter(function (s) { return counts[s]; })
-      .map(function (s) { return counts[s] + " " + s; }).join(" \\u00b7 ") || "no endpoints";
+      .map(function (s) { return counts[s] + " " + s; }).join(" \u00b7 ") || "no endpoints";
     var parts = ["revision " + String(doc.revision), "generated " + String(doc.generated_at)];
     if (fleet) {
       parts.push("fleet " + String(fleet.mode) + " (" + String(fleet.members) +
@@ -330,13 +234,13 @@ _JS = """
       });
       parts.push("xDS " + x.pushes + " pushes, " + x.acks + " acks, " + x.nacks + " nacks");
     }
-    $("meta").textContent = parts.join(" \\u00b7 ");
+    $("meta").textContent = parts.join(" \u00b7 ");
   }
 
   function connection() {
     var fresh = page.lastOk && Date.now() - page.lastOk < STALE_MS;
     $("conn").className = fresh ? "live" : "stale";
-    $("conn").textContent = fresh ? "\\u25cf live" : "\\u25cf stale";
+    $("conn").textContent = fresh ? "\u25cf live" : "\u25cf stale";
   }
 
   function poll() {
@@ -369,62 +273,3 @@ _JS = """
   connection();
   poll();
 })();
-""".replace("__POLL_MS__", str(POLL_MS)).replace("__POINTS__", str(SPARK_POINTS))
-
-_HTML = """<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<meta name="referrer" content="no-referrer">
-<title>llm-health status</title>
-<style>__CSS__</style>
-</head>
-<body>
-<header>
-<h1>llm-health</h1>
-<span id="conn" class="stale">&#9679; connecting</span>
-<span id="summary"></span>
-<span id="meta" class="muted small"></span>
-</header>
-<div id="error" role="alert"></div>
-<main id="clusters"></main>
-<script>__JS__</script>
-</body>
-</html>
-""".replace("__CSS__", _CSS).replace("__JS__", _JS)
-
-
-def _sha256(source: str) -> str:
-    return "'sha256-" + base64.b64encode(hashlib.sha256(source.encode()).digest()).decode() + "'"
-
-
-CONTENT_SECURITY_POLICY = "; ".join(
-    [
-        "default-src 'none'",
-        f"script-src {_sha256(_JS)}",
-        f"style-src {_sha256(_CSS)}",
-        "connect-src 'self'",
-        "img-src 'self'",  # the browser's own /favicon.ico request (a 404)
-        "base-uri 'none'",
-        "form-action 'none'",
-        "frame-ancestors 'none'",
-    ]
-)
-"""Only the page's own inline script and style (by hash) run; it may fetch from its own
-origin and nothing else (no frames, forms, plugins, fonts or other origins)."""
-
-HEADERS = {
-    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
-    "X-Content-Type-Options": "nosniff",
-    "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-store",
-}
-
-PAGE = _HTML.encode()
-
-
-async def status_page(_request: web.Request) -> web.Response:
-    """``GET /``: the page (static: it reads ``/status`` itself)."""
-    return web.Response(body=PAGE, content_type="text/html", charset="utf-8", headers=dict(HEADERS))

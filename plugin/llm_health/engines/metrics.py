@@ -1,7 +1,7 @@
 """An engine's own load, read from its Prometheus metrics (pure; docs/design.md §14.3).
 
-Parsed with prometheus-client's text parser. The engine is recognised by its metric
-names (docs/engines.md):
+Parsed with prometheus-client's text parser into ``model.engine_load.EngineLoad``. The
+engine is recognised by its metric names (``engines.detect``; docs/engines.md):
 
 | engine    | waiting requests             | KV cache used (fraction)                     |
 |-----------|------------------------------|----------------------------------------------|
@@ -22,14 +22,10 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from llm_health.engines.detect import engine_of_names
+from llm_health.model.engine_load import EngineLoad, Histogram
+
 MAX_DOCUMENT = 4 * 1024 * 1024  # bytes of /metrics read at most
-_PREFIXES = (
-    ("vllm:", "vllm"),
-    ("sglang:", "sglang"),
-    ("llamacpp:", "llamacpp"),
-    ("tgi_", "tgi"),
-    ("nv_trt_llm_", "trtllm"),
-)
 _WAITING = {
     "vllm": ("vllm:num_requests_waiting",),
     "sglang": ("sglang:num_queue_reqs",),
@@ -53,37 +49,8 @@ _KV_CACHE = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Histogram:
-    """A Prometheus histogram: upper bounds (ascending, the last +Inf) and the cumulative
-    count at each."""
-
-    bounds: tuple[float, ...]
-    cumulative: tuple[float, ...]
-
-
 class MetricsError(ValueError):
     """The document could not be read as Prometheus text (the message says why)."""
-
-
-@dataclass(frozen=True, slots=True)
-class EngineLoad:
-    """``engine``: recognised from the names (None: unknown). Figures are None when the
-    engine does not export them."""
-
-    engine: str | None
-    waiting: float | None = None
-    running: float | None = None
-    kv_cache: float | None = None
-    ttft: Histogram | None = None  # the engine's TTFT histogram, cumulative, all series added
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "engine": self.engine,
-            "waiting": self.waiting,
-            "running": self.running,
-            "kv_cache": self.kv_cache,
-        }
 
 
 _WANTED = tuple(
@@ -135,7 +102,7 @@ def _select(text: str, *, ttft: bool = True) -> tuple[str | None, list[str]]:
     for line in text.splitlines():
         name = line[7:] if line.startswith(("# TYPE ", "# HELP ")) else line
         if engine is None:
-            engine = detect_engine({name})
+            engine = engine_of_names((name,))
         if name.startswith(wanted):
             lines.append(line)
     return engine, lines
@@ -152,14 +119,6 @@ def _histogram(buckets: dict[float, float]) -> Histogram | None:
     if any(later < earlier for earlier, later in itertools.pairwise(counts)):
         return None
     return Histogram(bounds, counts)
-
-
-def detect_engine(names: dict[str, list[float]] | set[str]) -> str | None:
-    for name in names:
-        for prefix, engine in _PREFIXES:
-            if name.startswith(prefix):
-                return engine
-    return None
 
 
 def _first(values: dict[str, list[float]], names: tuple[str, ...], fold: object) -> float | None:

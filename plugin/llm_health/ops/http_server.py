@@ -1,5 +1,5 @@
 """The plugin's HTTP port: /livez, /readyz, /status, /metrics (docs/design.md §5), and the live
-status page at / (app/statuspage.py). Thin: reads the runtime."""
+status page at / (ops/status_page.py). Thin: reads the runtime."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_server import Server
 
-from llm_health.app.logs import install_peer_input_filter
-from llm_health.app.statuspage import status_page
-from llm_health.config import split_address
+from llm_health.core.addresses import split_address
+from llm_health.ops.logging_setup import install_peer_input_filter
+from llm_health.ops.status_page import status_page
 
 HEADER_TIMEOUT_S = 10.0
 """A request head (request line + headers) must be complete this long after its first
@@ -78,7 +78,7 @@ async def start_http(
     Hostile clients are bounded: a request head must arrive within ``header_timeout_s``,
     an idle keep-alive connection is closed after ``keepalive_timeout_s``, at most
     ``max_connections`` are open (more are closed at once), and a malformed request gets
-    aiohttp's 400 without an error-level traceback (``logs.PeerInputFilter``).
+    aiohttp's 400 without an error-level traceback (``logging_setup.PeerInputFilter``).
     """
     install_peer_input_filter()
     limits = _Limits(header_timeout_s, max_connections)

@@ -9,7 +9,8 @@
 - Every second, for the endpoints this replica probes (fleet mode: owns), judges the
   window (``traffic.quality``): over a limit → the board's "quality" limit (DEGRADED,
   cause ``quality``), lifted when the window is within limits again.
-- ``skip``: the scheduler's busy rule (``probe.backoff_when_busy``).
+- ``skip``: the scheduler's busy rule (``probe.backoff_when_busy``): this component is
+  the runtime's ``core.component.SkipRule``.
 
 In fleet mode each replica's Envoy streams to its own replica; the owner judges with the
 share of the traffic its own gateway routed (docs/design.md §15.5).
@@ -26,19 +27,20 @@ from typing import Any
 
 import grpc
 
+from llm_health.core.component import ProbeSlot
 from llm_health.core.control import BoardControl
 from llm_health.model.board import Board
 from llm_health.model.causes import Cause
+from llm_health.model.engine_load import EngineLoad, Histogram
 from llm_health.model.machine import Transition
 from llm_health.model.outcome import ProbeResult
 from llm_health.model.states import State
-from llm_health.probe.engine_metrics import EngineLoad, Histogram
 from llm_health.probe.target import ProbeTarget
 from llm_health.servers.accesslog import add_access_log_servicer
 from llm_health.traffic.busy import skip as busy_skip
 from llm_health.traffic.entries import Request
 from llm_health.traffic.quality import note, verdict
-from llm_health.traffic.settings import BusySettings, QualitySettings
+from llm_health.traffic.settings import BusyConfig, QualityConfig
 from llm_health.traffic.stream import LogStreams
 from llm_health.traffic.ttft import delta
 from llm_health.traffic.window import Counts, Window
@@ -47,8 +49,7 @@ QUALITY_LIMIT = "quality"
 JUDGE_EVERY_S = 1.0
 MAX_PENDING_PROBES = 64  # probe TTFTs remembered per endpoint between two metric reads
 log = logging.getLogger("llm_health")
-Settings = Callable[[], Mapping[str, tuple[QualitySettings | None, BusySettings | None]]]
-StateOf = Callable[[str, str], State | None]
+Sections = Mapping[str, tuple[QualityConfig | None, BusyConfig | None]]  # per cluster
 
 
 @dataclasses.dataclass(slots=True)
@@ -73,20 +74,18 @@ class TrafficComponent:
     def __init__(
         self,
         control: BoardControl,
-        settings: Settings,
+        settings: Callable[[], Sections],
         targets: list[ProbeTarget],
-        state_of: StateOf,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._control = control
         self._settings = settings
-        self._state_of = state_of
         self._clock = clock
         self._endpoints: dict[tuple[str, str], _Endpoint] = {}
         self._probed: set[tuple[str, str]] = set()
         self._counters = _Counters()
         self.streams = LogStreams(self.record, clock)
-        self._cached: Mapping[str, tuple[QualitySettings | None, BusySettings | None]] = {}
+        self._cached: Sections = {}
         self.set_targets(targets)
         control.on_probe(self._probe_seen)
 
@@ -101,7 +100,7 @@ class TrafficComponent:
             del self._endpoints[key]
         for key, target in wanted.items():
             quality = self._quality(target.cluster)
-            span = quality.window_s if quality is not None else 60.0
+            span = quality.window if quality is not None else 60.0
             entry = self._endpoints.get(key)
             if entry is None or entry.window.window_s != span:
                 self._endpoints[key] = _Endpoint(Window(span, target.timeout_s))
@@ -111,10 +110,10 @@ class TrafficComponent:
     def set_probed(self, targets: list[ProbeTarget]) -> None:
         self._probed = {(t.cluster, t.address) for t in targets}
 
-    def _quality(self, cluster: str) -> QualitySettings | None:
+    def _quality(self, cluster: str) -> QualityConfig | None:
         return self._cached.get(cluster, (None, None))[0]
 
-    def _busy(self, cluster: str) -> BusySettings | None:
+    def _busy(self, cluster: str) -> BusyConfig | None:
         return self._cached.get(cluster, (None, None))[1]
 
     # --- inputs -----------------------------------------------------------------------
@@ -156,13 +155,13 @@ class TrafficComponent:
 
     # --- the scheduler's busy rule ----------------------------------------------------
 
-    def skip(self, target: ProbeTarget) -> bool:
+    def skip(self, target: ProbeSlot) -> bool:
         """Whether the scheduler may leave out this slot's probe (backoff_when_busy)."""
         settings = self._busy(target.cluster)
         entry = self._endpoints.get((target.cluster, target.address))
         if settings is None or entry is None:
             return False
-        healthy = self._state_of(target.cluster, target.address) is State.HEALTHY
+        healthy = self._control.probe_state(target.cluster, target.address) is State.HEALTHY
         recent = entry.window.recent(self._clock(), target.interval_s)
         if busy_skip(recent, settings, entry.skipped_in_a_row, healthy):
             entry.skipped_in_a_row += 1
@@ -222,7 +221,7 @@ class TrafficComponent:
         endpoints: dict[str, Any] = {}
         clusters: dict[str, Counts] = {}
         for (cluster, address), entry in sorted(self._endpoints.items()):
-            if self._state_of(cluster, address) is None:
+            if self._control.probe_state(cluster, address) is None:
                 continue  # gone from the board before the catalog said so
             counts = entry.window.counts(now)
             quality = self._quality(cluster)

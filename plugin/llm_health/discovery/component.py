@@ -1,12 +1,13 @@
 """The ``discovery`` component: one ``discovery.Watcher`` per cluster with ``discovery:``,
 following reloads (docs/design.md §11).
 
-A watcher's new set goes to the ``EndpointCatalog`` (board + prober); its faults and
-recoveries become notices (alerts ``discovery_failed`` / ``discovery_recovered``). After
-every change of the endpoint set or the config (the catalog tells), the watchers are
-brought in line with the config in force: a cluster whose ``discovery:`` changed gets a
-new watcher (its last found set stays until the new one answers), a cluster that lost it
-forgets what DNS gave it (those endpoints drain out).
+A watcher's new set goes to the endpoint set (``EndpointSet``: the app's catalog, board +
+prober); its faults and recoveries become notices (alerts ``discovery_failed`` /
+``discovery_recovered``). After every change of the endpoint set or the config (the
+endpoint set tells), the watchers are brought in line with the config in force: a
+cluster whose ``discovery:`` changed gets a new watcher (its last found set stays until
+the new one answers), a cluster that lost it forgets what DNS gave it (those endpoints
+drain out).
 """
 
 from __future__ import annotations
@@ -14,22 +15,39 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 import grpc
 
 from llm_health.core.component import Job
-from llm_health.app.endpoints import EndpointCatalog
 from llm_health.core.control import BoardControl, Notice
 from llm_health.discovery.answers import DnsFault
 from llm_health.discovery.lookup import DnsLookup
-from llm_health.discovery.settings import DiscoverySettings, DnsSettings
+from llm_health.discovery.settings import DiscoveryConfig, DnsConfig
 from llm_health.discovery.watcher import Watcher
+from llm_health.model.board import EndpointSpec
 
-Settings = Callable[[], tuple[DnsSettings, tuple[DiscoverySettings, ...]]]
+# The config in force: ``dns:`` and every cluster's ``discovery:`` by cluster name.
+Settings = Callable[[], tuple[DnsConfig, Mapping[str, DiscoveryConfig]]]
 RESTART_AFTER_S = 5.0
 log = logging.getLogger("llm_health")
+
+
+class EndpointSet(Protocol):
+    """What discovery needs of the endpoint set (the app's ``EndpointCatalog``,
+    docs/design.md §11.4): the found sets it holds, hand a new one on, forget clusters
+    that lost ``discovery:``, and hear of every change of the endpoint set."""
+
+    @property
+    def discovered(self) -> Mapping[str, tuple[EndpointSpec, ...]]: ...
+
+    # The listener gets the new probe targets; discovery only needs to be woken.
+    def on_targets(self, listener: Callable[[list[Any]], None]) -> None: ...
+
+    async def set_discovered(self, cluster: str, endpoints: tuple[EndpointSpec, ...]) -> None: ...
+
+    async def forget(self, clusters: set[str]) -> None: ...
 
 
 class DiscoveryComponent:
@@ -38,7 +56,7 @@ class DiscoveryComponent:
     def __init__(
         self,
         settings: Settings,
-        catalog: EndpointCatalog,
+        catalog: EndpointSet,
         control: BoardControl,
         *,
         wall_clock: Callable[[], float] = time.time,
@@ -47,7 +65,7 @@ class DiscoveryComponent:
         self._catalog = catalog
         self._control = control
         self._wall_clock = wall_clock
-        self._dns: DnsSettings | None = None
+        self._dns: DnsConfig | None = None
         self._lookup: DnsLookup | None = None
         self._watchers: dict[str, tuple[Watcher, asyncio.Task[None]]] = {}
         self._changed = asyncio.Event()
@@ -85,8 +103,7 @@ class DiscoveryComponent:
                 task.cancel()
 
     async def _sync(self) -> None:
-        dns, wanted_list = self._settings()
-        wanted = {d.cluster: d for d in wanted_list}
+        dns, wanted = self._settings()
         if dns != self._dns:
             self._dns, self._lookup = dns, DnsLookup(dns)
             self._stop(set(self._watchers))  # new servers: every name asked again
@@ -99,22 +116,23 @@ class DiscoveryComponent:
         gone = {c for c in self._catalog.discovered if c not in wanted}
         for cluster, settings in wanted.items():
             if cluster not in self._watchers:
-                self._start(settings)
+                self._start(cluster, settings)
         if gone:
             await self._catalog.forget(gone)
 
-    def _start(self, settings: DiscoverySettings) -> None:
+    def _start(self, cluster: str, settings: DiscoveryConfig) -> None:
         assert self._lookup is not None
         watcher = Watcher(
+            cluster,
             settings,
             self._lookup.resolve,
             self._catalog.set_discovered,
             self._on_fault,
             wall_clock=self._wall_clock,
         )
-        task = asyncio.create_task(watcher.run(), name=f"discovery-{settings.cluster}")
+        task = asyncio.create_task(watcher.run(), name=f"discovery-{cluster}")
         task.add_done_callback(self._ended)
-        self._watchers[settings.cluster] = (watcher, task)
+        self._watchers[cluster] = (watcher, task)
 
     def _stop(self, clusters: set[str]) -> None:
         for cluster in clusters:

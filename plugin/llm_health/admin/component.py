@@ -1,4 +1,5 @@
-"""The admin API as a runtime component: wiring, and the backend the servicer calls.
+"""The admin API as a runtime component (docs/design.md §5.4): wiring, and the backend
+the servicer calls (``servers.admin``, the thin gRPC adapter).
 
 Where it listens (``admin`` config, read once at start):
 - ``admin.grpc`` unset: on the main gRPC server (``server.grpc``, 127.0.0.1:18000 by
@@ -20,12 +21,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 
-from llm_health.config import AdminConfig, is_local_bind
+from llm_health.admin.settings import AdminConfig
+from llm_health.core.addresses import is_local_bind
+from llm_health.core.component import Job
 from llm_health.core.control import BoardControl, OperatorAction
 from llm_health.model.board import Board, EndpointSnapshot, HealthSnapshot
 from llm_health.model.machine import Transition
@@ -45,7 +48,7 @@ log = logging.getLogger("llm_health.admin")
 
 
 class AdminComponent:
-    """``Component`` (app/component.py) and ``AdminBackend`` (servers/admin.py) in one.
+    """``Component`` (core/component.py) and ``AdminBackend`` (servers/admin.py) in one.
     ``shared_grpc``: the main gRPC server's address (``server.grpc``);
     ``shared_authenticated``: that server checks a token or client certificates on every
     call (``server.token`` / ``server.tls.client_ca``), so the admin API may share it."""
@@ -92,7 +95,7 @@ class AdminComponent:
         add_admin_service(server, servicer, self._token, self._auth)
         self.listen = shared
 
-    def tasks(self) -> list[Callable[[], Coroutine[Any, Any, None]]]:
+    def tasks(self) -> list[Job]:
         return [self._serve_own] if self._own is not None else []
 
     def status(self) -> dict[str, Any]:

@@ -1,20 +1,22 @@
-"""Authentication of the main gRPC server (``server.token``, ``server.tls``) as a component.
+"""Authentication of the main gRPC server (``server.token``, ``server.tls``): the one rule
+every gRPC surface on it uses, and the ``grpc_auth`` part of /status.
 
-Built by ``app.assemble`` from the ``server`` and ``admin`` sections; the runtime asks it
-for the interceptors and credentials when it creates the gRPC server (``security()``),
-and /status shows its ``grpc_auth`` part: ``{"mode": "bearer token" | "mtls" |
-"mtls + bearer token" | "none", "rejected_total": N}``. The token itself is never shown.
+Built by ``app.assemble`` from the ``server`` section. ``GrpcAuth.security`` is handed to
+the runtime, which calls it when it creates the gRPC server, and to ext_authz for its own
+server (``server.authz``). /status shows ``{"mode": "bearer token" | "mtls" | "mtls +
+bearer token" | "none", "rejected_total": N, "tls": bool}``. The token itself is never
+shown.
 
 - ``server.token``: one ``BearerTokenInterceptor`` guards every service on the port (xDS,
   HDS, ext_authz, and the admin API when it shares the port), loopback included, and
   the same token guards ext_authz's own port (``server.authz``) when it has one. The
-  admin API keeps its own ``admin.token`` check when one is set: its methods are then
-  exempt here (admin clients present the admin token).
+  admin API keeps its own ``admin.token`` check when one is set (``exempt_admin``): its
+  methods are then exempt here (admin clients present the admin token).
 - ``server.tls``: the port (and ``server.authz``'s) speaks TLS; with ``client_ca``
   clients need a certificate signed by it (mutual TLS). Certificates are read at start.
 
 ``authenticated`` (token or mutual TLS) tells HDS that its reporters are trusted, which
-lifts the max_ejection_percent cap on HDS verdicts (app/hds.py).
+lifts the max_ejection_percent cap on HDS verdicts (docs/design.md §7.6).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 
 import grpc
 
-from llm_health.config import AdminConfig, ServerConfig
+from llm_health.config import ServerConfig
 from llm_health.servers.grpc import (
     BearerTokenInterceptor,
     GrpcAuthStats,
@@ -39,19 +41,24 @@ ADMIN_METHODS = "/llm_health.v1.Admin/"
 @dataclass(frozen=True, slots=True)
 class GrpcSecurity:
     """What ``start_grpc_server`` needs: interceptors and (TLS) credentials; and the same
-    rule for a threaded server (``server.authz``): ``threaded_interceptors``."""
+    rule for a threaded server (``server.authz``): ``threaded_interceptors``. The
+    default: no authentication."""
 
     interceptors: tuple[grpc.aio.ServerInterceptor, ...] = ()
     credentials: grpc.ServerCredentials | None = None
     threaded_interceptors: tuple[grpc.ServerInterceptor, ...] = ()
 
 
-class GrpcAuthComponent:
+SecurityProvider = Callable[[], GrpcSecurity]  # reads the TLS files: call it at start
+
+
+class GrpcAuth:
     name = "grpc_auth"
 
-    def __init__(self, server: ServerConfig, admin: AdminConfig) -> None:
+    def __init__(self, server: ServerConfig, *, exempt_admin: bool = False) -> None:
+        """``exempt_admin``: the admin API shares this port and checks its own token."""
         self._server = server
-        self._admin_has_token = admin.token is not None and admin.grpc is None
+        self._exempt_admin = exempt_admin
         token = server.token is not None
         mtls = server.tls is not None and server.tls.client_ca is not None
         mode = " + ".join(m for m, on in (("mtls", mtls), ("bearer token", token)) if on)
@@ -64,7 +71,7 @@ class GrpcAuthComponent:
         threaded: tuple[grpc.ServerInterceptor, ...] = ()
         if self._server.token is not None:
             token = self._server.token.get_secret_value()
-            exempt = (ADMIN_METHODS,) if self._admin_has_token else ()
+            exempt = (ADMIN_METHODS,) if self._exempt_admin else ()
             interceptors = (BearerTokenInterceptor(token, stats=self.stats, exempt=exempt),)
             threaded = (
                 ThreadedBearerTokenInterceptor(BearerTokenInterceptor(token, stats=self.stats)),

@@ -1,7 +1,9 @@
 """The ``remediation`` component: runs the hooks of ``remediation:`` within ``limits:``
-(docs/design.md §13; the rules are ``remediation.decide``).
+(docs/design.md §13; the rules are ``remediation.decide``, the settings
+``remediation.settings``).
 
-Every second it looks at the board; for each endpoint a hook is due for and the limits let
+Every second it looks at the board (through ``BoardControl``: the snapshot, each
+endpoint's first sight, each cluster's policy); for each endpoint a hook is due for and the limits let
 through, it runs the argv (no shell: ``asyncio.create_subprocess_exec``, its own process
 group, stdin closed, output captured up to MAX_OUTPUT bytes) or POSTs the webhook, and
 kills / gives up at ``timeout``. In fleet mode only the endpoint's owner acts (the
@@ -20,26 +22,24 @@ import os
 import signal
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 import grpc
 
+from llm_health.core.component import Job
 from llm_health.core.control import BoardControl, Notice
 from llm_health.model.board import HealthSnapshot
-from llm_health.model.policy import Policy
 from llm_health.model.redact import printable_line
 from llm_health.remediation.decide import Candidate, Ledger, is_due, refusal
-from llm_health.remediation.settings import Limits, Rule
+from llm_health.remediation.settings import LimitsConfig, RemediationConfig
 from llm_health.remediation.template import render
 
 TICK_S = 1.0
 MAX_OUTPUT = 4096  # bytes of a hook's output kept for the audit
 RECENT = 20
 log = logging.getLogger("llm_health")
-Job = Callable[[], Coroutine[Any, Any, None]]
-FirstSeen = Callable[[str, str], float | None]  # (cluster, address) -> monotonic first sight
 Responsible = Callable[[str, str], bool]  # does this replica act for the endpoint
 
 
@@ -48,12 +48,10 @@ class RemediationComponent:
 
     def __init__(
         self,
-        rules: tuple[Rule, ...],
-        limits: Limits,
+        rules: tuple[RemediationConfig, ...],
+        limits: LimitsConfig,
         control: BoardControl,
         *,
-        first_seen: FirstSeen,
-        policy: Callable[[str], Policy],
         responsible: Responsible = lambda _c, _a: True,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
@@ -61,8 +59,6 @@ class RemediationComponent:
     ) -> None:
         self.rules, self.limits = rules, limits
         self._control = control
-        self._first_seen = first_seen
-        self._policy = policy
         self._responsible = responsible
         self._clock, self._wall_clock = clock, wall_clock
         self._tick_s = tick_s
@@ -106,7 +102,7 @@ class RemediationComponent:
             for task in self._tasks:
                 task.cancel()
 
-    def tick(self, snapshot: HealthSnapshot) -> list[tuple[Candidate, Rule]]:
+    def tick(self, snapshot: HealthSnapshot) -> list[tuple[Candidate, RemediationConfig]]:
         """Start every hook that is due and allowed now; returns what was started."""
         now, wall_now = self._clock(), self._wall_clock()
         self.ledger.forget_before(now)
@@ -130,12 +126,12 @@ class RemediationComponent:
     def _candidates(self, snapshot: HealthSnapshot, now: float, wall_now: float) -> list[Candidate]:
         found = []
         for name, cluster in snapshot.clusters.items():
-            size, policy = len(cluster.endpoints), self._policy(name)
+            size, policy = len(cluster.endpoints), self._control.policy(name)
             for endpoint in cluster.endpoints:
                 address = endpoint.spec.address
                 if endpoint.removing or not self._responsible(name, address):
                     continue
-                first = self._first_seen(name, address)
+                first = self._control.first_seen(name, address)
                 in_grace = first is None or now - first < policy.startup_grace_s
                 found.append(
                     Candidate(
@@ -153,7 +149,7 @@ class RemediationComponent:
 
     # --- running ------------------------------------------------------------------------
 
-    async def _run(self, candidate: Candidate, rule: Rule) -> None:
+    async def _run(self, candidate: Candidate, rule: RemediationConfig) -> None:
         key = candidate.key
         values = _values(candidate)
         what = " ".join(render(rule.run, values)) if rule.run else _origin(rule.webhook or "")
@@ -188,7 +184,8 @@ class RemediationComponent:
             reason = f"{entry['rule']} for {candidate.address}: {entry['outcome']}"
             self._control.announce(Notice("remediation", candidate.cluster, reason))
 
-    async def _exec(self, rule: Rule, values: dict[str, str]) -> dict[str, Any]:
+    async def _exec(self, rule: RemediationConfig, values: dict[str, str]) -> dict[str, Any]:
+        assert rule.run is not None
         argv = render(rule.run, values)
         process = await asyncio.create_subprocess_exec(
             *argv,
@@ -198,18 +195,18 @@ class RemediationComponent:
             start_new_session=True,  # its own process group: a timeout kills its children too
         )
         try:
-            async with asyncio.timeout(rule.timeout_s):
+            async with asyncio.timeout(rule.timeout):
                 output = await _bounded(process)
                 code = await process.wait()
         except TimeoutError:
             _kill_group(process)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(process.wait(), 5)
-            return {"outcome": f"killed after {rule.timeout_s:g} s", "exit": None}
+            return {"outcome": f"killed after {rule.timeout:g} s", "exit": None}
         text = printable_line(output.decode(errors="replace"), MAX_OUTPUT)
         return {"outcome": "ok" if code == 0 else f"exit {code}", "exit": code, "output": text}
 
-    async def _post(self, rule: Rule, candidate: Candidate) -> dict[str, Any]:
+    async def _post(self, rule: RemediationConfig, candidate: Candidate) -> dict[str, Any]:
         assert rule.webhook is not None
         body = {
             "source": "llm-health",
@@ -221,7 +218,7 @@ class RemediationComponent:
             "for_s": round(candidate.in_state_s, 1),
             "rule": rule.name,
         }
-        timeout = aiohttp.ClientTimeout(total=rule.timeout_s)
+        timeout = aiohttp.ClientTimeout(total=rule.timeout)
         try:
             async with (
                 aiohttp.ClientSession(timeout=timeout) as session,
@@ -230,7 +227,7 @@ class RemediationComponent:
                 await response.content.read(MAX_OUTPUT)
                 status = response.status
         except TimeoutError:
-            return {"outcome": f"killed after {rule.timeout_s:g} s"}
+            return {"outcome": f"killed after {rule.timeout:g} s"}
         except aiohttp.ClientError as exc:
             return {"outcome": f"failed: {type(exc).__name__}"}
         return {"outcome": "ok" if 200 <= status < 300 else f"HTTP {status}", "status": status}

@@ -1,7 +1,8 @@
 """The ext_authz component: registers ``Authorization/Check`` and reports its counters.
 
-Settings follow config reloads: the gate asks for them on every check and they are
-rebuilt only when the ``config`` getter returns a new object.
+Settings follow config reloads: the gate asks the ``settings`` getter (the live
+``authz:`` section, ``authz.settings.AuthzConfig``) on every check, and rebuilds its view
+only when that returns a new object.
 
 ``listen`` (``server.authz``) set: ``Check`` is not served on the main gRPC server but on
 a threaded server of its own (docs/design.md §16.9), started and stopped by this
@@ -22,10 +23,9 @@ from typing import Any
 
 import grpc
 
-from llm_health.app.grpc_auth import GrpcSecurity
-from llm_health.authz import AuthzCounters, AuthzSettings, Gate, ProblemLog
-from llm_health.config import AuthzConfig
+from llm_health.authz import AuthzConfig, AuthzCounters, Gate, ProblemLog
 from llm_health.core.control import SnapshotSource
+from llm_health.servers.auth import GrpcSecurity, SecurityProvider
 from llm_health.servers.authz import add_authz_servicer, add_threaded_authz_servicer
 from llm_health.servers.grpc import GRPC_SERVER_OPTIONS, bind_grpc, create_threaded_grpc_server
 
@@ -46,28 +46,20 @@ class AuthzComponent:
     def __init__(
         self,
         published: SnapshotSource,
-        config: Callable[[], AuthzConfig],
+        settings: Callable[[], AuthzConfig],
         *,
         listen: str | None = None,
-        security: Callable[[], GrpcSecurity] = GrpcSecurity,
+        security: SecurityProvider = GrpcSecurity,
     ) -> None:
-        self._config = config
-        self._seen: AuthzConfig | None = None
-        self._settings = AuthzSettings()
+        self.settings = settings
         self.counters = AuthzCounters()
         self.problems = ProblemLog()
-        self.gate = Gate(published.current, self.settings)
+        self.gate = Gate(published.current, settings)
         self.listen = listen
         self._security = security
         self.lock = threading.Lock()
         self.own_port: int | None = None  # bound port of the own server (0: Unix socket)
         self.own_error = ""
-
-    def settings(self) -> AuthzSettings:
-        config = self._config()
-        if config is not self._seen:
-            self._seen, self._settings = config, config.to_settings()
-        return self._settings
 
     def register(self, server: grpc.aio.Server) -> None:
         if self.listen is None:

@@ -1,4 +1,6 @@
-"""Webhook alerts: the runtime component that delivers ``llm_health.alerts`` events.
+"""Webhook alerts: the runtime component that delivers ``llm_health.alerts`` events
+(docs/design.md §5.5); its settings are ``alerts.settings``, what goes on the wire
+``alerts.wire``.
 
 Flow: the board control calls ``observe`` synchronously on the runtime's loop for every
 transition (``BoardControl.on_transition``). ``observe`` only classifies, deduplicates,
@@ -23,14 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 import grpc
@@ -46,7 +46,9 @@ from tenacity import (
 
 from llm_health.alerts import Deduplicator, RateLimiter, alert_event, classify, payload
 from llm_health.alerts.events import AlertEvent, notice_event
-from llm_health.config import AlertsConfig, WebhookConfig
+from llm_health.alerts.settings import AlertsConfig, WebhookConfig
+from llm_health.alerts.wire import encode, origin, request_headers
+from llm_health.core.component import Job
 from llm_health.core.control import BoardControl, Notice
 from llm_health.model.machine import Transition
 from llm_health.model.outcome import ProbeResult
@@ -54,7 +56,6 @@ from llm_health.model.outcome import ProbeResult
 log = logging.getLogger("llm_health")
 MAX_BACKOFF_S = 30.0
 SUMMARY_TICK_S = 1.0
-USER_AGENT = "llm-health-alerts/1"
 
 
 class DeliveryError(Exception):
@@ -100,7 +101,7 @@ class Webhook:
     def __init__(self, index: int, settings: WebhookConfig, alerts: AlertsConfig) -> None:
         self.index = index
         self.settings = settings
-        self.label = f"#{index} {_origin(settings.url)}"
+        self.label = f"#{index} {origin(settings.url)}"
         self.subscribed = frozenset(settings.on)
         self.queue: asyncio.Queue[_Message] = asyncio.Queue(alerts.queue_size)
         self.limiter = RateLimiter(alerts.max_per_minute)
@@ -108,12 +109,7 @@ class Webhook:
 
     def headers(self, event_id: str) -> dict[str, str]:
         secret = {k: v.get_secret_value() for k, v in self.settings.headers.items()}
-        return {
-            "User-Agent": USER_AGENT,
-            **secret,
-            "Content-Type": "application/json",
-            "X-LLM-Health-Event-Id": event_id,
-        }
+        return request_headers(secret, event_id)
 
     def offer(self, message: _Message) -> bool:
         """Enqueue without waiting; False (and counted) when the queue is full."""
@@ -199,7 +195,7 @@ class AlertsComponent:
             self.deduplicated += 1
             return
         names = {kind.value for kind in event.kinds}
-        body = _encode(payload(event))
+        body = encode(payload(event))
         for hook in self.webhooks:
             if not names & hook.subscribed:
                 continue
@@ -213,7 +209,7 @@ class AlertsComponent:
     def register(self, server: grpc.aio.Server) -> None:
         """No gRPC service."""
 
-    def tasks(self) -> list[Callable[[], Coroutine[Any, Any, None]]]:
+    def tasks(self) -> list[Job]:
         return [self.run] if self.webhooks else []
 
     def status(self) -> dict[str, Any]:
@@ -251,7 +247,7 @@ class AlertsComponent:
         summary = hook.limiter.take_summary(self._clock(), self._wall_clock(), uuid.uuid4().hex)
         if summary is not None:
             hook.stats.summaries += 1
-            return _Message(summary["id"], "rate_limited", _encode(summary))
+            return _Message(summary["id"], "rate_limited", encode(summary))
         with contextlib.suppress(TimeoutError):
             return await asyncio.wait_for(hook.queue.get(), self._summary_tick_s)
         return None
@@ -321,22 +317,10 @@ def attach(settings: AlertsConfig, control: BoardControl) -> AlertsComponent:
     return component
 
 
-def _origin(url: str) -> str:
-    """scheme://host[:port] only: the path and query may carry a token."""
-    parts = urlsplit(url)
-    host = parts.hostname or "?"
-    host = f"[{host}]" if ":" in host else host
-    return f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
-
-
 def _safe_error(exc: BaseException) -> str:
     """aiohttp errors may quote the full URL: keep only their class for those."""
     text = str(exc)
     return "" if "://" in text else text
-
-
-def _encode(document: dict[str, Any]) -> bytes:
-    return json.dumps(document, separators=(",", ":")).encode()
 
 
 def _fields(hook: Webhook, message: _Message, **more: Any) -> dict[str, Any]:

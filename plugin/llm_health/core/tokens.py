@@ -1,0 +1,34 @@
+"""The one bearer-token check every authenticated surface uses (``server.token`` on the
+gRPC port, ``admin.token`` on the admin API; docs/design.md §7.10).
+
+The presented value is compared with ``hmac.compare_digest`` (time independent of where
+the first difference lies), against the whole ``Bearer <token>`` header value, so a
+prefix never passes and the token's length is the only thing timing can tell.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterable
+
+HEADER = "authorization"  # gRPC metadata keys are lower case
+
+
+def expected_value(token: str) -> bytes:
+    """What a caller must send in ``authorization``."""
+    if not token:
+        raise ValueError("empty token")
+    return f"Bearer {token}".encode()
+
+
+def presented_value(metadata: Iterable[tuple[str, str | bytes]] | None) -> bytes:
+    """The first ``authorization`` value in gRPC metadata (bytes; empty when absent)."""
+    for key, value in metadata or ():
+        if key == HEADER:
+            return value if isinstance(value, bytes) else str(value).encode()
+    return b""
+
+
+def bearer_matches(metadata: Iterable[tuple[str, str | bytes]] | None, expected: bytes) -> bool:
+    """Whether ``metadata`` carries exactly ``expected`` (``expected_value(token)``)."""
+    return hmac.compare_digest(presented_value(metadata), expected)

@@ -1,0 +1,424 @@
+"""The engine checks component (docs/design.md §14): what a fast first token does not show.
+
+- Known-answer probes: every ``verify.every`` one of an endpoint's scheduled probes is a
+  known-answer probe (``Prober.verify``; its TTFT counts as any probe's). The answer is
+  judged (``engines.verify.Verifier``) before the result is folded in; garbage holds the
+  endpoint UNHEALTHY at once, ``unhealthy_after`` misses (re-checked after
+  ``confirm_delay``, inside the same slot) likewise; a passing answer lifts the hold. The
+  hold is the board's "verify" signal, so recovery then takes the usual hysteresis.
+- Served model: at start and every ``verify.every``, ``GET /v1/models``; a cluster with a
+  ``model`` its endpoint does not list is held UNHEALTHY ("model" signal).
+- Engine saturation: every ``engine_metrics.interval``, the engine's /metrics; a queue or
+  KV cache at or over its threshold limits the endpoint to DEGRADED ("engine" limit).
+  Reads that fail or do not parse are no verdict; after 3 in a row the last figures are
+  dropped (a missing /metrics is not a dead engine).
+- Engine detection for ``engine: auto`` (the probe body's cache bypass): from the metric
+  names, else from the engines' info endpoints (``engines.detect``).
+
+The runtime probes through ``wrap`` and reads ``engines`` (``probe.client.ProbeWrapper``).
+Only endpoints this replica probes (fleet mode: owns) are checked; other replicas adopt
+the owner's verdict. Everything runs on the runtime's loop; every request is bounded in
+time and size (``engines.side_reads``), and nothing an endpoint answers can raise out of
+a loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from llm_health.core.control import BoardControl
+from llm_health.engines.metrics import Reading, parse_load, saturation
+from llm_health.engines.schedule import MAX_TICK_S, MODELS_EVERY_S, SideReadSchedule, with_ttft
+from llm_health.engines.served_model import wrong_model
+from llm_health.engines.settings import (
+    NO_CHECKS,
+    ClusterChecks,
+    EngineMetricsConfig,
+    VerifyConfig,
+)
+from llm_health.engines.side_reads import READ_ERRORS, SideReads, open_session, read_error
+from llm_health.engines.verdicts import (
+    ALL_SOURCES,
+    ENGINE_LIMIT,
+    MODEL_SIGNAL,
+    VERIFY_SIGNAL,
+    Changes,
+    Endpoint,
+    release,
+    set_engine_limit,
+    set_signals,
+    verify_change,
+)
+from llm_health.engines.verify import Judgement, Verdict, Verifier
+from llm_health.model.causes import Cause
+from llm_health.model.engine_load import EngineLoad
+from llm_health.model.outcome import ProbeResult
+from llm_health.model.redact import printable_line
+from llm_health.probe.client import ProbeFn, Prober
+from llm_health.probe.target import ProbeTarget
+
+log = logging.getLogger("llm_health")
+# Per cluster, the checks in force (``settings.in_force``) of the config now in force.
+Checks = Callable[[], Mapping[str, ClusterChecks]]
+
+
+@dataclass(slots=True)
+class _Endpoint:
+    """What the checks know of one endpoint (``/status`` shows it)."""
+
+    reading: Reading = field(default_factory=Reading)
+    reads: int = 0
+    limit: str | None = None  # the "engine" limit this component last set
+    verify_due: float = 0.0  # monotonic; 0: the next probe is a known-answer probe
+    last_answer: str | None = None
+    last_verdict: str = ""
+    models: tuple[str, ...] = ()
+    model_error: str = ""
+
+
+@dataclass(slots=True)
+class _Counters:
+    checks_total: int = 0
+    garbage_total: int = 0
+    misses_total: int = 0
+    passes_total: int = 0
+    metrics_reads_total: int = 0
+    metrics_failures_total: int = 0
+    model_checks_total: int = 0
+    model_failures_total: int = 0
+
+
+class EngineChecks:
+    """``set_targets``: the endpoints this replica probes (called on every reload,
+    discovery change and fleet ownership move); ``checks``: their clusters' settings,
+    read at each. ``engines``: detected engine per endpoint key, shared with the
+    ``MicroProbe`` that builds request bodies."""
+
+    name = "engines"
+
+    def __init__(
+        self,
+        control: BoardControl,
+        targets: list[ProbeTarget],
+        checks: Checks,
+        clock: Callable[[], float] = time.monotonic,
+        on_load: Callable[[ProbeTarget, EngineLoad], None] | None = None,
+    ) -> None:
+        self._control = control
+        self._checks_now = checks
+        self._checks: Mapping[str, ClusterChecks] = {}
+        self._on_load = on_load
+        self._clock = clock
+        self._targets: list[ProbeTarget] = []
+        self._members: dict[str, set[str]] = {}
+        self.engines: dict[str, str] = {}
+        self._verifier = Verifier()
+        self._schedule = SideReadSchedule()
+        self._endpoints: dict[str, _Endpoint] = {}
+        self._counters = _Counters()
+        self._reads: set[asyncio.Task[None]] = set()
+        self.set_targets(targets)
+
+    def set_targets(self, targets: list[ProbeTarget]) -> None:
+        """The endpoints probed here changed. Verdicts this component set on endpoints it no
+        longer checks (another replica owns them now, or a check was turned off) are
+        released: a stale hold would outlive the check that set it."""
+        released = [(t.cluster, t.address) for t in self._targets] if self._targets else []
+        self._targets = targets
+        self._checks = self._checks_now()
+        self._schedule.plan(sum(1 for t in targets if self._metrics(t) is not None))
+        self._members = {}
+        for target in targets:
+            self._members.setdefault(target.cluster, set()).add(target.address)
+        kept = {(t.cluster, t.address) for t in targets}
+        stale = {key: ALL_SOURCES for key in released if key not in kept}
+        stale.update({(t.cluster, t.address): off for t in targets if (off := self._off(t))})
+        self._forget({t.key for t in targets}, kept)
+        for target in targets:
+            if self._metrics(target) is None and target.key in self._endpoints:
+                self._endpoints[target.key].limit = None
+        if stale and _loop_running():  # no loop yet: nothing was set
+            self._spawn(self._release(stale))
+
+    def _verify_settings(self, target: ProbeTarget) -> VerifyConfig | None:
+        return self._checks.get(target.cluster, NO_CHECKS)[0]
+
+    def _metrics(self, target: ProbeTarget) -> EngineMetricsConfig | None:
+        return self._checks.get(target.cluster, NO_CHECKS)[1]
+
+    def _off(self, target: ProbeTarget) -> frozenset[str]:
+        """The verdict sources of checks now turned off for this endpoint."""
+        off = set()
+        if self._verify_settings(target) is None:
+            off.add(VERIFY_SIGNAL)
+        if not target.model or target.models_path is None:
+            off.add(MODEL_SIGNAL)
+        if self._metrics(target) is None:
+            off.add(ENGINE_LIMIT)
+        return frozenset(off)
+
+    async def _release(self, stale: dict[Endpoint, frozenset[str]]) -> None:
+        await self._control.update(release(stale), publish_when=bool)
+
+    # --- the probe path -----------------------------------------------------------------
+
+    def wrap(self, prober: Prober) -> ProbeFn:
+        """The scheduler's probe function: a known-answer probe when one is due, else the
+        plain probe."""
+
+        async def probe(target: ProbeTarget) -> ProbeResult:
+            verify = self._verify_due(target)
+            if verify is None:
+                return await prober.probe(target)
+            return await self._verify(prober, target, verify)
+
+        return probe
+
+    def _verify_due(self, target: ProbeTarget) -> VerifyConfig | None:
+        """The endpoint's ``probe.verify`` when its next probe is a known-answer probe."""
+        verify = self._verify_settings(target)
+        if verify is None or self._clock() < self._endpoint(target.key).verify_due:
+            return None
+        return verify
+
+    async def _verify(
+        self, prober: Prober, target: ProbeTarget, verify: VerifyConfig
+    ) -> ProbeResult:
+        """One known-answer probe, judged and applied; a miss that does not yet decide is
+        re-checked after ``confirm_delay`` (at most ``unhealthy_after`` answers per slot)."""
+        state = self._endpoint(target.key)
+        state.verify_due = self._clock() + verify.every
+        result = await prober.verify(target, verify)
+        for _ in range(target.unhealthy_after - 1):
+            if not await self._judge(target, verify, result):
+                return result
+            await asyncio.sleep(target.confirm_delay_s)
+            result = await prober.verify(target, verify)
+        await self._judge(target, verify, result)
+        return result
+
+    async def _judge(self, target: ProbeTarget, verify: VerifyConfig, result: ProbeResult) -> bool:
+        """Judge ``result``'s answer and apply the verdicts; True if this endpoint's own
+        answer asks for a re-check now."""
+        if result.answer is None:
+            return False
+        self._counters.checks_total += 1
+        members = self._members.get(target.cluster, set())
+        judgements = self._verifier.judge(
+            target.cluster,
+            target.address,
+            result.answer,
+            verify,
+            target.unhealthy_after,
+            self._clock(),
+            members,
+        )
+        self._endpoint(target.key).last_answer = printable_line(result.answer.text, 200)
+        await self._apply_judgements(target, judgements)
+        return any(j.address == target.address and j.recheck for j in judgements)
+
+    async def _apply_judgements(self, target: ProbeTarget, judgements: list[Judgement]) -> None:
+        changes: Changes = {}
+        for judgement in judgements:
+            self._count(judgement)
+            key = f"{target.cluster}/{judgement.address}"
+            self._endpoint(key).last_verdict = f"{judgement.verdict.value}: {judgement.reason}"
+            if judgement.recheck and judgement.address != target.address:
+                self._endpoint(key).verify_due = 0.0  # its next probe re-checks
+            change = verify_change(judgement)
+            if change is not None:
+                changes[judgement.address] = change
+            if judgement.down:
+                log.warning(
+                    "known-answer check failed",
+                    extra={
+                        "cluster": target.cluster,
+                        "endpoint": judgement.address,
+                        "reason": judgement.reason,
+                    },
+                )
+        await self._signal(target.cluster, VERIFY_SIGNAL, changes)
+
+    def _count(self, judgement: Judgement) -> None:
+        if judgement.verdict is Verdict.GARBAGE:
+            self._counters.garbage_total += 1
+        elif judgement.verdict is Verdict.MISS:
+            self._counters.misses_total += 1
+        elif judgement.verdict is Verdict.PASS:
+            self._counters.passes_total += 1
+
+    async def _signal(self, cluster: str, source: str, changes: Changes) -> None:
+        """Set or clear ``source``'s signal on the endpoints in ``changes``, one publish
+        for the batch; the state changes it makes are reported."""
+        applied = await self._control.update(
+            set_signals(cluster, source, changes), publish_when=bool
+        )
+        for address, transition in applied.items():
+            if transition.changed or transition.alert:
+                self._control.notify(cluster, address, transition, None)
+
+    # --- side reads: /metrics, /v1/models, detection ------------------------------------
+
+    def tasks(self) -> list[Callable[[], Coroutine[Any, Any, None]]]:
+        return [self._run]
+
+    def register(self, server: Any) -> None:
+        return None
+
+    async def _run(self) -> None:
+        async with open_session() as session:
+            reads = SideReads(session)
+            try:
+                while True:
+                    self._tick(reads)
+                    await asyncio.sleep(MAX_TICK_S)
+            finally:
+                for task in self._reads:
+                    task.cancel()
+
+    def _tick(self, reads: SideReads) -> None:
+        now = self._clock()
+        for target in self._targets:
+            state, key = self._endpoint(target.key), target.key
+            verify, metrics = self._checks.get(target.cluster, NO_CHECKS)
+            if metrics is not None and self._schedule.metrics_due(key, metrics.interval, now):
+                self._spawn(self._read_metrics(reads, target, metrics))
+            if target.model and target.models_path:
+                every = verify.every if verify is not None else MODELS_EVERY_S
+                if self._schedule.models_due(key, every, now):
+                    self._spawn(self._check_model(reads, target))
+            unknown = target.engine == "auto" and key not in self.engines
+            # Booked even when not tried now: while /metrics reads neither failed nor
+            # answered yet, they may still name the engine.
+            if (
+                unknown
+                and self._schedule.detect_due(key, now)
+                and (metrics is None or state.reading.failures or state.reading.load)
+            ):
+                self._spawn(self._detect(reads, target))
+
+    def _spawn(self, job: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(job)
+        self._reads.add(task)
+        task.add_done_callback(self._reads.discard)
+
+    async def _read_metrics(
+        self, reads: SideReads, target: ProbeTarget, metrics: EngineMetricsConfig
+    ) -> None:
+        assert metrics.path is not None  # in force (settings.in_force)
+        state = self._endpoint(target.key)
+        self._counters.metrics_reads_total += 1
+        try:
+            document = await reads.metrics(target, metrics.path, metrics.interval)
+            state.reads += 1
+            load = parse_load(document, ttft=with_ttft(state.reads))
+            state.reading = state.reading.read(load)
+            if self._on_load is not None:
+                self._on_load(target, load)
+            if load.engine is not None and target.engine == "auto":
+                self.engines[target.key] = load.engine
+        except READ_ERRORS as exc:
+            self._counters.metrics_failures_total += 1
+            state.reading = state.reading.failed(read_error(exc, target))
+        await self._apply_load(target, metrics, state)
+
+    async def _apply_load(
+        self, target: ProbeTarget, metrics: EngineMetricsConfig, state: _Endpoint
+    ) -> None:
+        load = state.reading.usable
+        reason = (
+            saturation(load, metrics.queue_threshold, metrics.kv_cache_threshold)
+            if load is not None
+            else None
+        )
+        if reason == state.limit:
+            return
+        state.limit = reason
+        cluster, address = target.cluster, target.address
+        transition = await self._control.update(
+            set_engine_limit(cluster, address, reason), publish_when=lambda t: t is not None
+        )
+        if transition is not None and (transition.changed or transition.alert):
+            self._control.notify(cluster, address, transition, None)
+        fields = {"cluster": cluster, "endpoint": address, "reason": reason or "normal again"}
+        log.info("engine saturated" if reason else "engine load normal", extra=fields)
+
+    async def _check_model(self, reads: SideReads, target: ProbeTarget) -> None:
+        assert target.model is not None and target.models_path is not None
+        state = self._endpoint(target.key)
+        self._counters.model_checks_total += 1
+        try:
+            served = await reads.models(target, target.models_path)
+        except READ_ERRORS as exc:
+            self._counters.model_failures_total += 1
+            state.model_error = read_error(exc, target)
+            return  # no verdict: an endpoint that cannot list its models is not judged
+        state.models, state.model_error = served, ""
+        wrong = wrong_model(served, target.model)
+        await self._signal(
+            target.cluster, MODEL_SIGNAL, {target.address: (wrong, Cause.WRONG_MODEL)}
+        )
+
+    async def _detect(self, reads: SideReads, target: ProbeTarget) -> None:
+        engine = await reads.engine(target)
+        if engine is not None:
+            self.engines[target.key] = engine
+
+    # --- bookkeeping --------------------------------------------------------------------
+
+    def _endpoint(self, key: str) -> _Endpoint:
+        state = self._endpoints.get(key)
+        if state is None:
+            state = self._endpoints[key] = _Endpoint()
+        return state
+
+    def _forget(self, keys: set[str], pairs: set[tuple[str, str]]) -> None:
+        """Endpoints no longer probed here (removed, or owned by another replica)."""
+        for key in [k for k in self._endpoints if k not in keys]:
+            del self._endpoints[key]
+            self.engines.pop(key, None)
+        self._schedule.forget(keys)
+        self._verifier.forget(pairs)
+
+    def status(self) -> dict[str, Any]:
+        clusters = sorted({key.split("/", 1)[0] for key in self._endpoints})
+        return {
+            **dataclasses.asdict(self._counters),
+            "saturated_now": sum(1 for s in self._endpoints.values() if s.limit),
+            # Each endpoint's /metrics is read at most this often (the configured interval,
+            # stretched to fit MAX_METRICS_READS_PER_S across all endpoints).
+            "metrics_min_interval_s": round(self._schedule.stretch, 3),
+            "consensus": {name: self._verifier.status(name) for name in clusters},
+            "endpoints": {
+                key: _endpoint_status(key, s, self) for key, s in sorted(self._endpoints.items())
+            },
+        }
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _endpoint_status(key: str, state: _Endpoint, checks: EngineChecks) -> dict[str, Any]:
+    load: EngineLoad | None = state.reading.load
+    return {
+        "engine": checks.engines.get(key),
+        "load": load.to_json() if load is not None else None,
+        "metrics_failures": state.reading.failures,
+        "metrics_error": state.reading.error,
+        "saturated": state.limit,
+        "last_answer": state.last_answer,
+        "last_verdict": state.last_verdict,
+        "served_models": list(state.models),
+        "models_error": state.model_error,
+    }

@@ -1,0 +1,93 @@
+"""When each endpoint's side reads are due (pure, clock passed in; docs/design.md §14,
+§16.5).
+
+- /metrics every ``engine_metrics.interval``, stretched so that all endpoints' reads
+  together stay within MAX_METRICS_READS_PER_S. Reading and parsing one engine's document
+  costs about 1-2 ms of the loop that also times the probes (prometheus-client's parser,
+  ~60 µs a line); at 1 s per endpoint that alone would take a whole core at 1,000
+  endpoints. An endpoint's first read is placed within the stretched interval by a stable
+  hash of its key (a spread, not a burst each second); the TTFT histogram (most of the
+  lines) is parsed on every TTFT_HISTOGRAM_EVERY-th read only.
+- /v1/models at start and every ``verify.every`` (MODELS_EVERY_S when verify is off).
+- Engine detection (``engine: auto``, while unknown) at most every DETECT_RETRY_S.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Collection
+from dataclasses import dataclass
+
+MAX_TICK_S = 0.25  # how often due reads are looked for
+MAX_METRICS_READS_PER_S = 100.0  # /metrics reads a second, all endpoints together
+TTFT_HISTOGRAM_EVERY = 5  # reads: the TTFT histogram every 5th read
+MODELS_EVERY_S = 30.0  # served-model check when verify is off
+DETECT_RETRY_S = 30.0
+
+
+@dataclass(slots=True)
+class _Dues:
+    reading: float | None = None  # None: not placed yet (placed by its phase)
+    models: float = 0.0  # monotonic; 0: at once
+    detect: float = 0.0
+
+
+class SideReadSchedule:
+    """Per endpoint key, when its next reads are due. Each ``*_due`` call that answers
+    True books the next one."""
+
+    def __init__(self) -> None:
+        self._dues: dict[str, _Dues] = {}
+        self.stretch = 0.0  # the shortest /metrics interval within the budget
+
+    def plan(self, readers: int) -> None:
+        """``readers`` endpoints have their /metrics read (counted once per target change,
+        not per tick)."""
+        self.stretch = readers / MAX_METRICS_READS_PER_S
+
+    def metrics_due(self, key: str, interval_s: float, now: float) -> bool:
+        dues = self._of(key)
+        every = max(interval_s, self.stretch)
+        if dues.reading is None:  # first reads spread within the budget
+            spread = self.stretch if self.stretch > MAX_TICK_S else 0.0  # else all at once
+            dues.reading = now + phase(key) * spread
+        if now < dues.reading:
+            return False
+        dues.reading = max(dues.reading + every, now)
+        return True
+
+    def models_due(self, key: str, every_s: float, now: float) -> bool:
+        dues = self._of(key)
+        if now < dues.models:
+            return False
+        dues.models = now + every_s
+        return True
+
+    def detect_due(self, key: str, now: float) -> bool:
+        dues = self._of(key)
+        if now < dues.detect:
+            return False
+        dues.detect = now + DETECT_RETRY_S
+        return True
+
+    def forget(self, keep: Collection[str]) -> None:
+        """Drop the endpoints not in ``keep`` (no longer checked here)."""
+        for key in [k for k in self._dues if k not in keep]:
+            del self._dues[key]
+
+    def _of(self, key: str) -> _Dues:
+        dues = self._dues.get(key)
+        if dues is None:
+            dues = self._dues[key] = _Dues()
+        return dues
+
+
+def phase(key: str) -> float:
+    """A stable place in [0, 1) for an endpoint: reads spread evenly, stay put."""
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+def with_ttft(reads: int) -> bool:
+    """Whether the ``reads``-th good read (counted from 1) parses the TTFT histogram."""
+    return reads % TTFT_HISTOGRAM_EVERY == 1
