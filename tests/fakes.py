@@ -29,7 +29,7 @@ from llm_health.model.board import Board, HealthSnapshot
 from llm_health.model.machine import Transition
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.policy import Policy
-from llm_health.model.states import State
+from llm_health.model.states import EndpointHealth, State
 
 T = TypeVar("T")
 
@@ -139,3 +139,10 @@ class FakeControl:
         if not self.board.has_endpoint(cluster, address):
             return None
         return self.board.health(cluster, address).state
+
+    def endpoint_health(
+        self, cluster: str, address: str
+    ) -> tuple[EndpointHealth, ProbeResult | None] | None:
+        if not self.board.has_endpoint(cluster, address):
+            return None
+        return self.board.health(cluster, address), self.board.last_result(cluster, address)

@@ -20,7 +20,7 @@ from llm_health.app.live import LiveConfig
 from llm_health.app.runtime import Runtime
 from llm_health.authz.component import AuthzComponent
 from llm_health.config import Config
-from llm_health.core.component import Component, SkipRule
+from llm_health.core.component import Component, Preparing, SkipRule
 from llm_health.core.control import ProberStats
 from llm_health.discovery.component import DiscoveryComponent
 from llm_health.discovery.settings import DiscoveryConfig, DnsConfig
@@ -73,6 +73,7 @@ def build_runtime(
         probe_wrapper=parts.checks,
         security=parts.security,
         skip=parts.skip,
+        preparing=parts.preparing,
     )
 
 
@@ -84,6 +85,7 @@ class Parts:
     security: SecurityProvider  # the main gRPC server's token and TLS
     skip: SkipRule  # the scheduler's busy rule
     checks: EngineChecks  # the engine checks: the runtime's probe wrapper
+    preparing: tuple[Preparing, ...]  # start-up work before the first probe (fleet)
 
 
 def build_components(
@@ -137,7 +139,8 @@ def build_components(
     components.append(checks)
     if fleet is not None:
         components.append(fleet)
-    return Parts(components, grpc_auth.security, traffic, checks)
+    preparing = (fleet,) if fleet is not None else ()
+    return Parts(components, grpc_auth.security, traffic, checks, preparing)
 
 
 def _fleet(

@@ -316,7 +316,9 @@ class FleetComponent:
             async with asyncio.timeout(LEAVE_BUDGET_S):
                 await self._store.leave(epoch)
         with contextlib.suppress(Exception):
-            await self._store.close()
+            # Bounded too: a Redis that stopped answering must not hold up shutdown.
+            async with asyncio.timeout(LEAVE_BUDGET_S):
+                await self._store.close()
 
     # --- verdicts out -----------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from llm_health.alerts.component import attach as attach_alerts
 from llm_health.config import Config, parse_config
 from llm_health.core.control import BoardControl
 from llm_health.engines.component import EngineChecks
+from llm_health.fleet.component import FleetComponent
 from llm_health.hds.component import HdsComponent
 from llm_health.model.board import Board
 from llm_health.model.states import State
@@ -32,6 +33,9 @@ probe:
   quality: {window: 10s, min_requests: 10, max_error_rate: 0.1}
 alerts:
   webhooks: [{url: "http://127.0.0.1:9/hook"}]
+fleet:
+  redis: redis://127.0.0.1:9/0
+  name: test
 remediation:
   - when: {state: unhealthy, for: 1s}
     run: ["/bin/true"]
@@ -56,6 +60,16 @@ class ProtocolOnly:
             raise AttributeError(f"{name!r} is not part of BoardControl")
         self.used.add(name)
         return getattr(self._inner, name)
+
+
+class Routing:
+    """The fleet's view of the endpoint catalog (``fleet.component.ProbeRouting``)."""
+
+    def on_targets(self, follow: Any) -> None:
+        self.follow = follow
+
+    def refilter(self) -> None:
+        pass
 
 
 @pytest.fixture
@@ -126,6 +140,7 @@ def test_every_other_component_builds_and_reports_on_the_protocol_alone(
         AdminComponent(config.admin, config.server.grpc, control),
         RemediationComponent(config.remediation, config.limits, control, clock=clock),
         EngineChecks(control, targets, config.engine_checks, clock),
+        FleetComponent(config.fleet, "me", control, Routing()),  # type: ignore[arg-type]
     ]
     for component in components:
         assert isinstance(component.status(), dict), component.name
