@@ -1,6 +1,6 @@
 """deploy/kubernetes/autoscaling: the HPA on real traffic's quality validates against the
 Kubernetes schema, and every series it and the adapter rule name is one llm-health
-exports (from the traffic component's /status, as /metrics builds it)."""
+exports (the traffic component's families, with one endpoint on the board)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 import yaml
 from kubernetes_validate.utils import validate
 
-from llm_health.ops.metrics import traffic_families
+from llm_health.app.assemble import build_runtime
+from llm_health.config import parse_config
 from tests.deploy.manifests import KUBERNETES
 
 HPA = KUBERNETES / "autoscaling" / "hpa-quality.yaml"
@@ -23,9 +24,10 @@ def documents() -> list[dict[str, Any]]:
 
 
 def exported() -> set[str]:
-    window = {"requests": 100, "error_rate": 0.0, "p50_ttft_s": 0.1, "p95_ttft_s": 0.9}
-    status = {"endpoints": {"llama-70b/10.0.0.1:8000": window}, "clusters": {"llama-70b": window}}
-    return {family.name for family in traffic_families(status)}
+    config = "clusters: [{name: llama-70b, endpoints: [{address: '10.0.0.1:8000'}]}]"
+    runtime = build_runtime(parse_config(config, "t.yaml", {}))
+    (traffic,) = [c for c in runtime.components if c.name == "traffic"]
+    return {family.name for family in traffic.metrics()}
 
 
 @pytest.mark.parametrize("index", [0, 1])

@@ -120,7 +120,7 @@ async def test_never_more_than_the_limit_at_once(tmp_path: Path) -> None:
     clock.now = 11.0
     assert len(component.tick(board.snapshot())) == 2  # the other two, once the first are done
     await settle(component)
-    assert component.counters["runs_total"] == 4 and component.counters["refused_total"] >= 2
+    assert component.counters.runs_total == 4 and component.counters.refused_total >= 2
 
 
 async def test_a_hanging_hook_is_killed_and_output_is_bounded(tmp_path: Path) -> None:
@@ -139,7 +139,7 @@ async def test_a_hanging_hook_is_killed_and_output_is_bounded(tmp_path: Path) ->
     assert time.monotonic() - started < 5
     (entry,) = component.status()["recent"]
     assert entry["outcome"] == "killed after 0.5 s"
-    assert component.counters["killed_total"] == 1
+    assert component.counters.killed_total == 1
     assert "killed" in notices[0].reason
 
     talk = (sys.executable, "-c", "print('y' * 1_000_000)")
@@ -162,5 +162,5 @@ async def test_dry_run_only_logs(tmp_path: Path) -> None:
     assert not log.exists()
     (entry,) = component.status()["recent"]
     assert entry["outcome"] == "dry run: not run"
-    assert component.counters["dry_runs_total"] == 1 and component.counters["runs_total"] == 0
+    assert component.counters.dry_runs_total == 1 and component.counters.runs_total == 0
     assert "dry run" in notices[0].reason

@@ -21,15 +21,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
+from prometheus_client.metrics_core import Metric
 
 from llm_health.admin.settings import AdminConfig
 from llm_health.core.addresses import is_local_bind
 from llm_health.core.component import Job
 from llm_health.core.control import BoardControl, OperatorAction
+from llm_health.core.families import counter
 from llm_health.model.board import Board, EndpointSnapshot, HealthSnapshot
 from llm_health.model.machine import Transition
 from llm_health.model.states import State
@@ -105,6 +107,14 @@ class AdminComponent:
             "calls_total": self._auth.calls,
             "unauthenticated_total": self._auth.rejected,
         }
+
+    def metrics(self) -> Iterator[Metric]:
+        yield counter("llm_health_admin_calls_total", "Admin API calls.", self._auth.calls)
+        yield counter(
+            "llm_health_admin_unauthenticated_total",
+            "Admin API calls refused: no or wrong admin.token.",
+            self._auth.rejected,
+        )
 
     async def _serve_own(self) -> None:
         assert self._own is not None

@@ -28,12 +28,13 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import aiohttp
 import grpc
+from prometheus_client.metrics_core import Metric
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -50,6 +51,7 @@ from llm_health.alerts.settings import AlertsConfig, WebhookConfig
 from llm_health.alerts.wire import encode, origin, request_headers
 from llm_health.core.component import Job
 from llm_health.core.control import BoardControl, Notice
+from llm_health.core.families import gauge
 from llm_health.model.machine import Transition
 from llm_health.model.outcome import ProbeResult
 
@@ -221,6 +223,50 @@ class AlertsComponent:
             "observer_errors": self.observer_errors,
             "webhooks": [h.status() for h in self.webhooks],
         }
+
+    def metrics(self) -> Iterator[Metric]:
+        # Gauges, though they only grow: the type they were first exported with, which
+        # dashboards and rules query.
+        every = self._webhook_totals()
+        yield gauge("llm_health_alerts_events", "Alert events raised.", self.events)
+        yield gauge(
+            "llm_health_alerts_deduplicated",
+            "Alert events left out as repeats (alerts.dedup_window).",
+            self.deduplicated,
+        )
+        yield gauge(
+            "llm_health_alerts_sent",
+            "Messages webhooks accepted (2xx), summaries included; all webhooks.",
+            every.sent,
+        )
+        yield gauge("llm_health_alerts_failed", "Messages given up on; all webhooks.", every.failed)
+        yield gauge(
+            "llm_health_alerts_retried", "Extra delivery attempts; all webhooks.", every.retried
+        )
+        yield gauge(
+            "llm_health_alerts_dropped",
+            "Messages dropped: a webhook's queue was full (alerts.queue_size).",
+            every.dropped,
+        )
+        yield gauge(
+            "llm_health_alerts_rate_limited",
+            "Messages held back into a summary (alerts.max_per_minute).",
+            every.rate_limited,
+        )
+        yield gauge("llm_health_alerts_summaries", "Rate-limit summaries sent.", every.summaries)
+        yield gauge(
+            "llm_health_alerts_observer_errors",
+            "Transitions or notices the alerts observer failed on (a bug; see the log).",
+            self.observer_errors,
+        )
+
+    def _webhook_totals(self) -> WebhookStats:
+        return WebhookStats(
+            **{
+                f.name: sum(getattr(h.stats, f.name) for h in self.webhooks)
+                for f in fields(WebhookStats)
+            }
+        )
 
     # --- the asynchronous side: delivery -----------------------------------------------------
 

@@ -55,11 +55,7 @@ def build_runtime(
     parts = build_components(live, control, clock, xds_open=xds_nodes.is_open, catalog=catalog)
     components = parts.components
     xds_stats = XdsStats()
-
-    def statuses() -> dict[str, dict[str, object]]:
-        return {c.name: c.status() for c in components}
-
-    metrics = RuntimeMetrics(control, control.stats, xds_stats, statuses)
+    metrics = RuntimeMetrics(control, control.stats, xds_stats, components)
     return Runtime(
         live,
         control,

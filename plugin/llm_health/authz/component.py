@@ -18,13 +18,16 @@ import asyncio
 import logging
 import sys
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import grpc
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.metrics_core import Metric
 
 from llm_health.authz import AuthzConfig, AuthzCounters, Gate, ProblemLog
 from llm_health.core.control import SnapshotSource
+from llm_health.core.families import gauge
 from llm_health.servers.auth import GrpcSecurity, SecurityProvider
 from llm_health.servers.authz import add_authz_servicer, add_threaded_authz_servicer
 from llm_health.servers.grpc import GRPC_SERVER_OPTIONS, bind_grpc, create_threaded_grpc_server
@@ -119,3 +122,74 @@ class AuthzComponent:
             "own_server": own if self.listen is not None else None,
             **counters,
         }
+
+    def metrics(self) -> Iterator[Metric]:
+        # Gauges, though most only grow: the types they were first exported with, which
+        # dashboards and rules query. Taken under the lock the own server's threads hold.
+        settings = self.settings()
+        with self.lock:
+            found = list(_counter_families(self.counters))
+            if self.counters.decisions:
+                found.append(_decisions(self.counters))
+            rebuilds = self.gate.rebuilds
+        yield gauge(
+            "llm_health_authz_enabled",
+            "1 while ext_authz decides (authz.enabled).",
+            settings.enabled,
+        )
+        yield gauge(
+            "llm_health_authz_shed_below",
+            "Capacity (0 to 1) under which low-priority requests get 429 (authz.shed_below).",
+            settings.shed_below,
+        )
+        yield gauge(
+            "llm_health_authz_view_rebuilds",
+            "Rebuilds of the admission view (a new snapshot or settings).",
+            rebuilds,
+        )
+        if self.listen is not None:
+            yield gauge(
+                "llm_health_authz_own_server_serving",
+                "1 while ext_authz's own threaded server (server.authz) serves.",
+                self.own_port is not None,
+            )
+        yield from found
+
+
+def _counter_families(counters: AuthzCounters) -> Iterator[Metric]:
+    yield gauge("llm_health_authz_checks", "ext_authz Checks answered.", counters.checks)
+    yield gauge(
+        "llm_health_authz_probe_headers_stripped",
+        "Client requests the probe header was stripped from (authz.probe_header: strip).",
+        counters.probe_headers_stripped,
+    )
+    for kind, count in sorted(counters.problems.items()):
+        # ``kind``: one of Problem's few fixed words (no_cluster, unknown_cluster,
+        # oversized_headers); a family shows once its first problem is counted.
+        yield gauge(f"llm_health_authz_problems_{kind}", f"Requests with a {kind} problem.", count)
+    yield gauge(
+        "llm_health_authz_internal_errors",
+        "Checks that failed inside the plugin (answered INTERNAL: failure_mode_allow decides).",
+        counters.internal_errors,
+    )
+    yield gauge(
+        "llm_health_authz_latency_s_sum",
+        "Seconds the plugin spent on Checks, all together.",
+        round(counters.latency_sum_s, 6),
+    )
+    yield gauge("llm_health_authz_latency_s_count", "Checks timed.", sum(counters.latency_counts))
+
+
+def _decisions(counters: AuthzCounters) -> Metric:
+    """Decisions per cluster and rule; cluster names are labels (any name, "(none)" and
+    "(unknown)" included)."""
+    family = CounterMetricFamily(
+        "llm_health_authz_decisions",
+        "ext_authz decisions by cluster and rule (ok, priority_routed, cold, no_capacity, "
+        "shed, probe_denied, unknown_cluster, no_cluster, disabled).",
+        labels=["cluster", "rule"],
+    )
+    for cluster, rules in sorted(counters.decisions.items()):
+        for rule, count in rules.items():
+            family.add_metric([cluster, rule], count)
+    return family

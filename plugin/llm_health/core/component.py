@@ -4,6 +4,11 @@ A component is built by ``app.assemble`` from its own config section and a
 ``core.control.BoardControl``; it never sees the runtime. All methods run on the runtime's
 event loop.
 
+Every component is a ``MetricsSource``: it declares its own /metrics families (names, help
+texts, types) from its typed counters, and ``ops.metrics`` only collects them
+(docs/design.md §5). A series is never derived from a ``status()`` key, so a renamed
+JSON key cannot rename a series.
+
 Extension points a component may fill besides (each handed to the runtime by
 ``app.assemble`` by name, never looked up by type; docs/design.md §8.2): ``Preparing``
 and ``SkipRule`` here, ``probe.client.ProbeWrapper`` (it names probe types, which core
@@ -12,15 +17,27 @@ cannot) and ``servers.auth.SecurityProvider``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, Protocol
 
 import grpc
+from prometheus_client.metrics_core import Metric
 
 Job = Callable[[], Coroutine[Any, Any, None]]
 
 
-class Component(Protocol):
+class MetricsSource(Protocol):
+    """What /metrics reads of a component. ``Metric`` is prometheus_client's family type
+    (``core.families`` builds the plain ones): a value object with no registry behind it,
+    so a component needs no exporter of its own and ``ops.metrics`` no translation."""
+
+    def metrics(self) -> Iterable[Metric]:
+        """This component's families now. Called on the runtime's loop at every scrape
+        (the text is rendered from them in a worker thread): read, never block."""
+        ...
+
+
+class Component(MetricsSource, Protocol):
     name: str
 
     def register(self, server: grpc.aio.Server) -> None:
@@ -30,7 +47,7 @@ class Component(Protocol):
         """Long-running coroutines, started after the prober, cancelled on shutdown."""
 
     def status(self) -> dict[str, Any]:
-        """This component's part of /status (JSON-ready; its numbers become metrics)."""
+        """This component's part of /status (JSON-ready; /metrics does not read it)."""
 
 
 class Preparing(Protocol):

@@ -15,17 +15,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import grpc
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 
 from llm_health.core.component import Job
 from llm_health.core.control import BoardControl, Notice
+from llm_health.core.families import counter, gauge
 from llm_health.discovery.answers import DnsFault
 from llm_health.discovery.lookup import DnsLookup
 from llm_health.discovery.settings import DiscoveryConfig, DnsConfig
-from llm_health.discovery.watcher import Watcher
+from llm_health.discovery.watcher import Watcher, WatchStats
 from llm_health.model.board import EndpointSpec
 
 # The config in force: ``dns:`` and every cluster's ``discovery:`` by cluster name.
@@ -90,6 +93,31 @@ class DiscoveryComponent:
             "clusters": clusters,
         }
 
+    def metrics(self) -> Iterator[Metric]:
+        stats = {name: w.stats for name, (w, _task) in self._watchers.items()}
+        yield gauge(
+            "llm_health_discovery_clusters_watched",
+            "Clusters whose endpoints DNS discovery finds.",
+            len(stats),
+        )
+        yield gauge(
+            "llm_health_discovery_clusters_failing",
+            "Clusters whose DNS resolution fails now (last known endpoints kept).",
+            sum(1 for s in stats.values() if s.failing_since is not None),
+        )
+        yield counter(
+            "llm_health_discovery_resolutions_total",
+            "Successful DNS resolutions, all clusters.",
+            sum(s.resolutions for s in stats.values()),
+        )
+        yield counter(
+            "llm_health_discovery_failures_total",
+            "Failed DNS resolution attempts, all clusters.",
+            sum(s.failures for s in stats.values()),
+        )
+        if stats:
+            yield from _cluster_families(stats)
+
     # --- running ------------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -153,3 +181,34 @@ class DiscoveryComponent:
         else:
             reason = f"DNS {fault.kind.value}: {fault.reason}; keeping the last known endpoints"
             self._control.announce(Notice("discovery_failed", cluster, reason))
+
+
+def _cluster_families(stats: Mapping[str, WatchStats]) -> Iterator[Metric]:
+    """Per-cluster DNS discovery series (docs/design.md §11): cluster names are labels
+    here, not parts of a metric name."""
+    endpoints = GaugeMetricFamily(
+        "llm_health_discovery_cluster_endpoints",
+        "Addresses in the last good DNS answer.",
+        labels=["cluster"],
+    )
+    failing = GaugeMetricFamily(
+        "llm_health_discovery_cluster_failing",
+        "1 while DNS resolution fails and the last known endpoints are kept.",
+        labels=["cluster"],
+    )
+    resolutions = CounterMetricFamily(
+        "llm_health_discovery_cluster_resolutions",
+        "Successful DNS resolutions.",
+        labels=["cluster"],
+    )
+    failures = CounterMetricFamily(
+        "llm_health_discovery_cluster_failures",
+        "Failed DNS resolution attempts (timeout, SERVFAIL, REFUSED, NXDOMAIN, empty).",
+        labels=["cluster"],
+    )
+    for name, cluster in stats.items():
+        endpoints.add_metric([name], cluster.endpoints)
+        failing.add_metric([name], 1 if cluster.failing_since is not None else 0)
+        resolutions.add_metric([name], cluster.resolutions)
+        failures.add_metric([name], cluster.failures)
+    yield from (endpoints, failing, resolutions, failures)

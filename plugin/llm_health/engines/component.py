@@ -28,11 +28,15 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
 from llm_health.core.control import BoardControl
+from llm_health.core.families import counter, gauge
 from llm_health.engines.metrics import Reading, parse_load, saturation
 from llm_health.engines.schedule import MAX_TICK_S, MODELS_EVERY_S, SideReadSchedule, with_ttft
 from llm_health.engines.served_model import wrong_model
@@ -400,6 +404,58 @@ class EngineChecks:
             },
         }
 
+    def metrics(self) -> Iterator[Metric]:
+        counters = self._counters
+        yield counter(
+            "llm_health_engines_checks_total",
+            "Known-answer probe answers judged.",
+            counters.checks_total,
+        )
+        yield counter(
+            "llm_health_engines_garbage_total",
+            "Known-answer verdicts: garbage (held UNHEALTHY at once).",
+            counters.garbage_total,
+        )
+        yield counter(
+            "llm_health_engines_misses_total", "Known-answer verdicts: miss.", counters.misses_total
+        )
+        yield counter(
+            "llm_health_engines_passes_total", "Known-answer verdicts: pass.", counters.passes_total
+        )
+        yield counter(
+            "llm_health_engines_metrics_reads_total",
+            "Reads of the engines' /metrics.",
+            counters.metrics_reads_total,
+        )
+        yield counter(
+            "llm_health_engines_metrics_failures_total",
+            "Engine /metrics reads that failed or did not parse (no verdict).",
+            counters.metrics_failures_total,
+        )
+        yield counter(
+            "llm_health_engines_model_checks_total",
+            "Served-model checks (GET /v1/models).",
+            counters.model_checks_total,
+        )
+        yield counter(
+            "llm_health_engines_model_failures_total",
+            "Served-model checks that could not read the model list (no verdict).",
+            counters.model_failures_total,
+        )
+        yield gauge(
+            "llm_health_engines_saturated_now",
+            "Endpoints an engine threshold holds at DEGRADED now.",
+            sum(1 for s in self._endpoints.values() if s.limit),
+        )
+        yield gauge(
+            "llm_health_engines_metrics_min_interval_s",
+            "Seconds between two reads of one endpoint's /metrics, at least (the interval, "
+            "stretched to the read budget).",
+            round(self._schedule.stretch, 3),
+        )
+        if self._endpoints:
+            yield from _load_families(sorted(self._endpoints.items()), self.engines)
+
 
 def _loop_running() -> bool:
     try:
@@ -407,6 +463,43 @@ def _loop_running() -> bool:
     except RuntimeError:
         return False
     return True
+
+
+def _load_families(
+    endpoints: list[tuple[str, _Endpoint]], engines: Mapping[str, str]
+) -> Iterator[Metric]:
+    """The engines' own load as each endpoint's /metrics reports it (docs/design.md §14.3),
+    and whether it counts as saturated: one series per endpoint checked here."""
+    labels = ["cluster", "endpoint", "engine"]
+    waiting = GaugeMetricFamily(
+        "llm_health_engine_requests_waiting", "Requests the engine has queued.", labels=labels
+    )
+    running = GaugeMetricFamily(
+        "llm_health_engine_requests_running", "Requests the engine is running.", labels=labels
+    )
+    kv_cache = GaugeMetricFamily(
+        "llm_health_engine_kv_cache_usage", "KV cache used, 0 to 1.", labels=labels
+    )
+    saturated = GaugeMetricFamily(
+        "llm_health_engine_saturated",
+        "1 while a queue or KV-cache threshold holds the endpoint at DEGRADED.",
+        labels=labels,
+    )
+    for key, state in endpoints:
+        cluster, _, address = key.partition("/")
+        names = [cluster, address, engines.get(key) or "unknown"]
+        saturated.add_metric(names, 1 if state.limit else 0)
+        load = state.reading.load
+        if load is None:
+            continue
+        for family, value in (
+            (waiting, load.waiting),
+            (running, load.running),
+            (kv_cache, load.kv_cache),
+        ):
+            if value is not None:
+                family.add_metric(names, float(value))
+    yield from (waiting, running, kv_cache, saturated)
 
 
 def _endpoint_status(key: str, state: _Endpoint, checks: EngineChecks) -> dict[str, Any]:

@@ -26,14 +26,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 import grpc
+from prometheus_client.metrics_core import Metric
 from redis.exceptions import RedisError
 
 from llm_health.core.component import Job
 from llm_health.core.control import BoardControl, Notice, OperatorAction
+from llm_health.core.families import counter, gauge
 from llm_health.fleet import actions
 from llm_health.fleet.membership import Mode, Roster
 from llm_health.fleet.ownership import endpoint_key, split_key
@@ -67,6 +69,60 @@ FOLLOW_UP_BUDGET_S = 10.0  # takeover reads and full syncs after one heartbeat
 FULL_SYNC_EVERY_S = 30.0  # read every stored verdict this often even if no event was lost
 log = logging.getLogger("llm_health")
 RedisFailure = (RedisError, OSError, TimeoutError, WireError)
+# ``FleetComponent.counters`` on /metrics: (series, key of the counter, what).
+_FLEET_COUNTERS = (
+    (
+        "llm_health_fleet_verdicts_published_total",
+        "verdicts_published_total",
+        "Verdicts of owned endpoints published to Redis.",
+    ),
+    (
+        "llm_health_fleet_verdicts_applied_total",
+        "verdicts_applied_total",
+        "Verdicts of the endpoints' owners adopted here.",
+    ),
+    (
+        "llm_health_fleet_verdicts_rejected_total",
+        "verdicts_rejected_total",
+        "Verdicts and events read from Redis and refused (unusable).",
+    ),
+    (
+        "llm_health_fleet_verdicts_fenced_total",
+        "verdicts_fenced_total",
+        "Verdicts Redis refused: not a live member with our epoch.",
+    ),
+    (
+        "llm_health_fleet_verdicts_not_owner_total",
+        "verdicts_not_owner_total",
+        "Verdicts Redis refused: another member owns the endpoint.",
+    ),
+    ("llm_health_fleet_redis_errors_total", "redis_errors_total", "Redis commands that failed."),
+    (
+        "llm_health_fleet_fallbacks_total",
+        "fallbacks_total",
+        "Times this replica fell back to probing every endpoint.",
+    ),
+    (
+        "llm_health_fleet_takeovers_total",
+        "takeovers_total",
+        "Endpoints taken over from a member that left.",
+    ),
+    (
+        "llm_health_fleet_rejoins_total",
+        "rejoins_total",
+        "Times this replica joined the fleet again (a new epoch).",
+    ),
+    (
+        "llm_health_fleet_actions_shared_total",
+        "actions_shared_total",
+        "Operator actions taken here shared with the fleet.",
+    ),
+    (
+        "llm_health_fleet_actions_applied_total",
+        "actions_applied_total",
+        "Operator actions from other replicas applied here.",
+    ),
+)
 
 
 class ProbeRouting(Protocol):
@@ -174,6 +230,28 @@ class FleetComponent:
                 key: endpoint_status(key, roster, self._ledger, now_ms) for key in self._keys()
             },
         }
+
+    def metrics(self) -> Iterator[Metric]:
+        counters = self.counters
+        yield gauge(
+            "llm_health_fleet_fallback",
+            "1 while this replica probes every endpoint itself (Redis unreachable, or starting).",
+            self.mode != "sharing",
+        )
+        if self.epoch is not None:
+            yield gauge("llm_health_fleet_epoch", "This replica's membership epoch.", self.epoch)
+        yield gauge("llm_health_fleet_members", "Live fleet members.", len(self.members))
+        if self.mode == "sharing":
+            yield gauge(
+                "llm_health_fleet_owned_endpoints",
+                "Endpoints this replica owns (probes for the fleet).",
+                len(self._roster.owned),
+            )
+        yield counter(
+            "llm_health_fleet_redis_commands_total", "Redis commands sent.", self._store.commands
+        )
+        for name, key, what in _FLEET_COUNTERS:
+            yield counter(name, what, counters[key])
 
     async def prepare(self) -> None:
         """Before the first probe: join and adopt the fleet's fresh verdicts (warm start:

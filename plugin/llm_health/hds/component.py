@@ -30,15 +30,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from prometheus_client.metrics_core import Metric
 
 from llm_health.core.control import BoardControl
+from llm_health.core.families import counter, gauge
 from llm_health.hds.fleet import Target
-from llm_health.hds.service import HdsService
+from llm_health.hds.service import HdsService, HdsStats
 from llm_health.hds.settings import HdsConfig
 from llm_health.model.board import Board, HealthSnapshot
 from llm_health.model.machine import Transition
@@ -48,6 +50,87 @@ from llm_health.servers.hds import add_hds_servicer
 SIGNAL = "hds"
 MAX_TICK_S = 0.5
 log = logging.getLogger("llm_health")
+# The service's counters on /metrics. Gauges, though they only grow (streams_open aside):
+# the type they were first exported with, which dashboards and rules query.
+_STATS: tuple[tuple[str, str, Callable[[HdsStats], int]], ...] = (
+    ("llm_health_hds_stats_streams_open", "HDS streams open now.", lambda s: s.streams_open),
+    (
+        "llm_health_hds_stats_refused_streams",
+        "HDS streams refused (hds.enabled: false).",
+        lambda s: s.refused_streams,
+    ),
+    (
+        "llm_health_hds_stats_health_check_requests",
+        "HealthCheckRequests received (a node identifying itself).",
+        lambda s: s.health_check_requests,
+    ),
+    ("llm_health_hds_stats_reports", "Health reports folded in.", lambda s: s.reports),
+    (
+        "llm_health_hds_stats_empty_reports",
+        "Health reports with no entry.",
+        lambda s: s.empty_reports,
+    ),
+    (
+        "llm_health_hds_stats_empty_messages",
+        "Messages with neither field set before the stream identified itself.",
+        lambda s: s.empty_messages,
+    ),
+    (
+        "llm_health_hds_stats_undecodable_messages",
+        "Streams ended by bytes that are not an HDS message.",
+        lambda s: s.undecodable_messages,
+    ),
+    (
+        "llm_health_hds_stats_reports_before_request",
+        "Reports on a stream that had not identified itself (ignored).",
+        lambda s: s.reports_before_request,
+    ),
+    (
+        "llm_health_hds_stats_malformed_entries",
+        "Report entries without a usable address.",
+        lambda s: s.malformed_entries,
+    ),
+    (
+        "llm_health_hds_stats_specifiers_sent",
+        "HealthCheckSpecifiers sent.",
+        lambda s: s.specifiers_sent,
+    ),
+    (
+        "llm_health_hds_stats_reports_without_xds",
+        "Reports from a node id with no open xDS stream (ignored).",
+        lambda s: s.reports_without_xds,
+    ),
+    (
+        "llm_health_hds_stats_held_verdicts",
+        "Down verdicts held by the max_ejection_percent cap (unauthenticated reporters).",
+        lambda s: s.held_verdicts,
+    ),
+    (
+        "llm_health_hds_stats_entries_counted",
+        "Report entries counted toward a verdict.",
+        lambda s: s.entries.counted,
+    ),
+    (
+        "llm_health_hds_stats_entries_unknown_endpoint",
+        "Report entries for an endpoint not on the board.",
+        lambda s: s.entries.unknown_endpoint,
+    ),
+    (
+        "llm_health_hds_stats_entries_unassigned",
+        "Report entries from a node not assigned the endpoint.",
+        lambda s: s.entries.unassigned,
+    ),
+    (
+        "llm_health_hds_stats_entries_first_check",
+        "Down entries of a node's first check of an endpoint (within the grace).",
+        lambda s: s.entries.first_check,
+    ),
+    (
+        "llm_health_hds_stats_entries_no_verdict",
+        "Report entries that said neither up nor down.",
+        lambda s: s.entries.no_verdict,
+    ),
+)
 
 
 def endpoints_of(snapshot: HealthSnapshot) -> dict[EndpointKey, Target]:
@@ -110,6 +193,33 @@ class HdsComponent:
             "ejection_cap": "max_ejection_percent" if self._capped else "none (authenticated)",
             "held_now": len(self._held),
         }
+
+    def metrics(self) -> Iterator[Metric]:
+        settings, stats = self.service.settings, self.service.stats
+        yield gauge(
+            "llm_health_hds_enabled", "1 while HDS is served (hds.enabled).", settings.enabled
+        )
+        yield gauge(
+            "llm_health_hds_checkers_per_endpoint",
+            "Envoys asked to check each endpoint (hds.checkers_per_endpoint).",
+            settings.checkers_per_endpoint,
+        )
+        if settings.quorum is not None:
+            yield gauge(
+                "llm_health_hds_quorum",
+                "Reporters that must say down to take an endpoint out (hds.quorum; unset: a majority).",
+                settings.quorum,
+            )
+        yield gauge(
+            "llm_health_hds_held_now",
+            "Down verdicts held now by the max_ejection_percent cap.",
+            len(self._held),
+        )
+        yield counter(
+            "llm_health_hds_stats_streams_total", "HDS streams opened.", stats.streams_total
+        )
+        for name, what, read in _STATS:
+            yield gauge(name, what, read(stats))
 
     async def _follow_endpoints(self) -> None:
         """Follow the published endpoint set. Most publications change a state, not the

@@ -7,8 +7,9 @@ Two kinds of series, no double bookkeeping:
   (``model.causes``), never the free-text reason;
 - state, read at scrape time (``_ScrapeCollector``): every endpoint's state and Envoy
   weight from the board snapshot, xDS counters, the prober's loop lag and counters
-  (``ProberStats``), and every numeric field of each component's ``status()`` (HDS,
-  ext_authz, alerts, admin, ...) as ``llm_health_<component>_<key>``.
+  (``ProberStats``), and the families each component declares itself
+  (``core.component.MetricsSource``: HDS, ext_authz, alerts, admin, ...), collected here
+  as they are, never derived from ``status()``.
 
 Cardinality is bounded: labels are cluster and endpoint names from the config, enum
 values (state, outcome, cause, xDS variant), nothing else (no salts, prompts or
@@ -16,16 +17,16 @@ error strings). Series of endpoints that left the board (hot reload) are dropped
 next scrape. The registry is private to one runtime (tests run several).
 
 Thread and task safety: observers run on the runtime's loop. A scrape gathers its inputs
-on the loop, then renders the text in a worker thread so a large exposition (1,000
-endpoints) does not stall the loop that times the probes.
+(the components' families included) on the loop, then renders the text in a worker
+thread so a large exposition (1,000 endpoints) does not stall the loop that times the
+probes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from llm_health import __version__
+from llm_health.core.component import MetricsSource
 from llm_health.core.control import BoardControl, ProberStats
 from llm_health.model.board import EndpointSnapshot, HealthSnapshot
 from llm_health.model.causes import Cause
@@ -59,19 +61,6 @@ TTFT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.5, 3.0)
 HEADERS_BUCKETS_S = (0.005, 0.025, 0.1, 0.2, 0.5, 0.8)
 CONNECT_BUCKETS_S = (0.001, 0.005, 0.025, 0.1, 0.5)
 LAG_WINDOW_S = 30.0
-# Status keys shown as labelled series by their own family (e.g. discovery_families), not
-# walked into names: a cluster name is a label value, never part of a metric name.
-_LABELLED = {
-    "discovery": ("clusters",),
-    "fleet": ("endpoints",),
-    "remediation": ("recent",),
-    "authz": ("decisions",),
-    "engines": ("consensus", "endpoints"),
-    "traffic": ("clusters", "endpoints"),
-}
-MAX_COMPONENT_SERIES = 200  # per component: a status() that grows cannot flood Prometheus
-MAX_COMPONENT_DEPTH = 4
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 _XDS_COUNTERS = (
     "streams_total",
     "requests",
@@ -98,7 +87,7 @@ class RuntimeMetrics:
         control: BoardControl,
         stats: ProberStats,
         xds: XdsStats,
-        components: Callable[[], Mapping[str, Mapping[str, Any]]],
+        components: Sequence[MetricsSource],
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.ttft = _probe_histogram("ttft", "time to first token", TTFT_BUCKETS_S)
@@ -178,7 +167,7 @@ class RuntimeMetrics:
         return Scrape(
             snapshot=self._control.snapshot(),
             xds={name: _xds_numbers(c) for name, c in self._xds.by_variant().items()},
-            components=self._components(),
+            components=tuple(f for source in self._components for f in source.metrics()),
             loop_lag_s=lag.current_ms / 1000,
             loop_lag_max_s=lag.max_since(time.perf_counter() - LAG_WINDOW_S) / 1000,
             probes_total=stats.probes_total,
@@ -226,7 +215,7 @@ class Scrape:
 
     snapshot: HealthSnapshot
     xds: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
-    components: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    components: tuple[Metric, ...] = ()  # every component's families
     loop_lag_s: float = 0.0
     loop_lag_max_s: float = 0.0
     probes_total: int = 0
@@ -249,139 +238,7 @@ class _ScrapeCollector(Collector):
         yield from _cluster_families(scrape.snapshot)
         yield from _xds_families(scrape.xds)
         yield from _prober_families(scrape)
-        yield from component_families(scrape.components)
-        yield from discovery_families(scrape.components.get("discovery", {}))
-        yield from authz_families(scrape.components.get("authz", {}))
-        yield from engine_families(scrape.components.get("engines", {}))
-        yield from traffic_families(scrape.components.get("traffic", {}))
-
-
-def authz_families(status: Mapping[str, Any]) -> Iterator[Metric]:
-    """ext_authz decisions per cluster and rule, from the authz component's /status
-    (cluster names are labels: any name, "-" included)."""
-    decisions = status.get("decisions")
-    if not isinstance(decisions, Mapping) or not decisions:
-        return
-    family = CounterMetricFamily(
-        "llm_health_authz_decisions",
-        "ext_authz decisions by cluster and rule (ok, priority_routed, cold, no_capacity, "
-        "shed, probe_denied, unknown_cluster, no_cluster, disabled).",
-        labels=["cluster", "rule"],
-    )
-    for cluster, rules in decisions.items():
-        if isinstance(rules, Mapping):
-            for rule, count in rules.items():
-                family.add_metric([str(cluster), str(rule)], count)
-    yield family
-
-
-def discovery_families(status: Mapping[str, Any]) -> Iterator[Metric]:
-    """Per-cluster DNS discovery series (docs/design.md §11) from the discovery component's
-    /status: cluster names are labels here, not parts of a metric name."""
-    clusters = status.get("clusters")
-    if not isinstance(clusters, Mapping) or not clusters:
-        return
-    endpoints = GaugeMetricFamily(
-        "llm_health_discovery_cluster_endpoints",
-        "Addresses in the last good DNS answer.",
-        labels=["cluster"],
-    )
-    failing = GaugeMetricFamily(
-        "llm_health_discovery_cluster_failing",
-        "1 while DNS resolution fails and the last known endpoints are kept.",
-        labels=["cluster"],
-    )
-    resolutions = CounterMetricFamily(
-        "llm_health_discovery_cluster_resolutions",
-        "Successful DNS resolutions.",
-        labels=["cluster"],
-    )
-    failures = CounterMetricFamily(
-        "llm_health_discovery_cluster_failures",
-        "Failed DNS resolution attempts (timeout, SERVFAIL, REFUSED, NXDOMAIN, empty).",
-        labels=["cluster"],
-    )
-    for name, cluster in clusters.items():
-        endpoints.add_metric([name], cluster["endpoints"])
-        failing.add_metric([name], 1 if cluster["failing"] else 0)
-        resolutions.add_metric([name], cluster["resolutions"])
-        failures.add_metric([name], cluster["failures"])
-    yield from (endpoints, failing, resolutions, failures)
-
-
-def engine_families(status: Mapping[str, Any]) -> Iterator[Metric]:
-    """The engines' own load as each endpoint's /metrics reports it (docs/design.md §14.3),
-    and whether it counts as saturated: one series per probed endpoint."""
-    endpoints = status.get("endpoints")
-    if not isinstance(endpoints, Mapping) or not endpoints:
-        return
-    labels = ["cluster", "endpoint", "engine"]
-    waiting = GaugeMetricFamily(
-        "llm_health_engine_requests_waiting", "Requests the engine has queued.", labels=labels
-    )
-    running = GaugeMetricFamily(
-        "llm_health_engine_requests_running", "Requests the engine is running.", labels=labels
-    )
-    kv_cache = GaugeMetricFamily(
-        "llm_health_engine_kv_cache_usage", "KV cache used, 0 to 1.", labels=labels
-    )
-    saturated = GaugeMetricFamily(
-        "llm_health_engine_saturated",
-        "1 while a queue or KV-cache threshold holds the endpoint at DEGRADED.",
-        labels=labels,
-    )
-    for key, entry in endpoints.items():
-        cluster, _, address = str(key).partition("/")
-        names = [cluster, address, str(entry.get("engine") or "unknown")]
-        saturated.add_metric(names, 1 if entry.get("saturated") else 0)
-        load = entry.get("load")
-        if not isinstance(load, Mapping):
-            continue
-        for family, key in ((waiting, "waiting"), (running, "running"), (kv_cache, "kv_cache")):
-            if isinstance(load.get(key), int | float):
-                family.add_metric(names, float(load[key]))
-    yield from (waiting, running, kv_cache, saturated)
-
-
-_QUALITY_SERIES = (
-    ("requests", "requests", "Real requests in the quality window (access logs)."),
-    ("error_rate", "error_rate", "Share of real requests that failed (5xx, resets, timeouts)."),
-    ("ttft_p50_seconds", "p50_ttft_s", "Median TTFT of real traffic (engine histogram)."),
-    ("ttft_p95_seconds", "p95_ttft_s", "p95 TTFT of real traffic (engine histogram)."),
-    ("duration_p95_seconds", "p95_duration_s", "p95 duration of real requests (access logs)."),
-)
-
-
-def traffic_families(status: Mapping[str, Any]) -> Iterator[Metric]:
-    """Real traffic's quality window (docs/design.md §15) per endpoint and per cluster: the
-    series an autoscaler reads (deploy/kubernetes/hpa-quality.yaml)."""
-    for level, labels in (("endpoints", ["cluster", "endpoint"]), ("clusters", ["cluster"])):
-        entries = status.get(level)
-        if not isinstance(entries, Mapping) or not entries:
-            continue
-        prefix = "llm_health_quality" if level == "endpoints" else "llm_health_cluster_quality"
-        families = {
-            key: GaugeMetricFamily(f"{prefix}_{name}", what, labels=labels)
-            for name, key, what in _QUALITY_SERIES
-        }
-        for name, entry in entries.items():
-            values = [*str(name).partition("/")[::2]] if level == "endpoints" else [str(name)]
-            for key, family in families.items():
-                value = entry.get(key)
-                if isinstance(value, int | float):
-                    family.add_metric(values, float(value))
-        yield from families.values()
-        if level == "endpoints":
-            limited = GaugeMetricFamily(
-                "llm_health_quality_limited",
-                "1 while real traffic's quality holds the endpoint at DEGRADED.",
-                labels=labels,
-            )
-            for name, entry in entries.items():
-                limited.add_metric(
-                    [*str(name).partition("/")[::2]], 1 if entry.get("limited") else 0
-                )
-            yield limited
+        yield from scrape.components
 
 
 def _info() -> Metric:
@@ -469,44 +326,6 @@ def _prober_families(scrape: Scrape) -> Iterator[Metric]:
         value=scrape.silences_ignored,
     )
     yield from (lag, lag_max, ignored, done, overlaps, silences)
-
-
-def component_families(components: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
-    """Every numeric leaf of each component's status() as ``llm_health_<component>_<path>``:
-    a key ending in ``_total`` is a counter, the rest gauges; booleans are 0/1. Keys that
-    are not identifiers (addresses, URLs: unbounded) are skipped, and so are strings,
-    lists and None. At most MAX_COMPONENT_SERIES per component."""
-    used: set[str] = set()
-    for component, status in components.items():
-        prefix = f"llm_health_{_metric_word(component)}"
-        skip = _LABELLED.get(component, ())
-        shown = {k: v for k, v in status.items() if k not in skip}
-        leaves = list(_numeric_leaves(prefix, shown, 0))[:MAX_COMPONENT_SERIES]
-        for name, value in leaves:
-            if name in used:
-                continue
-            used.add(name)
-            yield _component_metric(name, component, value)
-
-
-def _component_metric(name: str, component: str, value: float) -> Metric:
-    what = f"From the {component} component's /status."
-    if name.endswith("_total"):
-        return CounterMetricFamily(name.removesuffix("_total"), what, value=value)
-    return GaugeMetricFamily(name, what, value=value)
-
-
-def _numeric_leaves(prefix: str, value: Any, depth: int) -> Iterator[tuple[str, float]]:
-    if isinstance(value, bool | int | float):
-        yield prefix, float(value)
-    elif isinstance(value, Mapping) and depth < MAX_COMPONENT_DEPTH:
-        for key, item in value.items():
-            if isinstance(key, str) and _IDENT.fullmatch(key):
-                yield from _numeric_leaves(f"{prefix}_{key.lower()}", item, depth + 1)
-
-
-def _metric_word(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_]", "_", text).lower() or "component"
 
 
 def _xds_numbers(counters: Any) -> dict[str, int]:

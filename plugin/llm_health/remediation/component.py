@@ -22,14 +22,17 @@ import os
 import signal
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import aiohttp
 import grpc
+from prometheus_client.metrics_core import Metric
 
 from llm_health.core.component import Job
 from llm_health.core.control import BoardControl, Notice
+from llm_health.core.families import counter, gauge
 from llm_health.model.board import HealthSnapshot
 from llm_health.model.redact import printable_line
 from llm_health.remediation.decide import Candidate, Ledger, is_due, refusal
@@ -41,6 +44,18 @@ MAX_OUTPUT = 4096  # bytes of a hook's output kept for the audit
 RECENT = 20
 log = logging.getLogger("llm_health")
 Responsible = Callable[[str, str], bool]  # does this replica act for the endpoint
+
+
+@dataclass(slots=True)
+class RemediationCounters:
+    """Hooks run, and how they ended (/status shows them by these names)."""
+
+    runs_total: int = 0
+    dry_runs_total: int = 0  # limits.dry_run: due, allowed, not run
+    succeeded_total: int = 0
+    failed_total: int = 0
+    killed_total: int = 0  # at the rule's timeout
+    refused_total: int = 0  # by a limit (cooldowns and hooks still running aside)
 
 
 class RemediationComponent:
@@ -64,14 +79,7 @@ class RemediationComponent:
         self._tick_s = tick_s
         self.ledger = Ledger()
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
-        self.counters = {
-            "runs_total": 0,
-            "dry_runs_total": 0,
-            "succeeded_total": 0,
-            "failed_total": 0,
-            "killed_total": 0,
-            "refused_total": 0,
-        }
+        self.counters = RemediationCounters()
         self._tasks: set[asyncio.Task[None]] = set()
 
     # --- Component protocol -------------------------------------------------------------
@@ -87,9 +95,49 @@ class RemediationComponent:
             "rules": len(self.rules),
             "dry_run": self.limits.dry_run,
             "running": len(self.ledger.running),
-            **self.counters,
+            **asdict(self.counters),
             "recent": list(self.recent),
         }
+
+    def metrics(self) -> Iterator[Metric]:
+        counters = self.counters
+        yield gauge(
+            "llm_health_remediation_rules", "Rules configured (remediation:).", len(self.rules)
+        )
+        yield gauge(
+            "llm_health_remediation_dry_run",
+            "1 while hooks are only logged, not run (limits.dry_run).",
+            self.limits.dry_run,
+        )
+        yield gauge(
+            "llm_health_remediation_running", "Hooks running now.", len(self.ledger.running)
+        )
+        yield counter("llm_health_remediation_runs_total", "Hooks started.", counters.runs_total)
+        yield counter(
+            "llm_health_remediation_dry_runs_total",
+            "Hooks due and allowed but not run (limits.dry_run).",
+            counters.dry_runs_total,
+        )
+        yield counter(
+            "llm_health_remediation_succeeded_total",
+            "Hooks that ended well (exit 0, or a 2xx webhook answer).",
+            counters.succeeded_total,
+        )
+        yield counter(
+            "llm_health_remediation_failed_total",
+            "Hooks that failed (another exit code or answer, or an error).",
+            counters.failed_total,
+        )
+        yield counter(
+            "llm_health_remediation_killed_total",
+            "Hooks killed or given up on at their timeout.",
+            counters.killed_total,
+        )
+        yield counter(
+            "llm_health_remediation_refused_total",
+            "Due hooks refused by a limit (limits:).",
+            counters.refused_total,
+        )
 
     # --- deciding -----------------------------------------------------------------------
 
@@ -114,7 +162,7 @@ class RemediationComponent:
                 why = refusal(self.ledger, candidate, rule, self.limits, now)
                 if why is not None:
                     if why not in ("already running",) and not why.startswith("cooldown"):
-                        self.counters["refused_total"] += 1
+                        self.counters.refused_total += 1
                     continue
                 self.ledger.start(candidate.key, rule, now)
                 task = asyncio.get_running_loop().create_task(self._run(candidate, rule))
@@ -164,10 +212,10 @@ class RemediationComponent:
         }
         try:
             if self.limits.dry_run:
-                self.counters["dry_runs_total"] += 1
+                self.counters.dry_runs_total += 1
                 entry["outcome"] = "dry run: not run"
             else:
-                self.counters["runs_total"] += 1
+                self.counters.runs_total += 1
                 log.warning("remediation: running", extra=_fields(entry))
                 entry.update(
                     await (self._exec(rule, values) if rule.run else self._post(rule, candidate))
@@ -175,7 +223,7 @@ class RemediationComponent:
             self._count(entry["outcome"])
         except Exception as exc:  # a broken hook must never break the service
             entry["outcome"] = f"failed: {type(exc).__name__}"
-            self.counters["failed_total"] += 1
+            self.counters.failed_total += 1
         finally:
             self.ledger.finish(key, rule)
             entry["duration_s"] = round(self._wall_clock() - entry["started"], 3)
@@ -234,11 +282,11 @@ class RemediationComponent:
 
     def _count(self, outcome: str) -> None:
         if outcome == "ok":
-            self.counters["succeeded_total"] += 1
+            self.counters.succeeded_total += 1
         elif outcome.startswith("killed"):
-            self.counters["killed_total"] += 1
+            self.counters.killed_total += 1
         elif not outcome.startswith("dry run"):
-            self.counters["failed_total"] += 1
+            self.counters.failed_total += 1
 
 
 async def _bounded(process: asyncio.subprocess.Process) -> bytes:

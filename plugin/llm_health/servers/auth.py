@@ -4,8 +4,9 @@ every gRPC surface on it uses, and the ``grpc_auth`` part of /status.
 Built by ``app.assemble`` from the ``server`` section. ``GrpcAuth.security`` is handed to
 the runtime, which calls it when it creates the gRPC server, and to ext_authz for its own
 server (``server.authz``). /status shows ``{"mode": "bearer token" | "mtls" | "mtls +
-bearer token" | "none", "rejected_total": N, "tls": bool}``. The token itself is never
-shown.
+bearer token" | "none", "rejected_total": N, "tls": bool}``, /metrics
+``llm_health_grpc_auth_rejected_total`` and ``llm_health_grpc_auth_tls``. The token itself
+is never shown.
 
 - ``server.token``: one ``BearerTokenInterceptor`` guards every service on the port (xDS,
   HDS, ext_authz, and the admin API when it shares the port), loopback included, and
@@ -21,13 +22,15 @@ lifts the max_ejection_percent cap on HDS verdicts (docs/design.md §7.6).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from prometheus_client.metrics_core import Metric
 
 from llm_health.config import ServerConfig
+from llm_health.core.families import counter, gauge
 from llm_health.servers.grpc import (
     BearerTokenInterceptor,
     GrpcAuthStats,
@@ -94,3 +97,15 @@ class GrpcAuth:
 
     def status(self) -> dict[str, Any]:
         return {**self.stats.as_dict(), "tls": self._server.tls is not None}
+
+    def metrics(self) -> Iterator[Metric]:
+        yield counter(
+            "llm_health_grpc_auth_rejected_total",
+            "gRPC calls refused: no or wrong bearer token (server.token).",
+            self.stats.rejected_total,
+        )
+        yield gauge(
+            "llm_health_grpc_auth_tls",
+            "1 when the main gRPC port speaks TLS (server.tls).",
+            self._server.tls is not None,
+        )

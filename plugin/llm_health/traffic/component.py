@@ -22,13 +22,16 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from typing import Any
 
 import grpc
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 
 from llm_health.core.component import ProbeSlot
 from llm_health.core.control import BoardControl
+from llm_health.core.families import counter, gauge
 from llm_health.model.board import Board
 from llm_health.model.causes import Cause
 from llm_health.model.engine_load import EngineLoad, Histogram
@@ -43,7 +46,7 @@ from llm_health.traffic.quality import note, verdict
 from llm_health.traffic.settings import BusyConfig, QualityConfig
 from llm_health.traffic.stream import LogStreams
 from llm_health.traffic.ttft import delta
-from llm_health.traffic.window import Counts, Window
+from llm_health.traffic.window import Counts, Summary, Window
 
 QUALITY_LIMIT = "quality"
 JUDGE_EVERY_S = 1.0
@@ -66,6 +69,43 @@ class _Counters:
     unknown_endpoint_total: int = 0  # requests to hosts not on the board
     probes_skipped_total: int = 0  # backoff_when_busy
     ttft_resets_total: int = 0  # engine histograms that went back (restarts)
+
+
+EndpointWindow = tuple[tuple[str, str], _Endpoint, Summary]  # (cluster, address), ...
+# Real traffic's quality window on /metrics: (per endpoint, per cluster, what, value),
+# rounded as /status shows it; None: no sample.
+_QUALITY_SERIES: tuple[tuple[str, str, str, Callable[[Summary], float | None]], ...] = (
+    (
+        "llm_health_quality_requests",
+        "llm_health_cluster_quality_requests",
+        "Real requests in the quality window (access logs).",
+        lambda s: s.requests,
+    ),
+    (
+        "llm_health_quality_error_rate",
+        "llm_health_cluster_quality_error_rate",
+        "Share of real requests that failed (5xx, resets, timeouts).",
+        lambda s: round(s.error_rate, 6),
+    ),
+    (
+        "llm_health_quality_ttft_p50_seconds",
+        "llm_health_cluster_quality_ttft_p50_seconds",
+        "Median TTFT of real traffic (engine histogram).",
+        lambda s: _rounded(s.p50_ttft_s),
+    ),
+    (
+        "llm_health_quality_ttft_p95_seconds",
+        "llm_health_cluster_quality_ttft_p95_seconds",
+        "p95 TTFT of real traffic (engine histogram).",
+        lambda s: _rounded(s.p95_ttft_s),
+    ),
+    (
+        "llm_health_quality_duration_p95_seconds",
+        "llm_health_cluster_quality_duration_p95_seconds",
+        "p95 duration of real requests (access logs).",
+        lambda s: _rounded(s.p95_duration_s),
+    ),
+)
 
 
 class TrafficComponent:
@@ -217,28 +257,133 @@ class TrafficComponent:
     # --- reading ----------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        now = self._clock()
+        windows, clusters = self._windows(self._clock())
         endpoints: dict[str, Any] = {}
-        clusters: dict[str, Counts] = {}
-        for (cluster, address), entry in sorted(self._endpoints.items()):
-            if self._control.probe_state(cluster, address) is None:
-                continue  # gone from the board before the catalog said so
-            counts = entry.window.counts(now)
+        for (cluster, address), entry, summary in windows:
             quality = self._quality(cluster)
-            summary = counts.summary()
             endpoints[f"{cluster}/{address}"] = {
                 **summary.to_json(),
                 "quality": note(summary, quality) if quality is not None else "off",
                 "limited": entry.limit,
             }
-            if cluster in clusters:
-                clusters[cluster].merge(counts)
-            else:
-                clusters[cluster] = counts
         return {
             **dataclasses.asdict(self.streams.stats),
             **dataclasses.asdict(self._counters),
             "limited_now": sum(1 for e in self._endpoints.values() if e.limit),
-            "clusters": {name: c.summary().to_json() for name, c in clusters.items()},
+            "clusters": {name: summary.to_json() for name, summary in clusters.items()},
             "endpoints": endpoints,
         }
+
+    def metrics(self) -> Iterator[Metric]:
+        streams, counters = self.streams.stats, self._counters
+        yield gauge(
+            "llm_health_traffic_streams_open", "Access-log streams open now.", streams.streams_open
+        )
+        yield counter(
+            "llm_health_traffic_streams_total", "Access-log streams opened.", streams.streams_total
+        )
+        yield counter(
+            "llm_health_traffic_messages_total",
+            "Access-log messages received.",
+            streams.messages_total,
+        )
+        yield counter(
+            "llm_health_traffic_entries_total",
+            "HTTP access-log entries received.",
+            streams.entries_total,
+        )
+        yield counter(
+            "llm_health_traffic_counted_total",
+            "Access-log entries counted as real requests.",
+            streams.counted_total,
+        )
+        yield counter(
+            "llm_health_traffic_skipped_total",
+            "Access-log entries left out (our probes, intermediate entries, no upstream host).",
+            streams.skipped_total,
+        )
+        yield counter(
+            "llm_health_traffic_dropped_total",
+            "Access-log entries dropped over a stream's rate budget.",
+            streams.dropped_total,
+        )
+        yield counter(
+            "llm_health_traffic_tcp_messages_total",
+            "TCP access-log messages (not read).",
+            streams.tcp_messages_total,
+        )
+        yield counter(
+            "llm_health_traffic_unknown_endpoint_total",
+            "Real requests to hosts not on the board.",
+            counters.unknown_endpoint_total,
+        )
+        yield counter(
+            "llm_health_traffic_probes_skipped_total",
+            "Probes left out while real traffic shows the endpoint busy (backoff_when_busy).",
+            counters.probes_skipped_total,
+        )
+        yield counter(
+            "llm_health_traffic_ttft_resets_total",
+            "Engine TTFT histograms that went back (an engine restart).",
+            counters.ttft_resets_total,
+        )
+        yield gauge(
+            "llm_health_traffic_limited_now",
+            "Endpoints real traffic's quality holds at DEGRADED now.",
+            sum(1 for e in self._endpoints.values() if e.limit),
+        )
+        windows, clusters = self._windows(self._clock())
+        yield from quality_families(windows, clusters)
+
+    def _windows(self, now: float) -> tuple[list[EndpointWindow], dict[str, Summary]]:
+        """Each endpoint's window (those still on the board), and per cluster its
+        endpoints' windows added up."""
+        windows: list[EndpointWindow] = []
+        clusters: dict[str, Counts] = {}
+        for (cluster, address), entry in sorted(self._endpoints.items()):
+            if self._control.probe_state(cluster, address) is None:
+                continue  # gone from the board before the catalog said so
+            counts = entry.window.counts(now)
+            windows.append(((cluster, address), entry, counts.summary()))
+            if cluster in clusters:
+                clusters[cluster].merge(counts)
+            else:
+                clusters[cluster] = counts
+        return windows, {name: c.summary() for name, c in clusters.items()}
+
+
+def quality_families(
+    windows: list[EndpointWindow], clusters: Mapping[str, Summary]
+) -> Iterator[Metric]:
+    """Real traffic's quality window (docs/design.md §15) per endpoint and per cluster: the
+    series an autoscaler reads (deploy/kubernetes/autoscaling/hpa-quality.yaml)."""
+    if windows:
+        labels = ["cluster", "endpoint"]
+        for name, _in_cluster, what, read in _QUALITY_SERIES:
+            family = GaugeMetricFamily(name, what, labels=labels)
+            for key, _entry, summary in windows:
+                _add(family, list(key), read(summary))
+            yield family
+        limited = GaugeMetricFamily(
+            "llm_health_quality_limited",
+            "1 while real traffic's quality holds the endpoint at DEGRADED.",
+            labels=labels,
+        )
+        for key, entry, _summary in windows:
+            limited.add_metric(list(key), 1 if entry.limit else 0)
+        yield limited
+    if clusters:
+        for _in_endpoint, name, what, read in _QUALITY_SERIES:
+            family = GaugeMetricFamily(name, what, labels=["cluster"])
+            for cluster, summary in clusters.items():
+                _add(family, [cluster], read(summary))
+            yield family
+
+
+def _add(family: GaugeMetricFamily, labels: list[str], value: float | None) -> None:
+    if value is not None:
+        family.add_metric(labels, float(value))
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 4)

@@ -1,6 +1,7 @@
 """DNS discovery, the pure parts (docs/design.md §11): answer rules, config, the board's
-handling of discovered sets, alert kinds and metrics. The real DNS server is in
-tests/integration/test_discovery_dns.py and tests/e2e/test_discovery.py."""
+handling of discovered sets and alert kinds (its metrics: test_component_metrics.py).
+The real DNS server is in tests/integration/test_discovery_dns.py and
+tests/e2e/test_discovery.py."""
 
 from __future__ import annotations
 
@@ -27,7 +28,6 @@ from llm_health.model.board import Board, ClusterSpec, EndpointSpec
 from llm_health.model.causes import Cause
 from llm_health.model.policy import Policy
 from llm_health.model.states import State
-from llm_health.ops.metrics import component_families, discovery_families
 
 POLICY = Policy(healthy_after=3, unhealthy_after=2, drain_time_s=30.0)
 
@@ -264,7 +264,7 @@ def test_dns_changes_name_their_source() -> None:
     assert board.health("c", "10.0.0.1:80").state is State.STARTING
 
 
-# --- alerts and metrics --------------------------------------------------------------------
+# --- alerts -----------------------------------------------------------------------------
 
 
 def test_added_and_removed_are_alert_kinds() -> None:
@@ -286,25 +286,3 @@ def test_notice_event_payload() -> None:
     assert body["state"] is None and body["previous"] is None
     assert body["reason"] == "DNS servfail: x" and body["cluster"] == "c"
     assert notice_event("id2", "no-such-kind", "c", "x", 0.0) is None
-
-
-def test_discovery_metrics_label_clusters() -> None:
-    status = {
-        "clusters_failing": 1,
-        "resolutions_total": 12,
-        "clusters": {
-            "llama-70b": {"endpoints": 4, "failing": True, "resolutions": 10, "failures": 3},
-            "mixtral": {"endpoints": 2, "failing": False, "resolutions": 2, "failures": 0},
-        },
-    }
-    families = {f.name: f for f in discovery_families(status)}
-    failing = {
-        s.labels["cluster"]: s.value
-        for s in families["llm_health_discovery_cluster_failing"].samples
-    }
-    assert failing == {"llama-70b": 1, "mixtral": 0}
-    endpoints = families["llm_health_discovery_cluster_endpoints"].samples
-    assert {s.labels["cluster"]: s.value for s in endpoints} == {"llama-70b": 4, "mixtral": 2}
-    generic = {f.name for f in component_families({"discovery": status})}
-    # Cluster names never become parts of metric names (even "mixtral", an identifier).
-    assert generic == {"llm_health_discovery_clusters_failing", "llm_health_discovery_resolutions"}

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from llm_health import __version__
 from llm_health.app.assemble import build_runtime
 from llm_health.app.runtime import Runtime
 from llm_health.config import parse_config
@@ -14,7 +17,8 @@ from llm_health.model.causes import Cause
 from llm_health.model.machine import Transition
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.states import EndpointHealth, State
-from llm_health.ops.metrics import MAX_COMPONENT_SERIES, component_families
+from llm_health.ops.metrics import RuntimeMetrics
+from llm_health.xds.stream import XdsStats
 
 A, B = "127.0.0.1:8001", "127.0.0.1:8002"
 CONFIG = f"""
@@ -141,27 +145,26 @@ async def test_series_of_removed_endpoints_are_dropped() -> None:
     assert value(found, "llm_health_endpoint_weight", cluster="llama", endpoint=A) == 100
 
 
-def test_component_export_is_bounded() -> None:
-    status = {
-        "hds": {
-            "streams": 2,
-            "reports_total": 7,
-            "healthy": True,
-            "last_error": "boom at 10.0.0.1",  # strings are never exported
-            "per_endpoint": {"10.0.0.1:8000": 3, "10.0.0.2:8000": 4},  # not identifiers
-            "deep": {"a": {"x": 1, "b": {"c": {"d": {"e": 1}}}}},
-            "many": {f"k{i}": i for i in range(MAX_COMPONENT_SERIES + 50)},
-            "list": [1, 2, 3],
-        },
-        "ext-authz": {"checks_total": 5},
-    }
-    families = {f.name: f for f in component_families(status)}
-    hds = [n for n in families if n.startswith("llm_health_hds_")]
-    assert len(hds) == MAX_COMPONENT_SERIES
-    assert families["llm_health_hds_streams"].type == "gauge"
-    assert families["llm_health_hds_reports"].type == "counter"  # *_total
-    assert families["llm_health_hds_healthy"].samples[0].value == 1.0
-    assert families["llm_health_ext_authz_checks"].samples[0].value == 5
-    assert not any("10_0_0" in n or "last_error" in n or "list" in n for n in families)
-    assert "llm_health_hds_deep_a_x" in families
-    assert not any(n.startswith("llm_health_hds_deep_a_b") for n in families)  # too deep
+async def test_component_families_come_from_metrics_never_from_status() -> None:
+    """A renamed /status key renames no series: /metrics reads only ``metrics()``."""
+    rt = runtime()
+    for component in rt.components:
+        component.status = lambda: {"renamed_total": 5, "calls_total": 9}  # type: ignore[method-assign]
+    found, text = await scrape(rt)
+    assert value(found, "llm_health_admin_calls_total") == 0
+    assert "renamed" not in text and value(found, "llm_health_hds_enabled") == 1
+
+
+class Source:
+    def metrics(self) -> list[Metric]:
+        return [GaugeMetricFamily("llm_health_test_things", "Things.", value=3)]
+
+
+async def test_every_source_is_collected_as_it_is() -> None:
+    rt = runtime()
+    metrics = RuntimeMetrics(rt.control, rt.control.stats, XdsStats(), [Source(), Source()])
+    body, _ = await metrics.exposition()
+    text = body.decode()
+    assert text.count("# TYPE llm_health_test_things gauge") == 2  # not merged, not renamed
+    assert "llm_health_admin_" not in text  # only the sources given
+    assert value(samples(text), "llm_health_build_info", version=__version__) == 1
