@@ -14,8 +14,9 @@ import pytest
 from envoy.config.core.v3 import base_pb2
 from envoy.service.auth.v3 import external_auth_pb2, external_auth_pb2_grpc
 
-from llm_health.authz import AuthzConfig, AuthzCounters, Gate, ProblemLog
+from llm_health.authz import AuthzConfig, AuthzCounters, Gate
 from llm_health.core.hub import SnapshotHub
+from llm_health.core.problems import ProblemLog
 from llm_health.model.board import Board, ClusterSpec, EndpointSpec, HealthSnapshot
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.policy import Policy
@@ -81,7 +82,7 @@ async def serve(snapshot: Callable[[], HealthSnapshot] | None = None) -> AsyncIt
     counters = AuthzCounters()
     gate = Gate(snapshot or hub.current, lambda: settings[0])
     server, port = await start_grpc_server("127.0.0.1:0")
-    add_authz_servicer(server, gate, counters, ProblemLog(every_s=0.0))
+    add_authz_servicer(server, gate, counters, ProblemLog(logging.getLogger("llm_health.authz"), every_s=0.0))
     await server.start()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:

@@ -21,8 +21,9 @@ import grpc
 import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 
-from llm_health.authz import AuthzConfig, AuthzCounters, Gate, ProblemLog
+from llm_health.authz import AuthzConfig, AuthzCounters, Gate
 from llm_health.core.hub import SnapshotHub
+from llm_health.core.problems import ProblemLog
 from llm_health.hds import HdsConfig
 from llm_health.hds.service import HdsService
 from llm_health.ops.http_server import build_http_app, start_http
@@ -66,7 +67,7 @@ async def server() -> AsyncIterator[Server]:
     add_xds_servicers(grpc_server, hub, stats)
     add_hds_servicer(grpc_server, hds)
     gate = Gate(hub.current, AuthzConfig)
-    add_authz_servicer(grpc_server, gate, AuthzCounters(), ProblemLog(every_s=0.0))
+    add_authz_servicer(grpc_server, gate, AuthzCounters(), ProblemLog(logging.getLogger("llm_health.authz"), every_s=0.0))
     add_admin_service(grpc_server, AdminServicer(None), None, AuthStats())  # type: ignore[arg-type]
     add_access_log_servicer(grpc_server, LogStreams(lambda _request, _now: None, time.monotonic))
     runner = await start_http(build_http_app(lambda: [], dict), "127.0.0.1:0")

@@ -4,6 +4,10 @@ gRPC port, ``admin.token`` on the admin API; docs/design.md §7.10).
 The presented value is compared with ``hmac.compare_digest`` (time independent of where
 the first difference lies), against the whole ``Bearer <token>`` header value, so a
 prefix never passes and the token's length is the only thing timing can tell.
+
+Refused calls are logged at most once per peer host per ``REFUSED_LOG_EVERY_S``
+(``core.problems``; docs/design.md §10): a caller with a wrong token cannot write a line
+per call. Every refusal is still counted by the surface that refused it.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import hmac
 from collections.abc import Iterable
 
 HEADER = "authorization"  # gRPC metadata keys are lower case
+REFUSED_LOG_EVERY_S = 60.0  # quiet time of a peer host's "refused" log line
 
 
 def expected_value(token: str) -> bytes:
