@@ -82,7 +82,9 @@ async def serve(snapshot: Callable[[], HealthSnapshot] | None = None) -> AsyncIt
     counters = AuthzCounters()
     gate = Gate(snapshot or hub.current, lambda: settings[0])
     server, port = await start_grpc_server("127.0.0.1:0")
-    add_authz_servicer(server, gate, counters, ProblemLog(logging.getLogger("llm_health.authz"), every_s=0.0))
+    add_authz_servicer(
+        server, gate, counters, ProblemLog(logging.getLogger("llm_health.authz"), every_s=0.0)
+    )
     await server.start()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:

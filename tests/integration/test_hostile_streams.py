@@ -67,7 +67,12 @@ async def server() -> AsyncIterator[Server]:
     add_xds_servicers(grpc_server, hub, stats)
     add_hds_servicer(grpc_server, hds)
     gate = Gate(hub.current, AuthzConfig)
-    add_authz_servicer(grpc_server, gate, AuthzCounters(), ProblemLog(logging.getLogger("llm_health.authz"), every_s=0.0))
+    add_authz_servicer(
+        grpc_server,
+        gate,
+        AuthzCounters(),
+        ProblemLog(logging.getLogger("llm_health.authz"), every_s=0.0),
+    )
     add_admin_service(grpc_server, AdminServicer(None), None, AuthStats())  # type: ignore[arg-type]
     add_access_log_servicer(grpc_server, LogStreams(lambda _request, _now: None, time.monotonic))
     runner = await start_http(build_http_app(lambda: [], dict), "127.0.0.1:0")

@@ -12,13 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llm_health.authz import (
+    PROBLEM_LOG_EVERY_S,
+    PROBLEM_MESSAGE,
     AdmissionRequest,
     AuthzConfig,
     AuthzCounters,
     Decision,
     Gate,
-    PROBLEM_LOG_EVERY_S,
-    PROBLEM_MESSAGE,
     Problem,
     Rule,
     build_view,
