@@ -296,6 +296,20 @@ async def test_garbage_bytes_answer_invalid_argument_without_traceback(
     assert len(caplog.text) < 2000, caplog.text
 
 
+async def test_a_flood_of_garbage_is_logged_at_most_once_per_peer_host(
+    server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """300 undecodable calls from loopback, each on a method of its own kind: every one
+    answered INVALID_ARGUMENT, at most one line (loopback may have logged already)."""
+    methods = ["/envoy.service.auth.v3.Authorization/Check", "/llm_health.v1.Admin/Drain"]
+    with caplog.at_level(logging.WARNING, logger="llm_health.grpc"):
+        for n in range(300):
+            code = await garbage_call(server.channel, methods[n % 2])
+            assert code is grpc.StatusCode.INVALID_ARGUMENT
+    lines = [r for r in caplog.records if "undecodable request" in r.getMessage()]
+    assert len(lines) <= 1, [r.getMessage() for r in lines]
+
+
 async def test_after_garbage_the_stream_service_still_works(server: Server) -> None:
     """A good request after a garbage call on another stream: served."""
     method = ADS + "StreamAggregatedResources"
