@@ -252,8 +252,7 @@ def test_the_fleet_config_loads_with_llm_healths_own_loader() -> None:
     assert fleet.member_id == POD_ENV["POD_NAME"]
     assert (fleet.heartbeat, fleet.member_ttl) == (1.0, 3.0)
     assert fleet.member_ttl >= 2 * fleet.heartbeat
-    settings = fleet.to_settings("unused-default")
-    assert settings.where == "redis://10.0.0.5:6379/0"  # what logs show: no password
+    assert fleet.where == "redis://10.0.0.5:6379/0"  # what logs show: no password
     raw = yaml.safe_load(mounted_config_text(overlay()))["fleet"]
     assert raw.keys() == FLEET_KEYS
     assert raw["redis"] == "${LLM_HEALTH_REDIS_URL}"  # the URL itself stays in the Secret

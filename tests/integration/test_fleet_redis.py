@@ -13,10 +13,11 @@ import pytest
 import redis as sync_redis
 
 from llm_health.app.assemble import build_runtime
-from llm_health.app.fleet import FleetComponent
 from llm_health.config import parse_config
+from llm_health.core.settings import MERGING
+from llm_health.fleet.component import FleetComponent
 from llm_health.fleet.ownership import endpoint_key, owner_of
-from llm_health.fleet.settings import FleetSettings
+from llm_health.fleet.settings import FleetConfig
 from llm_health.fleet.store import FleetStore
 from llm_health.fleet.wire import Action, Verdict, decode_stored, verdict_body
 from llm_health.model.causes import Cause
@@ -36,13 +37,14 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
         server.stop()
 
 
-def settings(url: str, member: str, ttl: float = 3.0) -> FleetSettings:
-    return FleetSettings(url, "redis://127.0.0.1", "it", member, ttl / 3, ttl, 2 * ttl)
+def settings(url: str, ttl: float = 3.0) -> FleetConfig:
+    fields = {"redis": url, "name": "it", "heartbeat": ttl / 3, "member_ttl": ttl}
+    return FleetConfig.model_validate(fields, context=MERGING)
 
 
 @pytest.fixture
 async def stores(redis_url: str) -> AsyncIterator[dict[str, FleetStore]]:
-    made = {m: FleetStore(settings(redis_url, m, ttl=0.6)) for m in ("a", "b", "c")}
+    made = {m: FleetStore(settings(redis_url, ttl=0.6), m) for m in ("a", "b", "c")}
     yield made
     for store in made.values():
         await store.close()

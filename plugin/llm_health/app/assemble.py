@@ -15,18 +15,18 @@ from pathlib import Path
 from llm_health.admin.component import AdminComponent
 from llm_health.alerts.component import attach as attach_alerts
 from llm_health.app.endpoints import EndpointCatalog
-from llm_health.app.fleet import FleetComponent
 from llm_health.app.keeper import BoardKeeper
 from llm_health.app.live import LiveConfig
 from llm_health.app.runtime import Runtime
 from llm_health.authz.component import AuthzComponent
 from llm_health.config import Config
-from llm_health.core.component import Component, SkipRule
+from llm_health.core.component import Component, Preparing, SkipRule
 from llm_health.core.control import ProberStats
 from llm_health.discovery.component import DiscoveryComponent
 from llm_health.discovery.settings import DiscoveryConfig, DnsConfig
 from llm_health.engines.component import EngineChecks
 from llm_health.engines.settings import ClusterChecks
+from llm_health.fleet.component import FleetComponent
 from llm_health.hds.component import HdsComponent
 from llm_health.model.board import Board
 from llm_health.model.engine_load import EngineLoad
@@ -73,6 +73,7 @@ def build_runtime(
         probe_wrapper=parts.checks,
         security=parts.security,
         skip=parts.skip,
+        preparing=parts.preparing,
     )
 
 
@@ -84,6 +85,7 @@ class Parts:
     security: SecurityProvider  # the main gRPC server's token and TLS
     skip: SkipRule  # the scheduler's busy rule
     checks: EngineChecks  # the engine checks: the runtime's probe wrapper
+    preparing: tuple[Preparing, ...]  # start-up work before the first probe (fleet)
 
 
 def build_components(
@@ -100,6 +102,7 @@ def build_components(
     reports). ``catalog``: the endpoint set discovery feeds (None: no discovery, e.g. in
     tests). Also returned apart: the engine checks, the runtime's probe wrapper."""
     config = live.current
+    fleet = _fleet(config, control, catalog)  # first: its probe filter is read below
     grpc_auth = GrpcAuth(
         config.server, exempt_admin=config.admin.token is not None and config.admin.grpc is None
     )
@@ -134,10 +137,24 @@ def build_components(
     components.append(traffic)
     checks = _engine_checks(live, control, clock, catalog, traffic.feed_load)
     components.append(checks)
-    if catalog is not None and config.fleet is not None:
-        member = f"{socket.gethostname()}-{os.getpid()}"
-        components.append(FleetComponent(config.fleet.to_settings(member), control, catalog))
-    return Parts(components, grpc_auth.security, traffic, checks)
+    if fleet is not None:
+        components.append(fleet)
+    preparing = (fleet,) if fleet is not None else ()
+    return Parts(components, grpc_auth.security, traffic, checks, preparing)
+
+
+def _fleet(
+    config: Config, control: BoardKeeper, catalog: EndpointCatalog | None
+) -> FleetComponent | None:
+    """Fleet mode (docs/design.md §12): built before every component that reads the
+    catalog's probe filter (traffic, engine checks, remediation, the prober), and so
+    first to follow an endpoint change (its owners before their probed sets)."""
+    if catalog is None or config.fleet is None:
+        return None
+    member = config.fleet.member(f"{socket.gethostname()}-{os.getpid()}")
+    fleet = FleetComponent(config.fleet, member, control, catalog)
+    catalog.set_probe_filter(fleet.probes_here)
+    return fleet
 
 
 def _traffic(

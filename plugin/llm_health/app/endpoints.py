@@ -29,6 +29,7 @@ class EndpointCatalog:
         self._discovered: dict[str, tuple[EndpointSpec, ...]] = {}
         self._listeners: list[TargetsListener] = []
         self._probes: ProbeFilter | None = None
+        self._filter_read = False  # a reader took the filter as it was: it is fixed now
 
     @property
     def discovered(self) -> Mapping[str, tuple[EndpointSpec, ...]]:
@@ -45,15 +46,21 @@ class EndpointCatalog:
 
     def set_probe_filter(self, probes: ProbeFilter | None) -> None:
         """Which endpoints this replica probes itself (fleet mode: those it owns); None:
-        all of them. Call ``refilter`` when its answers change."""
+        all of them. Call ``refilter`` when its answers change. Only before anything reads
+        it (``app.assemble`` builds the fleet first): a component built earlier would
+        have taken every endpoint as probed here."""
+        if self._filter_read:
+            raise RuntimeError("the probe filter is set after components read it")
         self._probes = probes
 
     def probes_here(self, cluster: str, address: str) -> bool:
         """Whether this replica probes (and so acts for) the endpoint."""
+        self._filter_read = True
         return self._probes is None or self._probes(cluster, address)
 
     def probed(self, targets: list[ProbeTarget]) -> list[ProbeTarget]:
         """The targets this replica probes itself (all, without a filter)."""
+        self._filter_read = True
         if self._probes is None:
             return targets
         return [t for t in targets if self._probes(t.cluster, t.address)]

@@ -27,7 +27,7 @@ from llm_health.model.board import Board, HealthSnapshot
 from llm_health.model.machine import Transition, trusted
 from llm_health.model.outcome import FAILURES, Outcome, ProbeResult, round_ms
 from llm_health.model.policy import Policy
-from llm_health.model.states import State
+from llm_health.model.states import EndpointHealth, State
 
 T = TypeVar("T")
 ProbeNow = Callable[[str, str], Awaitable[ProbeResult]]  # (cluster, address) -> result
@@ -182,6 +182,15 @@ class BoardKeeper:
         if not self.board.has_endpoint(cluster, address):
             return None
         return self.board.health(cluster, address).state
+
+    # --- for fleet
+
+    def endpoint_health(
+        self, cluster: str, address: str
+    ) -> tuple[EndpointHealth, ProbeResult | None] | None:
+        if not self.board.has_endpoint(cluster, address):
+            return None
+        return self.board.health(cluster, address), self.board.last_result(cluster, address)
 
 
 def timings(result: ProbeResult) -> dict[str, Any]:

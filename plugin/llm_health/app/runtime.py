@@ -34,7 +34,7 @@ from llm_health.app.keeper import BoardKeeper
 from llm_health.app.live import LiveConfig
 from llm_health.config import Config, load_config
 from llm_health.config.loader import MAX_FILE_BYTES
-from llm_health.core.component import Component, SkipRule
+from llm_health.core.component import Component, Preparing, SkipRule
 from llm_health.core.control import ProberStats
 from llm_health.errors import ConfigError
 from llm_health.model.board import Board, Change
@@ -80,6 +80,7 @@ class Runtime:
         probe_wrapper: ProbeWrapper | None = None,
         security: SecurityProvider = GrpcSecurity,
         skip: SkipRule | None = None,
+        preparing: Sequence[Preparing] = (),
     ) -> None:
         """``security``: the main gRPC server's interceptors and credentials (called when
         it starts); ``skip``: the scheduler's busy rule, if any."""
@@ -94,6 +95,7 @@ class Runtime:
         self.xds_stats = xds_stats
         self._security = security
         self._skip_rule = skip
+        self._preparing = tuple(preparing)
         self.targets: list[ProbeTarget] = []
         self._by_key: dict[tuple[str, str], ProbeTarget] = {}
         self.scheduler: Scheduler | None = None
@@ -205,13 +207,10 @@ class Runtime:
     async def _prepare_components(self) -> None:
         """Before the first probe and before Envoy can connect: each component's
         ``prepare`` (fleet mode loads the fleet's fresh verdicts: warm start), bounded."""
-        for component in self.components:
-            prepare = getattr(component, "prepare", None)
-            if prepare is None:
-                continue
+        for component in self._preparing:
             try:
                 async with asyncio.timeout(PREPARE_BUDGET_S):
-                    await prepare()
+                    await component.prepare()
             except Exception:  # a component's start-up must never stop the service
                 log.warning("component start-up failed", extra={"component": component.name})
 

@@ -2,11 +2,12 @@
 
 A component is built by ``app.assemble`` from its own config section and a
 ``core.control.BoardControl``; it never sees the runtime. All methods run on the runtime's
-event loop. A component may also have ``async def prepare(self) -> None``: run before the
-first probe and before the gRPC server starts, bounded (fleet mode's warm start).
+event loop.
 
-Extension points a component may fill besides (each passed to the runtime by name, not
-looked up by type): ``SkipRule``.
+Extension points a component may fill besides (each handed to the runtime by
+``app.assemble`` by name, never looked up by type; docs/design.md §8.2): ``Preparing``
+and ``SkipRule`` here, ``probe.client.ProbeWrapper`` (it names probe types, which core
+cannot) and ``servers.auth.SecurityProvider``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,15 @@ class Component(Protocol):
 
     def status(self) -> dict[str, Any]:
         """This component's part of /status (JSON-ready; its numbers become metrics)."""
+
+
+class Preparing(Protocol):
+    """A component with start-up work: run before the first probe and before the gRPC
+    server starts, bounded by the runtime (fleet mode's warm start, docs/design.md §12.7)."""
+
+    name: str
+
+    async def prepare(self) -> None: ...
 
 
 class ProbeSlot(Protocol):

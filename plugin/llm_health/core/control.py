@@ -22,7 +22,7 @@ from llm_health.model.board import Board, HealthSnapshot
 from llm_health.model.machine import Transition
 from llm_health.model.outcome import ProbeResult
 from llm_health.model.policy import Policy
-from llm_health.model.states import State
+from llm_health.model.states import EndpointHealth, State
 
 T = TypeVar("T")
 
@@ -136,6 +136,15 @@ class BoardControl(Protocol):
     def probe_state(self, cluster: str, address: str) -> State | None:
         """The probe state machine's verdict on this endpoint now (the board's, not the
         published snapshot's); None when it is not on the board."""
+        ...
+
+    # --- for fleet
+
+    def endpoint_health(
+        self, cluster: str, address: str
+    ) -> tuple[EndpointHealth, ProbeResult | None] | None:
+        """The state machine's own health of an endpoint (its counters: what a fleet
+        verdict carries) and its last result; None: not on the board."""
         ...
 
 

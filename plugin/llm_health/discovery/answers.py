@@ -1,5 +1,5 @@
 """Pure rules of DNS discovery: which records make endpoints, when to resolve again, what
-a fault is called. No I/O, no clock; table-tested in tests/unit/test_discovery_answers.py.
+a fault is called. No I/O, no clock; table-tested in tests/unit/discovery/.
 
 Everything here reads what a DNS server sent: a peer. Counts are bounded, addresses are
 parsed (never passed on as text), names are made printable before they reach a log.

@@ -17,7 +17,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from llm_health.fleet import scripts
-from llm_health.fleet.settings import FleetSettings
+from llm_health.fleet.settings import FleetConfig
 from llm_health.fleet.wire import Action, Membership, WireError, action_body, decode_membership
 
 MAX_VERDICTS = 100_000  # fields read from the verdicts hash at most (HSCAN beyond)
@@ -25,11 +25,12 @@ log = logging.getLogger("llm_health")
 
 
 class FleetStore:
-    def __init__(self, settings: FleetSettings) -> None:
+    def __init__(self, settings: FleetConfig, member: str) -> None:
         self.settings = settings
-        timeout = max(0.5, settings.heartbeat_s)
+        self.member = member
+        timeout = max(0.5, settings.heartbeat)
         self._redis = redis.Redis.from_url(
-            settings.redis_url,
+            settings.redis.get_secret_value(),
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
             retry=Retry(NoBackoff(), 0),
@@ -51,12 +52,8 @@ class FleetStore:
         self._leave = self._redis.register_script(scripts.LEAVE)
         self.commands = 0  # Redis commands sent (scripts count one each)
 
-    @property
-    def member(self) -> str:
-        return self.settings.member_id
-
     def _args(self, epoch: int, *more: str) -> list[str]:
-        ttl_ms = str(round(self.settings.member_ttl_s * 1000))
+        ttl_ms = str(round(self.settings.member_ttl * 1000))
         return [self.member, str(epoch), ttl_ms, self.channel, *more]
 
     async def join(self) -> int:

@@ -204,13 +204,14 @@ def test_fleet_settings() -> None:
         "{redis: 'redis://:${REDIS_PASSWORD}@10.0.0.5:6379/0', name: prod-gateway, "
         "member_id: gw-0, heartbeat: 500ms, member_ttl: 2s}"
     )
-    assert config.fleet is not None
-    settings = config.fleet.to_settings("host-1")
-    assert settings.where == "redis://10.0.0.5:6379/0"  # never the password
-    assert (settings.member_id, settings.heartbeat_s, settings.member_ttl_s) == ("gw-0", 0.5, 2.0)
+    fleet = config.fleet
+    assert fleet is not None
+    assert fleet.where == "redis://10.0.0.5:6379/0"  # never the password
+    assert (fleet.member("host-1"), fleet.heartbeat, fleet.member_ttl) == ("gw-0", 0.5, 2.0)
+    assert fleet.fresh == 4.0
     assert "s3cr3t-redis-pw" in config.secret_values()  # scrubbed from logs and /status
     default = fleet_config("{redis: 'redis://127.0.0.1:6379', name: gw}").fleet
-    assert default is not None and default.to_settings("host-1").member_id == "host-1"
+    assert default is not None and default.member("host-1") == "host-1"
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from llm_health.sim.faults import FaultSpec
 from llm_health.sim.metrics import render_metrics
 from llm_health.sim.server import SimHandle, SimSettings, running_sim
 from llm_health.sim.tokens import split_answer, token_id
-from tests.unit.test_sim import chat, completion, read_events, set_fault
+from tests.unit.sim.test_sim import chat, completion, read_events, set_fault
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"

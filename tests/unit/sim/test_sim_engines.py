@@ -16,7 +16,7 @@ from llm_health.sim.faults import FaultSpec
 from llm_health.sim.metrics import METRICS_GARBAGE
 from llm_health.sim.server import SimHandle, SimSettings, running_sim
 from tests.polling import wait_until_async
-from tests.unit.test_sim import HANG_TIMEOUT, completion, read_events, set_fault
+from tests.unit.sim.test_sim import HANG_TIMEOUT, completion, read_events, set_fault
 
 INFO_PATHS = ("/version", "/get_server_info", "/info", "/props")
 

@@ -11,7 +11,7 @@ import pytest
 from llm_health.sim.faults import FAULTS, FaultSpec
 from llm_health.sim.server import SimHandle, SimSettings, running_sim
 from llm_health.sim.wire import BadRequest, parse_params
-from tests.unit.test_sim import chat, completion, parse, set_fault
+from tests.unit.sim.test_sim import chat, completion, parse, set_fault
 
 NEW_KNOB_DEFAULTS = {
     "answer": " Paris is a city",

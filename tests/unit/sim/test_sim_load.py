@@ -22,7 +22,7 @@ from llm_health.sim.metrics import render_metrics
 from llm_health.sim.server import SimHandle, SimSettings, running_sim
 from llm_health.sim.state import SimState
 from tests.polling import wait_until_async
-from tests.unit.test_sim import PROBE_HEADERS, completion, parse, set_fault, token_of
+from tests.unit.sim.test_sim import PROBE_HEADERS, completion, parse, set_fault, token_of
 
 VLLM_TTFT_BOUNDS = [
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 COMMITTED = ROOT / "plugin" / "llm_health" / "adminpb"
 FILES = ("__init__.py", "admin_pb2.py", "admin_pb2.pyi", "admin_pb2_grpc.py")
 

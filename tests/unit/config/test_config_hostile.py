@@ -25,7 +25,7 @@ from llm_health.config.messages import MAX_INPUT_CHARS, MAX_MESSAGE_CHARS, MAX_M
 from llm_health.config.schema import MAX_CLUSTERS, MAX_ENDPOINTS
 from llm_health.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SOURCE = "x.yaml"
 SECRET = "SECRET123"
 ENVIRON = {"VLLM_API_KEY": SECRET}
