@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -23,7 +24,9 @@ from llm_health.app.assemble import build_runtime
 from llm_health.app.runtime import Runtime
 from llm_health.config import parse_config
 from llm_health.ops.status_document import status_document
+from llm_health.servers.admin import AdminServicer, AuthStats, add_admin_service
 from llm_health.servers.admin_codec import result_from_pb, snapshot_from_pb
+from llm_health.servers.grpc import start_grpc_server
 from llm_health.xds.resources import TYPE_URL
 from tests.envoy_harness import free_port
 from tests.polling import wait_until_async
@@ -31,6 +34,7 @@ from tests.processes import SimProcess
 
 pytestmark = pytest.mark.timeout(60)
 TOKEN = "test-token-0123456789abcdef"
+ADMIN_REFUSED = "admin call rejected: missing or wrong bearer token"
 CLUSTER = "llama"
 WATCH_WITHIN_S = 1.0
 
@@ -269,6 +273,34 @@ async def test_token_required_for_every_method_but_not_for_xds(
     finally:
         stop.set()
         await asyncio.wait_for(task, 5)
+
+
+async def test_a_flood_of_wrong_tokens_is_counted_and_logged_once_per_peer_host(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """500 refused admin calls from loopback (unary and streaming): every one counted, one
+    log line per peer host per minute, as for server.token refusals."""
+    stats = AuthStats()
+    server, port = await start_grpc_server("127.0.0.1:0")
+    add_admin_service(server, AdminServicer(None), TOKEN, stats)  # type: ignore[arg-type]
+    await server.start()
+    wrong = (("authorization", "Bearer wrong-token-0123456789"),)
+    caplog.set_level(logging.WARNING, logger="llm_health.admin")
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.AdminStub(channel)
+            for n in range(500):
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    if n % 2:
+                        await stub.ListEndpoints(pb.ListEndpointsRequest(), metadata=wrong)
+                    else:
+                        await stub.WatchEndpoints(pb.WatchEndpointsRequest(), metadata=()).read()
+                assert caught.value.code() is grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        await server.stop(0)
+    lines = [r for r in caplog.records if r.getMessage() == ADMIN_REFUSED]
+    assert len(lines) == 1 and vars(lines[0])["peer"].startswith("ipv4:127.0.0.1:")
+    assert (stats.calls, stats.rejected) == (500, 500)
 
 
 async def test_own_bind_moves_the_api_off_the_xds_server(

@@ -14,8 +14,10 @@ import pytest
 from envoy.config.core.v3 import base_pb2
 from envoy.service.auth.v3 import external_auth_pb2, external_auth_pb2_grpc
 
-from llm_health.authz import AuthzConfig, AuthzCounters, Gate, ProblemLog
+from llm_health.authz import AuthzConfig, AuthzCounters, Gate
+from llm_health.authz.component import AuthzComponent
 from llm_health.core.hub import SnapshotHub
+from llm_health.core.problems import ProblemLog
 from llm_health.model.board import Board, ClusterSpec, EndpointSpec, HealthSnapshot
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.policy import Policy
@@ -81,7 +83,9 @@ async def serve(snapshot: Callable[[], HealthSnapshot] | None = None) -> AsyncIt
     counters = AuthzCounters()
     gate = Gate(snapshot or hub.current, lambda: settings[0])
     server, port = await start_grpc_server("127.0.0.1:0")
-    add_authz_servicer(server, gate, counters, ProblemLog(every_s=0.0))
+    add_authz_servicer(
+        server, gate, counters, ProblemLog(logging.getLogger("llm_health.authz"), every_s=0.0)
+    )
     await server.start()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -206,3 +210,26 @@ async def test_settings_changes_apply_to_the_next_check(service: Service) -> Non
     service.settings[0] = service.settings[0].model_copy(update={"probe_header": "deny"})
     response = await service.check(headers={"x-llm-probe": "true"})
     assert (response.status.code, response.denied_response.status.code) == (PERMISSION_DENIED, 403)
+
+
+async def test_a_flood_of_odd_requests_logs_one_line_per_kind(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The component's own problem log (PROBLEM_LOG_EVERY_S per kind): 200 checks naming
+    unknown clusters, 200 naming none, are two lines; the counters have them all."""
+    hub = SnapshotHub(board().snapshot())
+    component = AuthzComponent(hub, AuthzConfig)
+    server, port = await start_grpc_server("127.0.0.1:0")
+    component.register(server)
+    await server.start()
+    caplog.set_level(logging.WARNING, logger="llm_health.authz")
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = external_auth_pb2_grpc.AuthorizationStub(channel)
+            for n in range(200):
+                await stub.Check(check_request(cluster=f"ghost-{n}"), timeout=5)
+                await stub.Check(check_request(cluster=None), timeout=5)
+    finally:
+        await server.stop(0)
+    assert sorted(problem_lines(caplog)) == ["no_cluster", "unknown_cluster"]
+    assert component.status()["problems"] == {"unknown_cluster": 200, "no_cluster": 200}

@@ -22,6 +22,7 @@ import json
 import logging
 import shutil
 import subprocess
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from llm_health.adminpb import admin_pb2_grpc as pb_grpc
 from llm_health.app.assemble import build_runtime
 from llm_health.app.runtime import Runtime
 from llm_health.config import parse_config
+from llm_health.core.tokens import REFUSED_LOG_EVERY_S, REFUSING_PEERS
 from llm_health.errors import ConfigError
 from llm_health.model.states import State
 from llm_health.servers.grpc import BearerTokenInterceptor, GrpcAuthStats, start_grpc_server
@@ -270,6 +272,48 @@ async def test_without_a_token_on_loopback_nothing_is_asked() -> None:
                 )
         assert runtime.status()["grpc_auth"] == {"mode": "none", "rejected_total": 0, "tls": False}
         assert runtime.status()["hds"]["ejection_cap"] == "max_ejection_percent"
+
+
+def test_refusals_flooding_from_one_host_or_many_stay_bounded(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """1,000 refusals from one host (a new port each) are one line per minute; 5,000 hosts
+    are at most REFUSING_PEERS lines, and once the minute is over a host logs again."""
+    now = [0.0]
+    interceptor = BearerTokenInterceptor(TOKEN, clock=lambda: now[0])
+    caplog.set_level(logging.WARNING, logger="llm_health.grpc")
+
+    def refusals() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if "gRPC call refused" in r.getMessage()]
+
+    for port in range(1_000):
+        interceptor.warn_refused(f"ipv4:192.0.2.1:{port}", "/x.X/Y")
+    assert [(vars(r)["peer"], vars(r)["suppressed"]) for r in refusals()] == [("ipv4:192.0.2.1", 0)]
+    for n in range(5_000):
+        interceptor.warn_refused(f"ipv6:[2001:db8::{n:x}]:443", "/x.X/Y")
+    assert len(refusals()) == REFUSING_PEERS
+    now[0] = REFUSED_LOG_EVERY_S
+    interceptor.warn_refused("ipv4:192.0.2.1:5", "/x.X/Y")
+    last = vars(refusals()[-1])
+    assert (last["peer"], last["suppressed"]) == ("ipv4:192.0.2.1", 999)
+
+
+def test_threaded_refusals_share_the_bounded_log(caplog: pytest.LogCaptureFixture) -> None:
+    """The threaded ext_authz server refuses on four threads at once: one line per host."""
+    interceptor = BearerTokenInterceptor(TOKEN)
+    caplog.set_level(logging.WARNING, logger="llm_health.grpc")
+
+    def flood(thread: int) -> None:
+        for n in range(1_000):
+            interceptor.warn_refused(f"ipv4:192.0.2.{n % 20}:{thread}", "/x.X/Y")
+
+    threads = [threading.Thread(target=flood, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    hosts = [vars(r)["peer"] for r in caplog.records if "gRPC call refused" in r.getMessage()]
+    assert sorted(hosts) == sorted(f"ipv4:192.0.2.{n}" for n in range(20))
 
 
 # --------------------------------------------------------------------------- every kind

@@ -10,6 +10,7 @@ verdicts become the board's "hds" signal, and go away again.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 
 import grpc
@@ -451,6 +452,26 @@ async def test_a_vanished_peer_leaves_even_if_the_stream_is_never_resumed() -> N
     assert service.stats.streams_open == 0
     await stream.aclose()  # finalising later is harmless (idempotent)
     assert service.stats.streams_open == 0
+
+
+async def test_a_stream_changing_its_node_id_at_every_message_logs_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """1,000 requests naming a new node id each, on one stream: ignored, one line."""
+    service = HdsService(HdsConfig(), endpoints=ENDPOINTS)
+    end = asyncio.Event()
+    renamed = [hello(f"gw-{n}") for n in range(1, 1_001)]
+    caplog.set_level(logging.WARNING, logger="llm_health.hds")
+    stream = service.stream(scripted(hello("gw-0"), *renamed, end=end))
+    await anext(stream)
+    await wait_until_async(
+        lambda: service.stats.health_check_requests == 1_001, WAIT_S, "every request read"
+    )
+    end.set()
+    await stream.aclose()
+    lines = [r.getMessage() for r in caplog.records if "sent node id" in r.getMessage()]
+    assert lines == ["HDS stream of gw-0 sent node id 'gw-1': ignored"]
+    assert [n.node_id for n in service.fleet.nodes()] == []
 
 
 async def test_a_second_cancellation_cannot_skip_leaving() -> None:

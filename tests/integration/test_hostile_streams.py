@@ -21,8 +21,9 @@ import grpc
 import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 
-from llm_health.authz import AuthzConfig, AuthzCounters, Gate, ProblemLog
+from llm_health.authz import AuthzConfig, AuthzCounters, Gate
 from llm_health.core.hub import SnapshotHub
+from llm_health.core.problems import ProblemLog
 from llm_health.hds import HdsConfig
 from llm_health.hds.service import HdsService
 from llm_health.ops.http_server import build_http_app, start_http
@@ -66,7 +67,12 @@ async def server() -> AsyncIterator[Server]:
     add_xds_servicers(grpc_server, hub, stats)
     add_hds_servicer(grpc_server, hds)
     gate = Gate(hub.current, AuthzConfig)
-    add_authz_servicer(grpc_server, gate, AuthzCounters(), ProblemLog(every_s=0.0))
+    add_authz_servicer(
+        grpc_server,
+        gate,
+        AuthzCounters(),
+        ProblemLog(logging.getLogger("llm_health.authz"), every_s=0.0),
+    )
     add_admin_service(grpc_server, AdminServicer(None), None, AuthStats())  # type: ignore[arg-type]
     add_access_log_servicer(grpc_server, LogStreams(lambda _request, _now: None, time.monotonic))
     runner = await start_http(build_http_app(lambda: [], dict), "127.0.0.1:0")
@@ -288,6 +294,20 @@ async def test_garbage_bytes_answer_invalid_argument_without_traceback(
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
     assert "\x1b" not in caplog.text
     assert len(caplog.text) < 2000, caplog.text
+
+
+async def test_a_flood_of_garbage_is_logged_at_most_once_per_peer_host(
+    server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """300 undecodable calls from loopback, each on a method of its own kind: every one
+    answered INVALID_ARGUMENT, at most one line (loopback may have logged already)."""
+    methods = ["/envoy.service.auth.v3.Authorization/Check", "/llm_health.v1.Admin/Drain"]
+    with caplog.at_level(logging.WARNING, logger="llm_health.grpc"):
+        for n in range(300):
+            code = await garbage_call(server.channel, methods[n % 2])
+            assert code is grpc.StatusCode.INVALID_ARGUMENT
+    lines = [r for r in caplog.records if "undecodable request" in r.getMessage()]
+    assert len(lines) <= 1, [r.getMessage() for r in lines]
 
 
 async def test_after_garbage_the_stream_service_still_works(server: Server) -> None:

@@ -8,7 +8,6 @@ Single-owner: everything runs on the runtime's event loop.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -23,6 +22,7 @@ from llm_health.core.control import (
     TransitionObserver,
 )
 from llm_health.core.hub import SnapshotHub
+from llm_health.core.problems import ProblemLog
 from llm_health.model.board import Board, HealthSnapshot
 from llm_health.model.machine import Transition, trusted
 from llm_health.model.outcome import FAILURES, Outcome, ProbeResult, round_ms
@@ -33,6 +33,7 @@ T = TypeVar("T")
 ProbeNow = Callable[[str, str], Awaitable[ProbeResult]]  # (cluster, address) -> result
 log = logging.getLogger("llm_health")
 IGNORED_LOG_EVERY_S = 10.0
+IGNORED_COUNT_FIELD = "also_ignored_since_last_line"
 
 
 class BoardKeeper:
@@ -46,8 +47,9 @@ class BoardKeeper:
         self._notice_observers: list[NoticeObserver] = []
         self._action_observers: list[ActionObserver] = []
         self._probe_now: ProbeNow | None = None
-        self._ignored_logged_at = -math.inf
-        self._ignored_unlogged = 0
+        self._ignored = ProblemLog(
+            log, every_s=IGNORED_LOG_EVERY_S, count_field=IGNORED_COUNT_FIELD, clock=clock
+        )
 
     # --- reading ------------------------------------------------------------------------
 
@@ -94,18 +96,8 @@ class BoardKeeper:
         """At most one line per IGNORED_LOG_EVERY_S, with how many were left out: an
         overloaded prober ignores every probe, and a log line per probe would add to the
         load that made it lag (the counter has them all)."""
-        now = self._clock()
-        if now - self._ignored_logged_at < IGNORED_LOG_EVERY_S:
-            self._ignored_unlogged += 1
-            return
-        fields = {
-            "cluster": cluster,
-            "endpoint": address,
-            **timings(result),
-            "also_ignored_since_last_line": self._ignored_unlogged,
-        }
-        self._ignored_logged_at, self._ignored_unlogged = now, 0
-        log.warning("probe ignored: prober event loop lagged", extra=fields)
+        fields = {"cluster": cluster, "endpoint": address, **timings(result)}
+        self._ignored.report("probe ignored", "probe ignored: prober event loop lagged", fields)
 
     async def fold_silence(self, cluster: str, address: str, silent_ms: float) -> bool:
         """A probe of this endpoint is still silent in flight after ``silent_ms``: a HEALTHY

@@ -3,7 +3,10 @@ through, and how. Pure decisions, no grpc/protobuf here (``servers.authz`` trans
 
     AdmissionRequest --decide(request, view, settings)--> Decision
     HealthSnapshot  --build_view(snapshot, settings)-->  AdmissionView (once per revision)
-    Gate: the two glued to the hub's current snapshot; AuthzCounters, ProblemLog: bookkeeping.
+    Gate: the two glued to the hub's current snapshot; AuthzCounters: bookkeeping.
+
+A decision's ``Problem`` is logged through ``core.problems`` (``PROBLEM_MESSAGE``, at
+most once per ``PROBLEM_LOG_EVERY_S`` per kind).
 
 ``settings``: the ``authz:`` section (``AuthzConfig``). ``component`` (not re-exported
 here: it loads grpc) serves ``Check`` and reports the counters.
@@ -11,9 +14,15 @@ here: it loads grpc) serves ``Check`` and reports the counters.
 
 from llm_health.authz.counters import AuthzCounters
 from llm_health.authz.decide import decide
-from llm_health.authz.decision import AdmissionRequest, Decision, Problem, Rule
+from llm_health.authz.decision import (
+    PROBLEM_LOG_EVERY_S,
+    PROBLEM_MESSAGE,
+    AdmissionRequest,
+    Decision,
+    Problem,
+    Rule,
+)
 from llm_health.authz.gate import Gate
-from llm_health.authz.problems import ProblemLog
 from llm_health.authz.settings import AuthzConfig, ProbeHeaderMode
 from llm_health.authz.view import (
     AdmissionView,
@@ -24,6 +33,8 @@ from llm_health.authz.view import (
 )
 
 __all__ = [
+    "PROBLEM_LOG_EVERY_S",
+    "PROBLEM_MESSAGE",
     "AdmissionRequest",
     "AdmissionView",
     "AuthzConfig",
@@ -34,7 +45,6 @@ __all__ = [
     "Gate",
     "ProbeHeaderMode",
     "Problem",
-    "ProblemLog",
     "Rule",
     "build_view",
     "cluster_capacity",

@@ -25,9 +25,10 @@ import grpc
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from llm_health.authz import AuthzConfig, AuthzCounters, Gate, ProblemLog
+from llm_health.authz import PROBLEM_LOG_EVERY_S, AuthzConfig, AuthzCounters, Gate
 from llm_health.core.control import SnapshotSource
 from llm_health.core.families import gauge
+from llm_health.core.problems import ProblemLog
 from llm_health.servers.auth import GrpcSecurity, SecurityProvider
 from llm_health.servers.authz import add_authz_servicer, add_threaded_authz_servicer
 from llm_health.servers.grpc import GRPC_SERVER_OPTIONS, bind_grpc, create_threaded_grpc_server
@@ -56,7 +57,7 @@ class AuthzComponent:
     ) -> None:
         self.settings = settings
         self.counters = AuthzCounters()
-        self.problems = ProblemLog()
+        self.problems = ProblemLog(log, every_s=PROBLEM_LOG_EVERY_S)
         self.gate = Gate(published.current, settings)
         self.listen = listen
         self._security = security

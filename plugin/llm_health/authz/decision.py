@@ -15,6 +15,9 @@ from types import MappingProxyType
 
 Headers = tuple[tuple[str, str], ...]
 _EMPTY: Mapping[str, str] = MappingProxyType({})
+#: A kind of request problem already logged: again at most this often (``core.problems``).
+PROBLEM_LOG_EVERY_S = 10.0
+PROBLEM_MESSAGE = "ext_authz request problem"
 
 
 class Rule(enum.Enum):
@@ -39,6 +42,10 @@ class Problem:
 
     kind: str
     detail: str
+
+    def log_fields(self, cluster: str | None) -> dict[str, str | None]:
+        """The fields of its log line (``PROBLEM_MESSAGE``); ``cluster``: the decision's."""
+        return {"problem": self.kind, "detail": self.detail, "cluster": cluster}
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ from redis.exceptions import RedisError
 from llm_health.core.component import Job
 from llm_health.core.control import BoardControl, Notice, OperatorAction
 from llm_health.core.families import counter, gauge
+from llm_health.core.problems import ProblemLog
 from llm_health.fleet import actions
 from llm_health.fleet.membership import Mode, Roster
 from llm_health.fleet.ownership import endpoint_key, split_key
@@ -167,7 +168,7 @@ class FleetComponent:
         self._publish_wake = asyncio.Event()
         self._beat_now = asyncio.Event()
         self._synced_at = clock()
-        self._problems: dict[str, float] = {}
+        self._problems = ProblemLog(log, every_s=PROBLEM_LOG_EVERY_S, clock=clock)
         self.counters = {
             "verdicts_published_total": 0,
             "verdicts_applied_total": 0,
@@ -597,11 +598,9 @@ class FleetComponent:
         }
 
     def _problem(self, kind: str, message: str) -> None:
-        """Log ``message`` at most once per PROBLEM_LOG_EVERY_S for each ``kind``."""
-        now = self._clock()
-        if now - self._problems.get(kind, -PROBLEM_LOG_EVERY_S) >= PROBLEM_LOG_EVERY_S:
-            self._problems[kind] = now
-            log.warning(message, extra={"member": self.me})
+        """Log ``message`` at most once per PROBLEM_LOG_EVERY_S for each ``kind``
+        (``core.problems``: the line says how many were left out)."""
+        self._problems.report(kind, message, {"member": self.me})
 
 
 def _why(exc: BaseException) -> str:

@@ -18,8 +18,9 @@ an address, for unknown endpoints or for clusters we never sent are counted
 Reports count only from nodes that take their endpoints from us: with ``xds_open`` (a
 ``Callable[[str], bool]``, the xDS streams' registry of open node ids, passed in by the
 app) a report from a node id with no open xDS stream is ignored and counted
-(``reports_without_xds``), and logged once per node. A client that opens HDS streams
-under made-up node ids, and nothing else, then ejects nothing (docs/design.md §7.6).
+(``reports_without_xds``), and logged once per node (``core.problems``, a bounded table).
+A client that opens HDS streams under made-up node ids, and nothing else, then ejects
+nothing (docs/design.md §7.6).
 
 One event loop; ``on_change`` is called (synchronously, must not raise) after anything
 that may change an endpoint's HDS verdict, so the owner can re-read ``decisions()``.
@@ -30,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -38,6 +40,7 @@ from typing import Any, TypeAlias
 from envoy.service.health.v3 import hds_pb2
 from google.protobuf.message import DecodeError
 
+from llm_health.core.problems import ProblemLog
 from llm_health.errors import ProtocolError
 from llm_health.hds import wire
 from llm_health.hds.fleet import Fleet, NodeInfo, NodePlan, ReportTally, Target
@@ -46,6 +49,7 @@ from llm_health.model.states import EndpointKey
 
 _LOG = logging.getLogger("llm_health.hds")
 MAX_WARNED_NODES = 1024  # node ids remembered for "logged once": bounded memory
+NODE_CHANGE_LOG_EVERY_S = 60.0  # a stream changing its node id: one line per stream this often
 
 Request: TypeAlias = hds_pb2.HealthCheckRequestOrEndpointHealthResponse
 Specifier: TypeAlias = hds_pb2.HealthCheckSpecifier
@@ -101,7 +105,9 @@ class HdsService:
     ) -> None:
         self.settings = settings
         self._xds_open = xds_open
-        self._warned_nodes: set[str] = set()
+        # once per node: a quiet time that never ends, in a bounded table
+        self._without_xds_log = ProblemLog(_LOG, every_s=math.inf, max_keys=MAX_WARNED_NODES)
+        self._node_change_log = ProblemLog(_LOG, every_s=NODE_CHANGE_LOG_EVERY_S)
         self.stats = HdsStats()
         self.fleet = Fleet(settings, endpoints, clock())
         self._clock = clock
@@ -192,7 +198,11 @@ class HdsService:
         who = wire.identity(request)
         node_id = who.node_id or f"unnamed@{session.peer}"
         if session.node is not None and node_id != session.node:
-            _LOG.warning("HDS stream of %s sent node id %r: ignored", session.node, node_id)
+            self._node_change_log.report(
+                str(session.stream),  # every message may carry one: per stream, rate-limited
+                "HDS stream of %s sent node id %r: ignored",
+                args=(session.node, node_id),
+            )
         first = session.node is None
         self._mutate(
             lambda now: self.fleet.open_stream(session.stream, node_id, who.protocols, now)
@@ -222,15 +232,13 @@ class HdsService:
         life (the node goes stale after ``report_ttl`` and loses its assignment)."""
         self.stats.reports_without_xds += 1
         node = session.node or "?"
-        if node in self._warned_nodes or len(self._warned_nodes) >= MAX_WARNED_NODES:
-            return
-        self._warned_nodes.add(node)
         shown = repr(node[:200])  # the peer's text: cut and escaped for one log line
-        _LOG.warning(
+        self._without_xds_log.report(
+            node,
             "HDS reports of node %s ignored: it holds no xDS stream with this node id "
             "(counted in hds.stats.reports_without_xds; logged once per node)",
-            shown,
-            extra={"node": shown, "peer": session.peer},
+            {"node": shown, "peer": session.peer},
+            args=(shown,),
         )
 
     def _end(self, session: _Session) -> None:

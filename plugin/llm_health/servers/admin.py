@@ -8,12 +8,13 @@ Authentication: ``add_admin_service(server, servicer, token)`` wraps every metho
 of the service so that, when a token is configured, a call without the metadata
 ``authorization: Bearer <token>`` ends with UNAUTHENTICATED before the method runs. It
 works on a shared server (the xDS one) too, where a server-wide interceptor would also
-hit Envoy's xDS streams.
+hit Envoy's xDS streams. The check is ``core.tokens``'s; every refusal is counted
+(``AuthStats.rejected``) and logged at most once per peer host per minute, as
+``server.token`` refusals are.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ import grpc
 
 from llm_health.adminpb import admin_pb2 as pb
 from llm_health.adminpb import admin_pb2_grpc as pb_grpc
+from llm_health.core.problems import peer_host
+from llm_health.core.tokens import bearer_matches, expected_value, refusal_log
 from llm_health.model.board import EndpointSnapshot, HealthSnapshot
 from llm_health.model.outcome import ProbeResult
 from llm_health.model.redact import printable_line
@@ -231,7 +234,9 @@ class _GuardedServer:
     each one with the token check."""
 
     def __init__(self, server: grpc.aio.Server, token: str | None, stats: AuthStats) -> None:
-        self._server, self._token, self._stats = server, token, stats
+        self._server, self._stats = server, stats
+        self._expected = None if token is None else expected_value(token)
+        self._refusals = refusal_log(_LOG)
 
     def add_generic_rpc_handlers(self, handlers: tuple[Any, ...]) -> None:
         self._server.add_generic_rpc_handlers(tuple(_GuardedHandler(h, self) for h in handlers))
@@ -266,13 +271,14 @@ class _GuardedServer:
 
     async def _check(self, context: grpc.aio.ServicerContext) -> None:
         self._stats.calls += 1
-        if self._token is None:
+        if self._expected is None:
             return
-        if hmac.compare_digest(_presented(context), f"Bearer {self._token}".encode()):
+        if bearer_matches(context.invocation_metadata(), self._expected):
             return
         self._stats.rejected += 1
-        _LOG.warning(
-            "admin call rejected: missing or wrong bearer token", extra={"peer": context.peer()}
+        peer = context.peer() or "?"
+        self._refusals.report(
+            peer_host(peer), "admin call rejected: missing or wrong bearer token", {"peer": peer}
         )
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
 
@@ -283,11 +289,3 @@ class _GuardedHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
 
     def service(self, details: grpc.HandlerCallDetails) -> Any:
         return self._guard.guard(self._inner.service(details))
-
-
-def _presented(context: grpc.aio.ServicerContext) -> bytes:
-    """The ``authorization`` metadata value (bytes; empty when absent)."""
-    for key, value in context.invocation_metadata() or ():
-        if key == "authorization":
-            return value.encode() if isinstance(value, str) else bytes(value)
-    return b""

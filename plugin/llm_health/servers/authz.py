@@ -23,7 +23,8 @@ from envoy.service.auth.v3 import external_auth_pb2, external_auth_pb2_grpc
 from envoy.type.v3 import http_status_pb2
 from google.rpc import code_pb2, status_pb2  # type: ignore[import-untyped]
 
-from llm_health.authz import AdmissionRequest, AuthzCounters, Decision, Gate, ProblemLog
+from llm_health.authz import PROBLEM_MESSAGE, AdmissionRequest, AuthzCounters, Decision, Gate
+from llm_health.core.problems import ProblemLog
 from llm_health.servers.decoding import rejecting_undecodable
 
 log = logging.getLogger("llm_health.authz")
@@ -87,7 +88,8 @@ def answer(
         return None
     counters.count(decision, time.perf_counter() - started)
     if decision.problem is not None:
-        problems.report(decision.problem, decision.cluster)
+        fields = decision.problem.log_fields(decision.cluster)
+        problems.report(decision.problem.kind, PROBLEM_MESSAGE, fields)
     return response
 
 

@@ -14,24 +14,24 @@ generated code registers its handlers and changes each one:
   and the call ends with INVALID_ARGUMENT unless the method answered it itself.
 
 The warning names the method and the peer's address and is logged at most once per peer
-host per ``REPEAT_LOG_S``.
+host per ``REPEAT_LOG_S`` (``core.problems``: one table for the process, bounded).
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn
 
 import grpc
 from google.protobuf.message import DecodeError
 
+from llm_health.core.problems import ProblemLog, peer_host
 from llm_health.model.redact import printable
 
 REPEAT_LOG_S = 60.0
-MAX_PEERS = 1024  # peers remembered for the rate limit (then the memory starts over)
+MAX_PEERS = 1024  # peer hosts remembered for the rate limit (bounded memory)
 INVALID_MESSAGE = "request is not a valid message"
 _LOG = logging.getLogger("llm_health.grpc")
 
@@ -169,7 +169,8 @@ def _stream_stream(method: Callable[..., AsyncIterator[Any]], name: str) -> Call
     return behaviour
 
 
-_last_logged: dict[str, float] = {}
+# One for every server of the process (threaded ones too: ProblemLog takes a lock).
+_UNDECODABLE = ProblemLog(_LOG, every_s=REPEAT_LOG_S, max_keys=MAX_PEERS)
 
 
 async def _reject(context: grpc.aio.ServicerContext, method: str) -> NoReturn:
@@ -180,23 +181,15 @@ async def _reject(context: grpc.aio.ServicerContext, method: str) -> NoReturn:
 
 def _log_undecodable(peer_text: str, method: str) -> None:
     peer = _host(peer_text)
-    now = time.monotonic()
-    last = _last_logged.get(peer)
-    if last is None or now - last >= REPEAT_LOG_S:
-        if len(_last_logged) >= MAX_PEERS:
-            _last_logged.clear()
-        _last_logged[peer] = now
-        _LOG.warning(
-            "undecodable request to %s from %s: answered INVALID_ARGUMENT "
-            "(logged at most every %g s per peer)",
-            method,
-            peer,
-            REPEAT_LOG_S,
-        )
+    _UNDECODABLE.report(
+        peer,
+        "undecodable request to %s from %s: answered INVALID_ARGUMENT "
+        "(logged at most every %g s per peer)",
+        args=(method, peer, REPEAT_LOG_S),
+    )
 
 
 def _host(peer: str) -> str:
-    """``ipv4:127.0.0.1:5000`` -> ``ipv4:127.0.0.1`` (the rate limit is per host, not per
-    connection); printable and bounded, it is the peer's text."""
-    host = peer.rsplit(":", 1)[0] if peer.startswith(("ipv4:", "ipv6:")) else peer
-    return printable(host, 100)
+    """The peer host (the rate limit is per host, not per connection); printable and
+    bounded, it is the peer's text."""
+    return printable(peer_host(peer), 100)

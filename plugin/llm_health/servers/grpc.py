@@ -12,8 +12,9 @@ Authentication of the main server (``server.token``, ``server.tls``):
 - ``BearerTokenInterceptor``: every call must carry ``authorization: Bearer <token>``
   (Envoy: ``initial_metadata`` on its ``grpc_service``); anything else is answered
   UNAUTHENTICATED before any servicer runs. The comparison is constant-time; the token is
-  never logged nor put in a status message. Rejections are counted (``GrpcAuthStats``)
-  and logged at most once per peer host per minute (a bounded table).
+  never logged nor put in a status message (``core.tokens``). Rejections are counted
+  (``GrpcAuthStats``) and logged at most once per peer host per minute (``core.problems``:
+  a bounded table).
 - ``server_credentials``: TLS, and with a client CA mutual TLS (gRPC refuses the
   handshake of a client without a certificate signed by it; such refusals happen in the
   TLS layer and are not counted here).
@@ -22,7 +23,6 @@ Authentication of the main server (``server.token``, ``server.tls``):
 from __future__ import annotations
 
 import errno
-import hmac
 import logging
 import socket
 import time
@@ -33,6 +33,8 @@ from typing import Any
 
 import grpc
 
+from llm_health.core.problems import peer_host
+from llm_health.core.tokens import bearer_matches, expected_value, refusal_log
 from llm_health.errors import LLMHealthError
 
 _LOG = logging.getLogger("llm_health.grpc")
@@ -147,8 +149,6 @@ async def start_grpc_server(
 
 # --------------------------------------------------------------------------- authentication
 
-AUTH_LOG_INTERVAL_S = 60.0
-MAX_LOGGED_PEERS = 1024  # peers remembered for log rate limiting: bounded memory
 UNAUTHENTICATED_MESSAGE = "missing or wrong authorization bearer token (server.token)"
 
 
@@ -197,14 +197,10 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         clock: Callable[[], float] = time.monotonic,
         log: logging.Logger = _LOG,
     ) -> None:
-        if not token:
-            raise ValueError("empty token")
-        self._expected = f"Bearer {token}".encode()
+        self._expected = expected_value(token)
         self.stats = stats if stats is not None else GrpcAuthStats("bearer token")
         self._exempt = tuple(exempt)
-        self._clock = clock
-        self._log = log
-        self._warned: dict[str, float] = {}
+        self._refusals = refusal_log(log, clock)
 
     async def intercept_service(
         self,
@@ -220,12 +216,7 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         method = details.method or ""
         if self._exempt and method.startswith(self._exempt):
             return True
-        presented = b""
-        for key, value in details.invocation_metadata or ():
-            if key == "authorization":
-                presented = value if isinstance(value, bytes) else str(value).encode()
-                break
-        return hmac.compare_digest(presented, self._expected)
+        return bearer_matches(details.invocation_metadata, self._expected)
 
     def _rejecting(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         async def reject(_request: object, context: grpc.aio.ServicerContext) -> None:
@@ -246,22 +237,13 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return grpc.unary_unary_rpc_method_handler(reject, **serde)
 
     def warn_refused(self, peer: str | None, method: str) -> None:
-        """At most one warning per peer host per ``AUTH_LOG_INTERVAL_S``; the table is
-        pruned (and, if every entry is recent, not grown) at ``MAX_LOGGED_PEERS``."""
-        host = _peer_host(peer or "?")
-        now = self._clock()
-        last = self._warned.get(host)
-        if last is not None and now - last < AUTH_LOG_INTERVAL_S:
-            return
-        if last is None and len(self._warned) >= MAX_LOGGED_PEERS:
-            self._warned = {h: t for h, t in self._warned.items() if now - t < AUTH_LOG_INTERVAL_S}
-            if len(self._warned) >= MAX_LOGGED_PEERS:
-                return
-        self._warned[host] = now
-        self._log.warning(
+        """At most one warning per peer host per minute (``core.tokens.refusal_log``)."""
+        host = peer_host(peer or "?")
+        self._refusals.report(
+            host,
             "gRPC call refused: no valid bearer token (UNAUTHENTICATED); further refusals "
             "from this peer are counted, not logged, for 60 s",
-            extra={"peer": host, "method": method, "rejected_total": self.stats.rejected_total},
+            {"peer": host, "method": method, "rejected_total": self.stats.rejected_total},
         )
 
 
@@ -294,13 +276,6 @@ class ThreadedBearerTokenInterceptor(grpc.ServerInterceptor):  # type: ignore[mi
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
-
-
-def _peer_host(peer: str) -> str:
-    """``ipv4:10.0.0.5:51234`` -> ``ipv4:10.0.0.5`` (the port changes per connection)."""
-    if peer.startswith(("ipv4:", "ipv6:")):
-        return peer.rsplit(":", 1)[0]
-    return peer
 
 
 def _check_unix_socket_free(path: str) -> None:

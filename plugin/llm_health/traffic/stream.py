@@ -7,6 +7,8 @@ second's worth); entries beyond it are dropped and counted, never queued. The co
 yields to the event loop every ``YIELD_EVERY`` entries, so a burst can never hold up the
 prober or an xDS push for more than that many decodes (a few milliseconds).
 Entries that do not count (probes, no upstream, intermediate) are counted by kind.
+Dropping is logged at most once per ``LOG_EVERY_S`` per peer host (``core.problems``),
+whatever number of streams that peer opens.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from llm_health.core.problems import ProblemLog, peer_host
 from llm_health.model.redact import printable_line
 from llm_health.traffic.entries import Request, decode
 
@@ -50,6 +53,7 @@ class LogStreams:
         self._sink = sink
         self._clock = clock
         self._max_rate = max_rate
+        self._drops = ProblemLog(log, every_s=LOG_EVERY_S, clock=clock)
         self.stats = StreamStats()
 
     async def consume(self, messages: AsyncIterator[Any], peer: str) -> None:
@@ -60,7 +64,7 @@ class LogStreams:
         stats.streams_open += 1
         tokens, refilled = self._max_rate, self._clock()
         since_yield = 0
-        logged_at = -LOG_EVERY_S
+        host, shown = printable_line(peer_host(peer), 100), printable_line(peer, 100)
         try:
             async for message in messages:
                 stats.messages_total += 1
@@ -73,19 +77,12 @@ class LogStreams:
                 now = self._clock()
                 tokens = min(self._max_rate, tokens + (now - refilled) * self._max_rate)
                 refilled = now
+                dropping = False
                 for entry in entries:
                     stats.entries_total += 1
                     if tokens < 1:
                         stats.dropped_total += 1
-                        if now - logged_at >= LOG_EVERY_S:  # once a minute per stream
-                            logged_at = now
-                            log.warning(
-                                "access-log stream over its budget: dropping entries",
-                                extra={
-                                    "peer": printable_line(peer, 100),
-                                    "max_per_s": self._max_rate,
-                                },
-                            )
+                        dropping = True
                         continue
                     tokens -= 1
                     self._one(entry, now)
@@ -93,8 +90,17 @@ class LogStreams:
                     if since_yield >= YIELD_EVERY:
                         since_yield = 0
                         await asyncio.sleep(0)
+                if dropping:  # one report per message, not per entry: the flood stays cheap
+                    self._log_dropping(host, shown)
         finally:
             stats.streams_open -= 1
+
+    def _log_dropping(self, host: str, shown: str) -> None:
+        self._drops.report(
+            host,
+            "access-log stream over its budget: dropping entries",
+            {"peer": shown, "max_per_s": self._max_rate},
+        )
 
     def _one(self, entry: Any, now: float) -> None:
         request = decode(entry)

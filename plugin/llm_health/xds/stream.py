@@ -31,6 +31,7 @@ from typing import Protocol, TypeAlias, TypeVar
 from envoy.service.discovery.v3 import discovery_pb2
 
 from llm_health.core.control import SnapshotSource
+from llm_health.core.problems import ProblemLog
 from llm_health.model.board import HealthSnapshot
 from llm_health.model.redact import printable
 from llm_health.xds import protocol
@@ -97,13 +98,16 @@ class _Tally:
     count: int = 0  # running total on this stream
     unlogged: int = 0  # added since the last line
     samples: list[str] = field(default_factory=list)  # the first MAX_SAMPLES seen
-    logged_at: float | None = None
 
 
-class ProblemLog:
+class ProblemTally:
     """One stream's bounded log of peer protocol problems: per kind a count and a few
     samples; a line when a kind is first seen, then at most every ``REPEAT_LOG_S`` while
-    its count grows. Memory is O(kinds x MAX_SAMPLES), whatever the peer sends."""
+    its count grows. Memory is O(kinds x MAX_SAMPLES), whatever the peer sends.
+
+    The tally is this stream's own (its line quotes the running count and samples); when
+    a kind is due is ``core.problems.ProblemLog``'s decision (``claim``), as on every
+    other surface."""
 
     def __init__(
         self,
@@ -112,7 +116,8 @@ class ProblemLog:
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._log, self._label, self._clock = log, label, clock
+        self._log, self._label = log, label
+        self._due = ProblemLog(log, every_s=REPEAT_LOG_S, clock=clock)
         self._tallies: dict[str, _Tally] = {}
 
     def add(self, kind: str, count: int, samples: Iterable[str] = ()) -> None:
@@ -128,13 +133,10 @@ class ProblemLog:
 
     def flush(self) -> None:
         """Log every kind that is due."""
-        now = self._clock()
         for kind, tally in self._tallies.items():
-            if not tally.unlogged:
+            if not tally.unlogged or not self._due.claim(kind):
                 continue
-            if tally.logged_at is not None and now - tally.logged_at < REPEAT_LOG_S:
-                continue
-            tally.logged_at, tally.unlogged = now, 0
+            tally.unlogged = 0
             more = ", ..." if tally.count > len(tally.samples) else ""
             self._log.warning(
                 "%s: %s: %d (first: %s%s)",
@@ -194,7 +196,7 @@ class _Base:
         self.flavour = flavour
         self.node = "?"
         self.known = known  # the current snapshot's cluster names
-        self.problems = ProblemLog(log, self.label)
+        self.problems = ProblemTally(log, self.label)
         self.nodes: OpenNodes | None = None  # registered in once the node is known
 
     def accept(self, type_url: str, node_id: str) -> bool:

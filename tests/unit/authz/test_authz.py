@@ -12,19 +12,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llm_health.authz import (
+    PROBLEM_LOG_EVERY_S,
+    PROBLEM_MESSAGE,
     AdmissionRequest,
     AuthzConfig,
     AuthzCounters,
     Decision,
     Gate,
     Problem,
-    ProblemLog,
     Rule,
     build_view,
     cluster_capacity,
     decide,
 )
 from llm_health.authz.settings import UNROUTED_VALUE
+from llm_health.core.problems import ProblemLog
 from llm_health.model.board import ClusterSnapshot, EndpointSnapshot, EndpointSpec, HealthSnapshot
 from llm_health.model.envoy_view import envoy_view
 from llm_health.model.states import State
@@ -364,18 +366,27 @@ def test_counters_by_cluster_and_rule_with_bounded_labels() -> None:
 
 def test_problem_log_is_rate_limited_per_kind(caplog: pytest.LogCaptureFixture) -> None:
     now = [100.0]
-    problems = ProblemLog(clock=lambda: now[0], every_s=10.0)
+    problems = ProblemLog(
+        logging.getLogger("llm_health.authz"), every_s=PROBLEM_LOG_EVERY_S, clock=lambda: now[0]
+    )
+
+    def report(problem: Problem, cluster: str | None = None) -> bool:
+        return problems.report(problem.kind, PROBLEM_MESSAGE, problem.log_fields(cluster))
+
     caplog.set_level(logging.WARNING, logger="llm_health.authz")
-    assert problems.report(Problem("unknown_cluster", "unknown cluster 'a'"))
-    assert not problems.report(Problem("unknown_cluster", "unknown cluster 'b'"))
-    assert not problems.report(Problem("unknown_cluster", "unknown cluster 'c'"))
-    assert problems.report(Problem("no_cluster", "none"), cluster=None)  # other kind
-    now[0] += 10.0
-    assert problems.report(Problem("unknown_cluster", "unknown cluster 'd'"))
+    assert report(Problem("unknown_cluster", "unknown cluster 'a'"))
+    assert not report(Problem("unknown_cluster", "unknown cluster 'b'"))
+    assert not report(Problem("unknown_cluster", "unknown cluster 'c'"))
+    assert report(Problem("no_cluster", "none"), cluster=None)  # other kind
+    now[0] += 9.9
+    assert not report(Problem("unknown_cluster", "unknown cluster 'x'"))
+    now[0] += 0.1
+    assert report(Problem("unknown_cluster", "unknown cluster 'd'"))
     records = [r for r in caplog.records if r.name == "llm_health.authz"]
+    assert {r.getMessage() for r in records} == {"ext_authz request problem"}
     assert [(r.problem, r.suppressed) for r in records] == [  # type: ignore[attr-defined]
         ("unknown_cluster", 0),
         ("no_cluster", 0),
-        ("unknown_cluster", 2),
+        ("unknown_cluster", 3),
     ]
     assert records[-1].detail == "unknown cluster 'd'"  # type: ignore[attr-defined]

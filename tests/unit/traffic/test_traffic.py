@@ -4,6 +4,7 @@ quality verdict, the busy rule, TTFT deltas, and the stream's flood budget."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,7 +17,7 @@ from llm_health.traffic.busy import skip
 from llm_health.traffic.entries import Request, decode
 from llm_health.traffic.quality import note, verdict
 from llm_health.traffic.settings import BusyConfig, QualityConfig
-from llm_health.traffic.stream import LogStreams
+from llm_health.traffic.stream import LOG_EVERY_S, LogStreams
 from llm_health.traffic.ttft import delta
 from llm_health.traffic.window import Recent, Summary, Window, quantile
 
@@ -215,6 +216,28 @@ async def test_a_stream_over_its_budget_drops_and_counts_never_queues() -> None:
     stats = streams.stats
     assert stats.entries_total == 800 and stats.counted_total == 500
     assert stats.dropped_total == 300 and len(seen) == 500 and stats.streams_open == 0
+
+
+async def test_a_peer_flooding_many_streams_logs_one_line_per_period(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Over budget on 10 streams of 100 messages each, from one host: one line (with how
+    many were left out) per LOG_EVERY_S for that host, whatever its streams."""
+    clock = [100.0]
+    streams = LogStreams(lambda _r, _n: None, lambda: clock[0], max_rate=10)
+    with caplog.at_level(logging.WARNING, logger="llm_health"):
+        for port in range(10):
+            await streams.consume(messages(100, 20), f"ipv4:192.0.2.7:{40000 + port}")
+        clock[0] += LOG_EVERY_S
+        await streams.consume(messages(2, 20), "ipv4:192.0.2.7:50000")
+        await streams.consume(messages(2, 20), "ipv4:192.0.2.8:50000")  # another host
+    lines = [r for r in caplog.records if "over its budget" in r.getMessage()]
+    assert [(r.peer, r.suppressed) for r in lines] == [  # type: ignore[attr-defined]
+        ("ipv4:192.0.2.7:40000", 0),
+        ("ipv4:192.0.2.7:50000", 999),
+        ("ipv4:192.0.2.8:50000", 0),
+    ]
+    assert streams.stats.dropped_total == 10 * (100 * 20 - 10) + 2 * (2 * 20 - 10)
 
 
 async def test_the_stream_yields_to_the_loop_while_it_reads() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -21,6 +22,7 @@ from llm_health.xds.protocol import (
     sotw_needs_push,
     sotw_subscription,
 )
+from llm_health.xds.stream import KIND_TYPES, REPEAT_LOG_S, ProblemTally
 
 K = RequestKind
 
@@ -497,3 +499,35 @@ def test_delta_system_version_and_nonce() -> None:
     assert push is not None
     assert push.nonce == "1"
     assert push.system_version == set_version({"a": "a1", "b": "b1"})
+
+
+# --------------------------------------------------------------------------- problem tally
+
+
+def test_a_stream_flooding_other_types_logs_one_line_per_repeat_period(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The stream's own tally (counts, samples) with core.problems deciding when a kind is
+    due: 1,000 requests for other types are one line, then one more a period later."""
+    now = [0.0]
+    logger = logging.getLogger("test.xds.tally")
+    tally = ProblemTally(logger, lambda: "gw-1 ads sotw", clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="test.xds.tally"):
+        for n in range(1_000):
+            tally.add(KIND_TYPES, 1, (f"type.googleapis.com/t{n % 5}",))
+            tally.flush()
+            now[0] += 0.01  # 10 s in all: within one period
+        now[0] = REPEAT_LOG_S
+        tally.flush()  # the period is over: the running count
+        tally.add(KIND_TYPES, 1, ("type.googleapis.com/late",))
+        tally.flush()  # quiet again
+        now[0] = 2 * REPEAT_LOG_S
+        tally.flush()
+        tally.flush()  # nothing new since the last line
+    lines = [r.getMessage() for r in caplog.records if r.name == "test.xds.tally"]
+    first = "(first: 'type.googleapis.com/t0', 'type.googleapis.com/t1', 'type.googleapis.com/t2'"
+    assert lines == [
+        f"gw-1 ads sotw: {KIND_TYPES}: 1 (first: 'type.googleapis.com/t0')",
+        f"gw-1 ads sotw: {KIND_TYPES}: 1000 {first}, ...)",
+        f"gw-1 ads sotw: {KIND_TYPES}: 1001 {first}, ...)",
+    ]
