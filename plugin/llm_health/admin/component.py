@@ -11,6 +11,8 @@ Where it listens (``admin`` config, read once at start):
   (so a taken port fails the start like the main server does) and started by this
   component's task. A non-loopback ``admin.grpc`` without a token is a config error.
 With ``admin.token`` every call must carry ``authorization: Bearer <token>``.
+Every answer's reasons and probe details are scrubbed of every configured secret (the
+runtime's ``ops.secret_scrubbing.Secrets``): they may quote what a backend answered.
 
 Board changes go through ``BoardControl.update`` (which publishes to xDS and watchers);
 drain/undrain transitions are logged and observed via ``BoardControl.notify``.
@@ -35,6 +37,7 @@ from llm_health.core.families import counter
 from llm_health.model.board import Board, EndpointSnapshot, HealthSnapshot
 from llm_health.model.machine import Transition
 from llm_health.model.states import State
+from llm_health.ops.secret_scrubbing import Secrets
 from llm_health.servers.admin import (
     AdminServicer,
     AuthStats,
@@ -53,7 +56,8 @@ class AdminComponent:
     """``Component`` (core/component.py) and ``AdminBackend`` (servers/admin.py) in one.
     ``shared_grpc``: the main gRPC server's address (``server.grpc``);
     ``shared_authenticated``: that server checks a token or client certificates on every
-    call (``server.token`` / ``server.tls.client_ca``), so the admin API may share it."""
+    call (``server.token`` / ``server.tls.client_ca``), so the admin API may share it.
+    ``secrets``: the runtime's, scrubbed from every answer (``redact``)."""
 
     name = "admin"
 
@@ -64,8 +68,10 @@ class AdminComponent:
         control: BoardControl,
         *,
         shared_authenticated: bool = False,
+        secrets: Secrets | None = None,
     ) -> None:
         self._control = control
+        self._secrets = secrets if secrets is not None else Secrets()
         self._shared = shared_grpc
         self._shared_authenticated = shared_authenticated
         self._bind = settings.grpc
@@ -129,6 +135,9 @@ class AdminComponent:
 
     def snapshot(self) -> HealthSnapshot:
         return self._control.snapshot()
+
+    def redact(self, text: str) -> str:
+        return self._secrets.redact(text)
 
     def published(self) -> HealthSnapshot:
         return self._control.published()

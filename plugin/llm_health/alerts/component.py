@@ -17,7 +17,9 @@ header) so a receiver can drop a repeat it already processed.
 
 Secrets: webhook headers (``${ENV}``-expanded by the config loader) and the URL's path
 and query (Slack-style URLs carry a token there) are never logged nor shown in /status;
-a webhook is named by its index and ``scheme://host:port``.
+a webhook is named by its index and ``scheme://host:port``. Every body is scrubbed of
+every configured secret before it is queued (``ops.secret_scrubbing``): a reason or a
+probe's detail may quote what a backend answered.
 Shutdown: the workers are cancelled with the runtime; queued events are not flushed.
 """
 
@@ -54,6 +56,7 @@ from llm_health.core.control import BoardControl, Notice
 from llm_health.core.families import gauge
 from llm_health.model.machine import Transition
 from llm_health.model.outcome import ProbeResult
+from llm_health.ops.secret_scrubbing import Secrets
 
 log = logging.getLogger("llm_health")
 MAX_BACKOFF_S = 30.0
@@ -133,7 +136,8 @@ class Webhook:
 
 class AlertsComponent:
     """The ``alerts`` component (see module docstring). ``clock``: monotonic seconds for
-    dedup and rate limits; ``wall_clock``: event times. Both injectable for tests."""
+    dedup and rate limits; ``wall_clock``: event times. Both injectable for tests.
+    ``secrets``: the runtime's, scrubbed from every body."""
 
     name = "alerts"
 
@@ -144,8 +148,10 @@ class AlertsComponent:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         summary_tick_s: float = SUMMARY_TICK_S,
+        secrets: Secrets | None = None,
     ) -> None:
         self.settings = settings
+        self._secrets = secrets if secrets is not None else Secrets()
         self._clock = clock
         self._wall_clock = wall_clock
         self._summary_tick_s = summary_tick_s
@@ -197,7 +203,7 @@ class AlertsComponent:
             self.deduplicated += 1
             return
         names = {kind.value for kind in event.kinds}
-        body = encode(payload(event))
+        body = encode(self._secrets.scrub(payload(event)))
         for hook in self.webhooks:
             if not names & hook.subscribed:
                 continue
@@ -293,7 +299,7 @@ class AlertsComponent:
         summary = hook.limiter.take_summary(self._clock(), self._wall_clock(), uuid.uuid4().hex)
         if summary is not None:
             hook.stats.summaries += 1
-            return _Message(summary["id"], "rate_limited", encode(summary))
+            return _Message(summary["id"], "rate_limited", encode(self._secrets.scrub(summary)))
         with contextlib.suppress(TimeoutError):
             return await asyncio.wait_for(hook.queue.get(), self._summary_tick_s)
         return None
@@ -354,9 +360,11 @@ async def _post(session: aiohttp.ClientSession, hook: Webhook, message: _Message
     raise DeliveryError(f"HTTP {status} (not retried)", retryable=False)
 
 
-def attach(settings: AlertsConfig, control: BoardControl) -> AlertsComponent:
+def attach(
+    settings: AlertsConfig, control: BoardControl, secrets: Secrets | None = None
+) -> AlertsComponent:
     """Build the component and subscribe it to every transition and notice."""
-    component = AlertsComponent(settings)
+    component = AlertsComponent(settings, secrets=secrets)
     if component.webhooks:
         control.on_transition(component.observe)
         control.on_notice(component.observe_notice)

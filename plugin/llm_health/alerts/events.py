@@ -147,8 +147,9 @@ def alert_event(
 
 
 def payload(event: AlertEvent) -> dict[str, Any]:
-    """The JSON body POSTed to a webhook (JSON-ready; no secret can be in it: probe
-    headers never reach a ProbeResult, and ``detail`` is a short engine message)."""
+    """The JSON body POSTed to a webhook (JSON-ready). A reason or ``detail`` may quote
+    what a backend answered: the component scrubs the body of every configured secret
+    before it is queued (``alerts.component``)."""
     return {
         "id": event.id,
         "event": event.primary.value,

@@ -31,6 +31,7 @@ from llm_health.hds.component import HdsComponent
 from llm_health.model.board import Board
 from llm_health.model.engine_load import EngineLoad
 from llm_health.ops.metrics import RuntimeMetrics
+from llm_health.ops.secret_scrubbing import Secrets
 from llm_health.probe.lag import LoopLagMonitor
 from llm_health.probe.target import ProbeTarget
 from llm_health.remediation.component import RemediationComponent
@@ -52,7 +53,10 @@ def build_runtime(
     live = LiveConfig(config, config_path)
     catalog = EndpointCatalog(live, control)
     xds_nodes = OpenNodes()  # node ids with an open xDS stream: HDS trusts only those
-    parts = build_components(live, control, clock, xds_open=xds_nodes.is_open, catalog=catalog)
+    secrets = Secrets(config.secret_values())  # the runtime's: it follows reloads
+    parts = build_components(
+        live, control, clock, xds_open=xds_nodes.is_open, catalog=catalog, secrets=secrets
+    )
     components = parts.components
     xds_stats = XdsStats()
     metrics = RuntimeMetrics(control, control.stats, xds_stats, components)
@@ -70,6 +74,7 @@ def build_runtime(
         security=parts.security,
         skip=parts.skip,
         preparing=parts.preparing,
+        secrets=secrets,
     )
 
 
@@ -91,12 +96,14 @@ def build_components(
     *,
     xds_open: Callable[[str], bool] | None = None,
     catalog: EndpointCatalog | None = None,
+    secrets: Secrets | None = None,
 ) -> Parts:
     """Each feature adds itself here (one line each). Settings read once at start, except
     where a getter over ``live`` follows reloads (ext_authz, discovery, engine checks).
     ``xds_open``: whether a node id holds an open xDS stream (HDS counts only those nodes'
     reports). ``catalog``: the endpoint set discovery feeds (None: no discovery, e.g. in
-    tests). Also returned apart: the engine checks, the runtime's probe wrapper."""
+    tests). ``secrets``: the runtime's, scrubbed from what the alerts and the admin API
+    send. Also returned apart: the engine checks, the runtime's probe wrapper."""
     config = live.current
     fleet = _fleet(config, control, catalog)  # first: its probe filter is read below
     grpc_auth = GrpcAuth(
@@ -109,8 +116,9 @@ def build_components(
             config.server.grpc,
             control,
             shared_authenticated=grpc_auth.authenticated,
+            secrets=secrets,
         ),
-        attach_alerts(config.alerts, control),
+        attach_alerts(config.alerts, control, secrets),
         AuthzComponent(
             control.hub,
             lambda: live.current.authz,

@@ -81,9 +81,12 @@ class Runtime:
         security: SecurityProvider = GrpcSecurity,
         skip: SkipRule | None = None,
         preparing: Sequence[Preparing] = (),
+        secrets: Secrets | None = None,
     ) -> None:
         """``security``: the main gRPC server's interceptors and credentials (called when
-        it starts); ``skip``: the scheduler's busy rule, if any."""
+        it starts); ``skip``: the scheduler's busy rule, if any; ``secrets``: the set
+        scrubbed from logs and /status, shared with the components that send text out
+        (default: the config's own)."""
         self.live = live
         self.catalog = catalog if catalog is not None else EndpointCatalog(live, control)
         self.xds_nodes = xds_nodes if xds_nodes is not None else OpenNodes()
@@ -106,7 +109,7 @@ class Runtime:
         self.http_port: int | None = None
         self._clock = clock
         self._reload_requested = asyncio.Event()
-        self.secrets = Secrets(live.current.secret_values())
+        self.secrets = secrets if secrets is not None else Secrets(live.current.secret_values())
         self._set_targets(self.catalog.targets())
         self.catalog.on_targets(self._set_targets)
 

@@ -1,5 +1,8 @@
 """``llm-health probe URL``: one-off micro-probes of a live endpoint, for the 3 a.m. question
-"is this backend really serving?". Exit 0 when every probe got a token (FAST or SLOW)."""
+"is this backend really serving?". Exit 0 when every probe got a token (FAST or SLOW).
+
+Every ``--header`` value is a secret: never printed, and redacted from whatever the
+endpoint answers (its model id, its errors) before it is shown (docs/design.md §10)."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import aiohttp
 from llm_health.cli.argtypes import duration, positive_int
 from llm_health.cli.text import ms
 from llm_health.model.outcome import SUCCESSES, ProbeResult
+from llm_health.model.redact import redact_secrets, secret_forms
 from llm_health.probe.client import MicroProbe, new_session
 from llm_health.probe.target import (
     API_PATHS,
@@ -65,7 +69,8 @@ async def _probe_all(args: argparse.Namespace) -> int:
         target = _target(args, url, model)
         prober = MicroProbe(session)
         limit = f"{args.timeout * 1000:g} ms"
-        print(f"probing {url} (api {args.api}, model {model or '-'}, timeout {limit})")
+        shown = redact_secrets(model, target.secrets) if model else "-"
+        print(f"probing {url} (api {args.api}, model {shown}, timeout {limit})")
         results = []
         for index in range(args.count):
             if index:
@@ -93,6 +98,7 @@ def _target(args: argparse.Namespace, url: str, model: str | None) -> ProbeTarge
         unhealthy_after=2,
         fatal_patterns=compile_fatal_patterns(DEFAULT_FATAL_PATTERNS),
         headers=dict(args.header),
+        secrets=secret_forms(value for _name, value in args.header),
     )
 
 

@@ -51,11 +51,12 @@ class SideReads:
         return body.decode("utf-8", "replace")
 
     async def models(self, target: ProbeTarget, path: str) -> tuple[str, ...]:
-        """The model ids the endpoint's ``/v1/models`` lists; ValueError unless 200."""
+        """The model ids the endpoint's ``/v1/models`` lists, the endpoint's secrets
+        removed (an id reaches the "model" signal's reason); ValueError unless 200."""
         status, body = await self._get(target, path, MAX_SIDE_TIMEOUT_S, MAX_MODELS_BODY)
         if status != 200:
             raise ValueError(f"HTTP {status}")
-        return model_ids(json.loads(body))
+        return tuple(redact_secrets(i, target.secrets) for i in model_ids(json.loads(body)))
 
     async def engine(self, target: ProbeTarget) -> str | None:
         """The engine the first info endpoint that answers as its engine's says (in the

@@ -1,9 +1,13 @@
-"""The last line of defence for secrets: every log record and every /status document is
-scrubbed of every configured secret value (``Config.secret_values``).
+"""The last line of defence for secrets: every log record, every /status document, every
+alert webhook body and every admin API answer is scrubbed of every configured secret value
+(``Config.secret_values``; the rules are ``model.redact.redact_secrets``: any letter case,
+and the start of a cut secret).
 
 Sources redact first (the probe removes secrets from backend text before it becomes a
-``detail``; config messages show ``${NAME}`` instead of values); this catches whatever a
-future code path forgets. The secret set follows config reloads.
+``detail`` or an ``Answer``, the served-model check from the model ids; config messages
+show ``${NAME}`` instead of values); this catches whatever a future code path forgets.
+One ``Secrets`` is shared by the runtime and the components that send text out
+(``app.assemble``); its set follows config reloads.
 """
 
 from __future__ import annotations
@@ -23,6 +27,10 @@ class Secrets:
 
     def __init__(self, values: frozenset[str] = frozenset()) -> None:
         self.values = values
+
+    def redact(self, text: str) -> str:
+        """``text`` with every secret redacted."""
+        return redact_secrets(text, self.values)
 
     def scrub(self, value: Any) -> Any:
         """``value`` with every string in it redacted (dicts and lists walked)."""

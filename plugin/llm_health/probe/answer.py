@@ -13,7 +13,9 @@ Both OpenAI shapes, as vLLM, SGLang and llama.cpp stream them (docs/engines.md):
   completions too: docs/engines/llama-cpp.md);
 - vLLM's ``"return_token_ids": true`` adds ``choices[0].token_ids``.
 Anything else in an event is ignored; a value of the wrong type is skipped, never trusted.
-Bounded: at most MAX_TOKENS tokens and MAX_CHARS characters are kept.
+Bounded: at most MAX_TOKENS tokens and MAX_CHARS characters are kept. The ``Answer`` it
+hands over carries no configured secret: a backend may answer with the probe's own key,
+and the answer's text reaches reasons, logs and alerts (docs/design.md §10).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import math
 from typing import Any
 
 from llm_health.model.answer import Answer
+from llm_health.model.redact import redact_secrets
 
 MAX_TOKENS = 64
 MAX_CHARS = 2000
@@ -37,10 +40,12 @@ def answer_request(api: str) -> dict[str, Any]:
 
 
 class AnswerReader:
-    """Folds a stream's decoded events (JSON objects) into an ``Answer``."""
+    """Folds a stream's decoded events (JSON objects) into an ``Answer``. ``secrets``:
+    the probe's (``ProbeTarget.secrets``), removed from every text of the answer."""
 
-    def __init__(self, api: str) -> None:
+    def __init__(self, api: str, secrets: frozenset[str] = frozenset()) -> None:
         self._chat = api == "openai-chat"
+        self._secrets = secrets
         self._text: list[str] = []
         self._chars = 0
         self._tokens: list[str] = []
@@ -66,14 +71,19 @@ class AnswerReader:
             self.finished = True
 
     def answer(self, *, complete: bool) -> Answer:
+        """What was read, secrets redacted (the whole text at once: a secret may be split
+        over tokens, or cut by MAX_CHARS)."""
         return Answer(
-            text="".join(self._text),
-            tokens=tuple(self._tokens),
+            text=self._clean("".join(self._text)),
+            tokens=tuple(self._clean(t) for t in self._tokens),
             token_ids=tuple(self._ids),
             logprobs=tuple(self._logprobs),
-            first_top=self._first_top,
+            first_top=tuple(self._clean(t) for t in self._first_top),
             complete=complete,
         )
+
+    def _clean(self, text: str) -> str:
+        return redact_secrets(text, self._secrets)
 
     def _add_text(self, text: str) -> None:
         if not text or self._chars >= MAX_CHARS:

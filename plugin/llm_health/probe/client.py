@@ -179,7 +179,7 @@ class MicroProbe:
         timing = _Timing(time.perf_counter())
         wall = time.time()
         answer: Answer | None = None
-        reader = AnswerReader(target.api) if question is not None else None
+        reader = AnswerReader(target.api, target.secrets) if question is not None else None
         try:
             async with asyncio.timeout(target.timeout_s) as limit:
                 outcome, status, detail = await self._exchange(
@@ -389,7 +389,8 @@ async def _classify_status(
 ) -> tuple[Outcome, int, str]:
     """Non-200: FATAL on a fatal pattern, OVERLOADED on 429 or an overloaded 503, else ERROR."""
     raw = await response.content.read(MAX_ERROR_BODY)
-    # Redact before anything clips the text: a clipped secret is a partial leak.
+    # Redact before anything clips the text: a clipped secret is a partial leak. The read
+    # itself may have cut one: its start is redacted too (model.redact.MIN_PREFIX).
     text = redact_secrets(raw.decode("utf-8", "replace"), target.secrets)
     message = error_message_from_body(text)
     status = response.status

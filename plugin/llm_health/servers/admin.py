@@ -3,6 +3,8 @@
 Thin: each method translates protobuf to domain calls on an ``AdminBackend`` (implemented
 by ``admin.component`` over the board control) and back. Errors map at this edge:
 KeyError -> NOT_FOUND, ValueError -> INVALID_ARGUMENT, ``NotReady`` -> UNAVAILABLE.
+Every endpoint and probe result sent has its free texts (reasons, details: they may quote
+a backend) passed through the backend's ``redact`` (docs/design.md §10).
 
 Authentication: ``add_admin_service(server, servicer, token)`` wraps every method handler
 of the service so that, when a token is configured, a call without the metadata
@@ -16,7 +18,7 @@ hit Envoy's xDS streams. The check is ``core.tokens``'s; every refusal is counte
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -90,6 +92,9 @@ class AdminBackend(Protocol):
 
     async def probe_now(self, cluster: str, address: str) -> Probed: ...
 
+    def redact(self, text: str) -> str:
+        """``text`` without any configured secret (applied to every text sent)."""
+
 
 class AdminServicer(pb_grpc.AdminServicer):
     """``llm_health.v1.Admin``. One instance per server; task-safe (no own state)."""
@@ -100,7 +105,9 @@ class AdminServicer(pb_grpc.AdminServicer):
     async def ListEndpoints(
         self, request: pb.ListEndpointsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListEndpointsResponse:
-        return await _mapped(context, lambda: _list(self._backend, request.cluster))
+        answer = await _mapped(context, lambda: _list(self._backend, request.cluster))
+        self._clean_clusters(answer.clusters)
+        return answer
 
     async def WatchEndpoints(
         self, request: pb.WatchEndpointsRequest, context: grpc.aio.ServicerContext
@@ -110,6 +117,7 @@ class AdminServicer(pb_grpc.AdminServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown cluster {request.cluster!r}")
         cluster = request.cluster or None
         first = snapshot_to_pb(base, request.cluster)
+        self._clean_clusters(first.clusters)
         yield pb.WatchEndpointsResponse(
             revision=base.revision, initial=True, clusters=first.clusters
         )
@@ -123,7 +131,7 @@ class AdminServicer(pb_grpc.AdminServicer):
             if changes:
                 yield pb.WatchEndpointsResponse(
                     revision=snapshot.revision,
-                    endpoints=[endpoint_to_pb(e) for e in changes.changed],
+                    endpoints=[self._endpoint(e) for e in changes.changed],
                     removed=keys_to_pb(changes.removed),
                 )
 
@@ -132,13 +140,13 @@ class AdminServicer(pb_grpc.AdminServicer):
     ) -> pb.EndpointResponse:
         reason = _text(request.reason) or "drained by operator"
         action = self._backend.drain(request.cluster, request.address, reason)
-        return _changed(await _mapped(context, lambda: action))
+        return self._changed(await _mapped(context, lambda: action))
 
     async def Undrain(
         self, request: pb.EndpointRequest, context: grpc.aio.ServicerContext
     ) -> pb.EndpointResponse:
         action = self._backend.undrain(request.cluster, request.address)
-        return _changed(await _mapped(context, lambda: action))
+        return self._changed(await _mapped(context, lambda: action))
 
     async def ForceState(
         self, request: pb.ForceStateRequest, context: grpc.aio.ServicerContext
@@ -149,13 +157,13 @@ class AdminServicer(pb_grpc.AdminServicer):
                 request.cluster, request.address, state, seconds, _text(request.reason)
             )
 
-        return _changed(await _mapped(context, force))
+        return self._changed(await _mapped(context, force))
 
     async def ClearOverride(
         self, request: pb.EndpointRequest, context: grpc.aio.ServicerContext
     ) -> pb.EndpointResponse:
         action = self._backend.clear_override(request.cluster, request.address)
-        return _changed(await _mapped(context, lambda: action))
+        return self._changed(await _mapped(context, lambda: action))
 
     async def ProbeNow(
         self, request: pb.EndpointRequest, context: grpc.aio.ServicerContext
@@ -163,19 +171,44 @@ class AdminServicer(pb_grpc.AdminServicer):
         probed = await _mapped(
             context, lambda: self._backend.probe_now(request.cluster, request.address)
         )
+        result = result_to_pb(probed.result)
+        result.detail = self._backend.redact(result.detail)
         return pb.ProbeNowResponse(
-            result=result_to_pb(probed.result),
-            endpoint=endpoint_to_pb(probed.endpoint),
-            ignored=probed.ignored,
+            result=result, endpoint=self._endpoint(probed.endpoint), ignored=probed.ignored
         )
+
+    # --- what is sent: every free text scrubbed --------------------------------------------
+
+    def _changed(self, result: Changed) -> pb.EndpointResponse:
+        return pb.EndpointResponse(endpoint=self._endpoint(result.endpoint), changed=result.changed)
+
+    def _endpoint(self, endpoint: EndpointSnapshot) -> pb.Endpoint:
+        message = endpoint_to_pb(endpoint)
+        self._clean(message)
+        return message
+
+    def _clean_clusters(self, clusters: Iterable[pb.Cluster]) -> None:
+        for cluster in clusters:
+            for endpoint in cluster.endpoints:
+                self._clean(endpoint)
+
+    def _clean(self, message: pb.Endpoint) -> None:
+        """The endpoint's reason, its signals' reasons and its last probe's detail,
+        redacted (rewritten only where something was)."""
+        redact = self._backend.redact
+        if (reason := redact(message.reason)) != message.reason:
+            message.reason = reason
+        for source, text in list(message.signals.items()):
+            if (clean := redact(text)) != text:
+                message.signals[source] = clean
+        if message.HasField("last_probe"):
+            detail = message.last_probe.detail
+            if (clean := redact(detail)) != detail:
+                message.last_probe.detail = clean
 
 
 async def _list(backend: AdminBackend, cluster: str) -> pb.ListEndpointsResponse:
     return snapshot_to_pb(backend.snapshot(), cluster)
-
-
-def _changed(result: Changed) -> pb.EndpointResponse:
-    return pb.EndpointResponse(endpoint=endpoint_to_pb(result.endpoint), changed=result.changed)
 
 
 def _force_args(request: pb.ForceStateRequest) -> tuple[State, float]:
