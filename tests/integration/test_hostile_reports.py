@@ -39,6 +39,7 @@ from envoy.service.discovery.v3 import ads_pb2_grpc
 
 from llm_health.app.runtime import Runtime
 from llm_health.model.states import State
+from tests.envoy_harness import free_port
 from tests.integration.test_grpc_auth import (
     BEARER,
     NO_TOKEN,
@@ -48,9 +49,8 @@ from tests.integration.test_grpc_auth import (
     running,
     xds_request,
 )
-from tests.envoy_harness import free_port
-from tests.processes import SimProcess
 from tests.polling import wait_until_async
+from tests.processes import SimProcess
 
 pytestmark = pytest.mark.timeout(90)
 
