@@ -117,18 +117,16 @@ def rejections(plugin: PluginProcess) -> list[dict[str, Any]]:
 def test_start_refuses_a_config_that_is_not_a_file(tmp_path: Path, command: str, kind: str) -> None:
     path = tmp_path / "llm-health.yaml"
     make_not_a_file(path, kind)
-    started = time.monotonic()
-    done = subprocess.run(
+    done = subprocess.run(  # a blocked open would end in TimeoutExpired
         [sys.executable, "-m", "llm_health.cli", command, "--config", str(path)],
         capture_output=True,
         text=True,
-        timeout=10,
+        timeout=30,  # the interpreter's start alone took 4.7 s on a loaded machine
         env=_env(),
         cwd=ROOT,
     )
     assert done.returncode == 2, done
     assert done.stderr.strip().splitlines() == [f"{path}: cannot read: {MESSAGES[kind]}"]
-    assert time.monotonic() - started < 5
 
 
 @pytest.mark.parametrize("kind", KINDS)
