@@ -33,7 +33,7 @@ from llm_health.app.heap import settle_heap
 from llm_health.app.keeper import BoardKeeper
 from llm_health.app.live import LiveConfig
 from llm_health.config import Config, load_config
-from llm_health.config.loader import MAX_FILE_BYTES
+from llm_health.config.loader import MAX_FILE_BYTES, open_regular
 from llm_health.core.component import Component, Preparing, SkipRule
 from llm_health.core.control import ProberStats
 from llm_health.errors import ConfigError
@@ -435,16 +435,17 @@ def _bound_port(runner: web.AppRunner) -> int | None:
 
 
 def _fingerprint(path: Path | None) -> bytes | None:
-    """The config file's content hash (None if absent/unreadable): a touch without a
-    change does not reload; an editor's atomic rename does."""
+    """The config file's content hash (None if absent/unreadable, or not a regular file:
+    a FIFO's open would hold this worker thread forever): a touch without a change does
+    not reload; an editor's atomic rename does."""
     if path is None:
         return None
     try:
-        with path.open("rb") as handle:
+        with open_regular(path) as handle:
             # Bounded: a file over the loader's limit is hashed on its first bytes and its
             # size (the reload that follows is rejected by the loader anyway).
             head = handle.read(MAX_FILE_BYTES + 1)
             size = os.fstat(handle.fileno()).st_size
-    except OSError:
+    except (OSError, ConfigError):
         return None
     return hashlib.sha256(head + size.to_bytes(8, "big")).digest()

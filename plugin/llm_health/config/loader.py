@@ -5,9 +5,10 @@ Errors name the file line and the field path, one line per problem:
 ``load_config`` and ``parse_config`` return a Config or raise ConfigError carrying every
 message; nothing else escapes them, whatever the file holds (docs/design.md §7.11).
 
-The file is hostile input until validated. It is read with a size limit, and the YAML is
-turned into Python values here, from the parser's event stream, in one loop with an
-explicit stack (PyYAML's own composer and constructor recurse, so a deep or
+The file is hostile input until validated. It is read only if it is a regular file (a
+FIFO, a device or a directory is refused before any read), with a size limit, and the
+YAML is turned into Python values here, from the parser's event stream, in one loop with
+an explicit stack (PyYAML's own composer and constructor recurse, so a deep or
 self-referencing file would end in RecursionError, or in a C stack overflow with libyaml).
 That loop also bounds the nesting depth and the values aliases expand to (a "billion
 laughs" file fails at once, in small memory), refuses recursive aliases and duplicate
@@ -20,9 +21,10 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import stat
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import yaml
 from pydantic import ValidationError
@@ -93,9 +95,9 @@ def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> C
 
 def _read(file: Path) -> str:
     """The file's text; its size is checked before it is read, and the read is bounded
-    (a file that grows meanwhile, or a device, is still never read past the limit)."""
+    (a file that grows meanwhile is still never read past the limit)."""
     try:
-        with file.open("rb") as handle:
+        with open_regular(file) as handle:
             size = os.fstat(handle.fileno()).st_size
             data = b"" if size > MAX_FILE_BYTES else handle.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
@@ -106,6 +108,38 @@ def _read(file: Path) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError([f"{file}: cannot read: not UTF-8 text (byte {exc.start})"]) from None
+
+
+def open_regular(file: Path) -> BinaryIO:
+    """``file`` opened for reading, if it is a regular file; ConfigError if it is not
+    (OSError if it cannot be opened). A FIFO's open would wait for a writer, forever, and
+    a device's data never ends: the path is checked before the open (opening a device may
+    act on it), and the open descriptor again (the path may be replaced in between), with
+    O_NONBLOCK so that not even a FIFO swapped in meanwhile can hold the open."""
+    _refuse_irregular(file, os.stat(file).st_mode)
+    fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        _refuse_irregular(file, os.fstat(fd).st_mode)
+    except ConfigError:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
+
+
+_NOT_REGULAR = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _refuse_irregular(file: Path, mode: int) -> None:
+    if stat.S_ISREG(mode):
+        return
+    kind = next((name for test, name in _NOT_REGULAR if test(mode)), "an unknown kind of file")
+    raise ConfigError([f"{file}: cannot read: it is {kind}, not a regular file"])
 
 
 def _too_big(size: int) -> str:
