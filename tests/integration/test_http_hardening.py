@@ -125,9 +125,10 @@ async def test_at_the_cap_a_new_connection_closes_the_one_idle_longest() -> None
 async def test_probe_paths_keep_a_reserve_of_connections() -> None:
     """Requests for other paths hold at most 7 of 8 connections: the last one is kept
     for the probes. Beyond that they get 503 and their connection is closed."""
-    release = asyncio.Event()
+    release, handling = asyncio.Event(), []
 
-    async def slow(_request: web.Request) -> web.Response:
+    async def slow(request: web.Request) -> web.Response:
+        handling.append(request)
         await release.wait()
         return web.Response(text="slow\n")
 
@@ -139,7 +140,9 @@ async def test_probe_paths_keep_a_reserve_of_connections() -> None:
     try:
         for _ in range(7):
             slow_ones.append(await get(port, "/slow"))
-        await asyncio.sleep(0.1)  # all 7 being handled
+        async with asyncio.timeout(5):
+            while len(handling) < 7:  # all 7 being handled
+                await asyncio.sleep(0.01)
         reader, writer = await get(port, "/status")
         assert await status_line(reader) == b"HTTP/1.1 503 Service Unavailable\r\n"
         async with asyncio.timeout(5):
