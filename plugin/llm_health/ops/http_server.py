@@ -321,6 +321,7 @@ class _GuardedRunner(web.AppRunner):
         await asyncio.gather(*self._accepting, *self._connecting, return_exceptions=True)
         for sock in self._sockets:
             sock.close()
+        self._sockets.clear()
         if self._bound is not None:
             self._bound.close()
         self._connections.close_silent()
