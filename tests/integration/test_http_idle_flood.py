@@ -139,6 +139,9 @@ def state(running: Running) -> State:
     return endpoint.state
 
 
+OWN_SOCKETS = 4  # the plugin's own outbound sockets that may be open at a poll
+
+
 def socket_fds() -> int:
     """This process's open sockets (cheap enough to count every 50 ms without delaying
     the server; /proc/net/tcp, which would tell the port, lists every socket of the
@@ -218,7 +221,10 @@ async def test_livez_answers_while_idle_connections_flood_the_port(
     assert len(polls) == POLLS and stats["connects"] > 2 * IDLE_CLIENTS  # it did churn
     assert answered == len(polls), f"{len(polls) - answered} polls unanswered"
     assert latencies[-1] < ANSWER_WITHIN_S, f"slowest /livez {latencies[-1] * 1000:.0f} ms"
-    assert max(held) <= MAX_CONNECTIONS
+    # The count is of every socket the process holds beyond the baseline: the plugin's own
+    # outbound connections (a probe, an engine-metrics or known-answer read) come and go
+    # beside the server's. The overshoot this guards against was over 100 (362 of 256).
+    assert max(held) <= MAX_CONNECTIONS + OWN_SOCKETS
     assert states == {State.HEALTHY}
     assert logged <= LOG_BYTES_MAX
     assert SECRET not in everything
