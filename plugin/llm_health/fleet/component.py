@@ -38,7 +38,7 @@ from llm_health.fleet import actions
 from llm_health.fleet.membership import Mode, Roster
 from llm_health.fleet.ownership import endpoint_key, split_key
 from llm_health.fleet.settings import FleetConfig
-from llm_health.fleet.store import FleetStore
+from llm_health.fleet.store import FleetStore, stop_if_cancelled
 from llm_health.fleet.verdicts import (
     Ledger,
     acceptable,
@@ -253,6 +253,7 @@ class FleetComponent:
     async def _heartbeats(self) -> None:
         try:
             while True:
+                stop_if_cancelled()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self.settings.heartbeat):
                         await self._beat_now.wait()
@@ -336,6 +337,7 @@ class FleetComponent:
 
     async def _publisher(self) -> None:
         while True:
+            stop_if_cancelled()
             await self._publish_wake.wait()
             self._publish_wake.clear()
             epoch = self._roster.write_epoch
@@ -373,8 +375,10 @@ class FleetComponent:
 
     async def _events(self) -> None:
         while True:
+            stop_if_cancelled()
             try:
                 async for data in self._store.events():
+                    stop_if_cancelled()
                     await self._on_event(data)
             except RedisFailure as exc:
                 self._problem("events", f"fleet: event stream lost ({_why(exc)})")

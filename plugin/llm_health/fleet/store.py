@@ -8,6 +8,7 @@ looks like a Redis that is down, which is what fallback is for.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -115,6 +116,7 @@ class FleetStore:
         try:
             self.commands += 1
             await pubsub.subscribe(self.channel)
+            stop_if_cancelled()  # before waiting, maybe for long, for the first message
             while True:
                 message = await pubsub.get_message(timeout=None)
                 if message is not None and isinstance(message.get("data"), bytes):
@@ -137,6 +139,17 @@ class FleetStore:
                     found[field.decode(errors="replace")] = value
             if cursor == 0 or len(found) >= MAX_VERDICTS:
                 return found
+
+
+def stop_if_cancelled() -> None:
+    """Raise CancelledError if this task was cancelled during a Redis call that swallowed
+    it: on Python 3.11, ``asyncio.wait_for`` (redis-py's bound on every socket write)
+    returns a write that completes as the cancellation arrives and drops the
+    CancelledError, the request still counted (``Task.cancelling``). A loop that went on
+    would never end (a shutdown that hangs)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 def _status(reply: Any) -> str:
