@@ -152,7 +152,7 @@ class _Entry:
     limits: dict[str, Hold] = field(default_factory=dict)  # allowed at most DEGRADED
     override: Override | None = None
     removing_at: float | None = None  # removed from config: gone after drain_time
-    ejected_by_failure: bool = False  # UNHEALTHY because of TIMEOUT/ERROR probes
+    ejected_by_failure: bool = False  # UNHEALTHY by TIMEOUT/ERROR probes, or a fleet verdict
 
 
 @dataclass(slots=True)
@@ -252,7 +252,9 @@ class Board:
         the fleet that owns it (docs/design.md §12). No state machine runs; if this replica
         becomes the owner, its machine continues from here. An endpoint held down by an
         outside signal here (HDS) stays held: only the counters and last result move; one
-        being removed from this board (reload, DNS) keeps draining."""
+        being removed from this board (reload, DNS) keeps draining. A verdict that takes
+        the endpoint out, whatever cause it names, is another member's word: it counts
+        and is held like an ejection by probe failures (``max_ejection_percent``, §7.3)."""
         entry_cluster = self._clusters[cluster]
         entry = entry_cluster.entries[address]
         before = entry.health
@@ -260,14 +262,23 @@ class Board:
             return Transition(before.state, before, changed=False, cause=before.cause)
         if entry.signals:
             health = replace(health, state=before.state, reason=before.reason, cause=before.cause)
-        entry.health = health
+        ejects = health.state is State.UNHEALTHY and before.state is not State.UNHEALTHY
+        transition = Transition(
+            before.state, health, changed=before.state is not health.state, cause=health.cause
+        )
+        if ejects:
+            transition = self._cap_ejection(entry_cluster, entry, transition)
+        entry.health = transition.after
+        if transition.after.state is not State.UNHEALTHY:
+            entry.ejected_by_failure = False
+        elif ejects:
+            entry.ejected_by_failure = True
         if last is not None:
             entry.last = last
         if not entry_cluster.warm and all(e.last for e in entry_cluster.entries.values()):
             entry_cluster.warm = True
         self._touch(cluster, address)
-        changed = before.state is not health.state
-        return Transition(before.state, health, changed=changed, cause=health.cause)
+        return transition
 
     def drain(self, cluster: str, address: str, now: float, reason: str) -> Transition:
         return self._apply(cluster, address, lambda h: drain(h, now, reason))
