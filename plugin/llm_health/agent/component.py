@@ -75,6 +75,7 @@ class AgentSurface:
         self._startup = signals.Startup()
         self._progress = signals.Progress()
         self.engine_generation = 0  # engine processes seen gone, started or not
+        self.model: str | None = None  # the model the probe names (/status)
         self._live_ok = True
         self._restarts_signalled = 0
         self._results_seen = stats.probes_total
@@ -141,7 +142,9 @@ class AgentSurface:
         engine = self.engine()
         if engine is None:
             return signals.Answer(False, "unknown: the engine is not on the board")
-        return signals.ready_answer(engine, self._settings.ready_when_degraded)
+        return signals.ready_answer(
+            engine, self._settings.ready_when_degraded, started=self._startup.done
+        )
 
     def live(self) -> signals.Answer:
         engine = self.engine()
@@ -226,6 +229,7 @@ class AgentSurface:
         now, startup, progress = self._clock(), self._startup, self._progress
         return {
             "engine": self._key[1],
+            "model": self.model,
             "answers": {name: _answer_json(answer) for name, answer in self._answers()},
             "settings": {
                 "ready_when_degraded": self._settings.ready_when_degraded,

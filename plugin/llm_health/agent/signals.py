@@ -8,7 +8,8 @@ docs/agent.md). What each path of ``llm-health agent`` answers:
   over, as the kubelet runs the startup probe again for a restarted container. A hung
   engine that still accepts connections does not reset it.
 - **ready** (``/readyz``): the state machine's verdict, the gateway side's (docs/design.md
-  §3): HEALTHY, and DEGRADED unless ``agent.ready_when_degraded`` is false.
+  §3): HEALTHY, and DEGRADED unless ``agent.ready_when_degraded`` is false; never while
+  the startup rule says the engine has not (re)started.
 - **live** (``/livez``): the restart signal for the engine's container. 503 only once
   the engine has been UNHEALTHY without a break for ``agent.restart_after``, for a cause
   a restart can cure: a fatal engine error, or timeouts while the engine's own completion
@@ -117,12 +118,14 @@ def ready(state: State, ready_when_degraded: bool) -> bool:
     return state is State.HEALTHY or (state is State.DEGRADED and ready_when_degraded)
 
 
-def ready_answer(engine: Engine, ready_when_degraded: bool) -> Answer:
+def ready_answer(engine: Engine, ready_when_degraded: bool, started: bool = True) -> Answer:
     """The body is the state and the board's reason, e.g. ``unhealthy: 2 consecutive
-    timeouts (>800 ms)``."""
-    return Answer(
-        ready(engine.state, ready_when_degraded), f"{engine.state.value}: {engine.reason}"
-    )
+    timeouts (>800 ms)``. Never ready while the engine has not started (``started``: the
+    startup rule's): a process seen gone is not ready, whatever its last verdict."""
+    text = f"{engine.state.value}: {engine.reason}"
+    if not started:
+        return Answer(False, f"{text} (no first token since the engine started)")
+    return Answer(ready(engine.state, ready_when_degraded), text)
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,6 +72,7 @@ class Agent:
             parts=[self.checks],
             clock=clock,
         )
+        self.surface.model = self.target.model
         self.scheduler: Scheduler | None = None
         self.http_port: int | None = None
 
@@ -132,6 +133,7 @@ class Agent:
             return
         log.info("engine model found", extra={"endpoint": self.address, "model": target.model})
         self.target = target
+        self.surface.model = target.model
         if self.scheduler is not None:
             self.scheduler.update([target])
         self.checks.set_targets([target])

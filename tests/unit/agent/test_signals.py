@@ -607,3 +607,11 @@ def test_the_stall_bound_has_a_floor() -> None:
 def test_an_answer_is_200_or_503() -> None:
     assert signals.Answer(True, "x").status == 200
     assert replace(signals.Answer(True, "x"), ok=False).status == 503
+
+
+@pytest.mark.parametrize("state", [State.HEALTHY, State.DEGRADED, State.UNHEALTHY])
+def test_never_ready_while_the_engine_has_not_started(state: State) -> None:
+    engine = Engine(state, T0, Cause.ERROR, "error: connect failed")
+    answer = signals.ready_answer(engine, True, started=False)
+    assert not answer.ok
+    assert answer.text.startswith(f"{state.value}: error: connect failed")
