@@ -19,9 +19,7 @@ gauges, then the info endpoint:
 Each also exports a counter of requests finished (``completed_metric``: vLLM
 ``vllm:request_success_total``, SGLang ``sglang:num_requests_total``, TGI
 ``tgi_request_success``, llama.cpp ``llamacpp:tokens_predicted_total``; all of them count
-the requests completed here),
-and vLLM and SGLang the process's start time (``process_start_time_seconds``, from
-prometheus-client's process collector in the real engines).
+the requests completed here).
 
 vLLM and SGLang also export latency histograms, which the simulator fills with what it
 really served (:mod:`llm_health.sim.histogram`): ``vllm:time_to_first_token_seconds`` /
@@ -57,7 +55,6 @@ class Engine:
     ttft_metric: str | None = None
     e2e_metric: str | None = None
     completed_metric: str | None = None
-    process_start: bool = False  # exports process_start_time_seconds
 
 
 ENGINES: Mapping[str, Engine] = {
@@ -71,7 +68,6 @@ ENGINES: Mapping[str, Engine] = {
         "vllm:time_to_first_token_seconds",
         "vllm:e2e_request_latency_seconds",
         "vllm:request_success_total",
-        process_start=True,
     ),
     "sglang": Engine(
         "sglang",
@@ -83,7 +79,6 @@ ENGINES: Mapping[str, Engine] = {
         "sglang:time_to_first_token_seconds",
         "sglang:e2e_request_latency_seconds",
         "sglang:num_requests_total",
-        process_start=True,
     ),
     "tgi": Engine(
         "tgi",

@@ -13,17 +13,12 @@ junk, a hang) is the ``metrics`` knob, handled by the application.
 
 from __future__ import annotations
 
-import time
-
 from llm_health.sim.engines import ENGINES
 from llm_health.sim.state import SimState
 
 __all__ = ["METRICS_CONTENT_TYPE", "METRICS_GARBAGE", "render_metrics"]
 
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-# This process's start, as prometheus-client's process collector reports it in vLLM and
-# SGLang: a restarted simulator shows a new one.
-_PROCESS_STARTED = time.time()
 
 #: The body of ``/metrics`` under ``"metrics": "garbage"``: served as Prometheus text,
 #: but binary junk and unbalanced braces that no exposition parser accepts.
@@ -90,11 +85,6 @@ def render_metrics(state: SimState) -> str:
     for name, kind, help_text, value in series:
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
         lines.append(f"{name}{{{label}}} {float(value)!r}")
-    if engine.process_start:
-        name = "process_start_time_seconds"
-        help_text = "Start time of the process since unix epoch in seconds."
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
-        lines.append(f"{name} {_PROCESS_STARTED!r}")
     if engine.ttft_metric is not None:
         help_text = "Histogram of time to first token in seconds."
         lines += state.ttft.render(engine.ttft_metric, help_text, label)
