@@ -7,7 +7,7 @@ that also runs the prober, without waiting on the engine: what the engine did re
 component beforehand, through the board (``BoardControl``: the state machine's verdict,
 each probe result) and through the engine checks' /metrics reads (``on_engine_load``:
 the completion counter and the process start time). A watch task re-evaluates the restart
-rule twice a second, so that ``/livez`` turning 503 is counted and logged once, whether or
+rule every second, so that ``/livez`` turning 503 is counted and logged once, whether or
 not the kubelet asked at that moment.
 """
 
@@ -40,7 +40,7 @@ from llm_health.ops.secret_scrubbing import Secrets
 from llm_health.ops.status_document import status_document
 from llm_health.probe.target import ProbeTarget
 
-WATCH_S = 0.5  # how often the restart rule and the prober's progress are looked at
+WATCH_S = 1.0  # how often the restart rule and the prober's progress are looked at
 log = logging.getLogger("llm_health")
 
 

@@ -37,6 +37,11 @@ from llm_health.probe.scheduler import Scheduler
 from llm_health.probe.target import ProbeTarget
 
 MODELS_PATH = "/v1/models"  # where the model is found when probe.models_path is null
+# The loop-lag monitor's tick (docs/design.md §7.4): half of max_loop_lag, so that every
+# stall long enough to matter is seen. serve ticks every 20 ms beside thousands of probes;
+# the agent's one probe a second does not need that, and each wake-up costs the agent CPU
+# (20 ms: ~0.5 % of a core more, docs/agent.md "Footprint").
+LAG_TICK_S = 0.05
 log = logging.getLogger("llm_health")
 
 
@@ -53,7 +58,7 @@ class Agent:
     ) -> None:
         self.file, self.address, self.http = file, address, http
         now = clock()
-        self.lag = LoopLagMonitor()
+        self.lag = LoopLagMonitor(min(LAG_TICK_S, file.probe.max_loop_lag / 2))
         board = Board((file.cluster(address),), now, time.time() - now)
         self.control = BoardKeeper(board, clock, ProberStats(self.lag))
         self.target = file.target(address)

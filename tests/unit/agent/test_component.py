@@ -124,7 +124,9 @@ async def test_degraded_is_ready_unless_told_otherwise() -> None:
         assert agent.answers() == (200, status, 200)
 
 
-async def test_a_restart_signal_is_counted_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_restart_signal_is_counted_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     agent = Agent()
     await agent.probe(Outcome.FAST)
     await agent.probe(Outcome.FATAL, status=500, detail="CUDA error")
@@ -141,7 +143,10 @@ async def test_a_restart_signal_is_counted_and_logged_once(caplog: pytest.LogCap
     assert "llm_health_agent_restarts_signalled_total 1.0" in text
     assert 'llm_health_agent_signal_ok{signal="live"} 0.0' in text
     assert 'llm_health_agent_engine_state{state="unhealthy"} 1.0' in text
-    assert 'llm_health_probes_total{cluster="engine",endpoint="127.0.0.1:8000",outcome="fatal"} 1' in text
+    assert (
+        'llm_health_probes_total{cluster="engine",endpoint="127.0.0.1:8000",outcome="fatal"} 1'
+        in text
+    )
     assert "llm_health_probe_ttft_seconds_count" in text
     assert "process_resident_memory_bytes" in text
 
