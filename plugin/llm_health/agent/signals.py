@@ -120,12 +120,11 @@ def ready(state: State, ready_when_degraded: bool) -> bool:
 
 def ready_answer(engine: Engine, ready_when_degraded: bool, started: bool = True) -> Answer:
     """The body is the state and the board's reason, e.g. ``unhealthy: 2 consecutive
-    timeouts (>800 ms)``. Never ready while the engine has not started (``started``: the
-    startup rule's): a process seen gone is not ready, whatever its last verdict."""
+    timeouts (>800 ms)``, always. Never ready while the engine has not started
+    (``started``: the startup rule's): a process seen gone is not ready, whatever its
+    last verdict (/startupz then says why)."""
     text = f"{engine.state.value}: {engine.reason}"
-    if not started:
-        return Answer(False, f"{text} (no first token since the engine started)")
-    return Answer(ready(engine.state, ready_when_degraded), text)
+    return Answer(started and ready(engine.state, ready_when_degraded), text)
 
 
 @dataclass(frozen=True, slots=True)

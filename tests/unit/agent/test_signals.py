@@ -614,4 +614,4 @@ def test_never_ready_while_the_engine_has_not_started(state: State) -> None:
     engine = Engine(state, T0, Cause.ERROR, "error: connect failed")
     answer = signals.ready_answer(engine, True, started=False)
     assert not answer.ok
-    assert answer.text.startswith(f"{state.value}: error: connect failed")
+    assert answer.text == f"{state.value}: error: connect failed"
