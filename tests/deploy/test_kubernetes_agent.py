@@ -23,10 +23,9 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes_validate.utils import ValidationError, validate
-from pydantic import TypeAdapter
 
 from llm_health.config import Config, ProbeSettings, parse_config, split_address
-from llm_health.core.settings import Duration
+from llm_health.config.agent import parse_agent_config
 from llm_health.errors import ConfigError
 from tests.deploy.manifests import (
     DOCKERFILE,
@@ -130,23 +129,10 @@ def agent_config_text(documents: list[Manifest]) -> str:
 
 
 def agent_config(text: str) -> tuple[ProbeSettings, dict[str, Any]]:
-    """The agent's file: its ``probe:`` section validated by the serve Config (inside a
-    one-endpoint cluster, as the agent probes one engine) and its ``agent:`` keys."""
-    raw = yaml.safe_load(text)
-    assert isinstance(raw, dict) and raw.keys() == {"probe", "agent"}, sorted(raw)
-    wrapped = {
-        "probe": raw["probe"],
-        "clusters": [{"name": "engine", "endpoints": [{"address": "127.0.0.1:8000"}]}],
-    }
-    config = parse_config(yaml.safe_dump(wrapped), "agent-config.yaml", {})
-    agent = raw["agent"]
-    assert isinstance(agent, dict) and agent.keys() == AGENT_KEYS, sorted(agent)
-    assert isinstance(agent["ready_when_degraded"], bool), agent
-    restart_after = agent["restart_after"]
-    seconds = (
-        None if restart_after is None else TypeAdapter(Duration).validate_python(restart_after)
-    )
-    return config.probe, {**agent, "restart_after": seconds}
+    """The agent's file, through the agent's own loader (``config.agent``): its ``probe:``
+    section and its ``agent:`` keys."""
+    file = parse_agent_config(text, "agent-config.yaml", {})
+    return file.probe, file.agent.model_dump()
 
 
 def gateway_config() -> Config:
@@ -395,30 +381,25 @@ def test_kubectl_kustomize_builds_the_same() -> None:
 
 
 def test_the_agent_config_validates() -> None:
-    """Until the agent's own loader exists on this branch: the `probe:` section through
-    the serve Config, the `agent:` keys exactly the agent's two."""
+    """The shipped agent config loads with the agent's own loader."""
     probe, agent = agent_config(agent_config_text(built()))
     assert probe.engine == "vllm" and probe.model
     assert agent == {"ready_when_degraded": True, "restart_after": 300.0}
 
 
 @pytest.mark.parametrize(
-    ("edit", "problem", "error", "match"),
+    ("edit", "problem", "match"),
     [
-        # the serve validator's own rule and message
-        ("  timeout: 800ms", "  timeout: 80x", ConfigError, 'probe.timeout: "80x" is not a dur'),
-        ("  restart_after: 5m", "  restart_after: 5 minutes", ValueError, "not a duration"),
-        ("  ready_when_degraded: true", "  ready_when_degraded: 1", AssertionError, "1"),
-        ("  restart_after: 5m", "  restart_after: 5m\n  restart: 1m", AssertionError, "restart"),
-        ("probe:", "clusters: []\nprobe:", AssertionError, "clusters"),
+        ("  timeout: 800ms", "  timeout: 80x", 'probe.timeout: "80x" is not a dur'),
+        ("  restart_after: 5m", "  restart_after: 5 minutes", "agent.restart_after: .* not a dur"),
+        ("  restart_after: 5m", "  restart_after: 5m\n  restart: 1m", "agent.restart: unknown key"),
+        ("probe:", "clusters: []\nprobe:", "clusters: not used by the agent"),
     ],
 )
-def test_a_broken_agent_config_is_refused(
-    edit: str, problem: str, error: type[Exception], match: str
-) -> None:
+def test_a_broken_agent_config_is_refused(edit: str, problem: str, match: str) -> None:
     text = agent_config_text(built())
     assert edit in text
-    with pytest.raises(error, match=match):
+    with pytest.raises(ConfigError, match=match):
         agent_config(text.replace(edit, problem, 1))
 
 
