@@ -30,11 +30,13 @@ RELOAD_RSS_KEPT_MB = 64  # what the process may keep after two refused reloads
 LIVEZ_MS = 100
 POLL_S = 0.05
 
-# Run in a subprocess: the peak RSS of the validation alone, beyond the imports.
+# Run in a subprocess: the peak RSS while validating, over the RSS before it (imports done).
 _MEASURE = """
 import resource, sys
+from pathlib import Path
 from llm_health.cli import main
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+status = Path("/proc/self/status").read_text().split("VmRSS:")[1]
+before = int(status.split()[0])
 try:
     code = main(["validate", "--config", sys.argv[1]])
 except SystemExit as exc:
