@@ -11,13 +11,21 @@ changes while the plugin runs.
 UDP answers larger than ``UDP_LIMIT`` bytes are truncated (TC bit), as a real server
 does, so a large answer makes the client retry over TCP. Use as a context manager: the
 threads stop on exit.
+
+``dns_process()`` runs the same server in a child process (same methods, plus
+``queries_of(qtype)``), for tests that time the plugin while the server answers
+thousands of queries: in the test's own process its threads would share the GIL with
+whatever the test measures.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from multiprocessing.connection import Connection
 from typing import Any
 
 from dnslib import AAAA, QTYPE, RCODE, RR, SRV, A, DNSRecord
@@ -34,6 +42,7 @@ class _Records(BaseResolver):  # type: ignore[misc]
         self.srv: dict[str, tuple[list[tuple[str, int]], int, bool]] = {}
         self.mode = "ok"
         self.queries = 0
+        self.by_type: Counter[str] = Counter()
 
     def resolve(self, request: DNSRecord, handler: Any) -> DNSRecord:
         reply = request.reply()
@@ -41,6 +50,7 @@ class _Records(BaseResolver):  # type: ignore[misc]
         qtype = QTYPE[request.q.qtype]
         with self.lock:
             self.queries += 1
+            self.by_type[qtype] += 1
             mode = self.mode
             addresses = self.a.get(name)
             services = self.srv.get(name)
@@ -110,6 +120,10 @@ class LoopbackDns:
         with self._records.lock:
             return self._records.queries
 
+    def queries_of(self, qtype: str) -> int:
+        with self._records.lock:
+            return self._records.by_type[qtype]
+
     def set_mode(self, mode: str) -> None:
         assert mode in ("ok", "servfail", "refused", "nxdomain", "drop"), mode
         with self._records.lock:
@@ -160,3 +174,59 @@ def _start_pair(records: _Records) -> tuple[DNSServer, DNSServer]:
         tcp.start_thread()
         return udp, tcp
     raise RuntimeError("no free port for the DNS server")
+
+
+class DnsProcess:
+    """``loopback_dns()`` in a child process; every LoopbackDns method is called over a
+    pipe (``call``), the common ones have their own names."""
+
+    def __init__(self, conn: Connection, process: Any, port: int) -> None:
+        self._conn, self._process, self.port = conn, process, port
+
+    @property
+    def nameserver(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def call(self, method: str, *args: Any) -> Any:
+        self._conn.send((method, args))
+        return self._conn.recv()
+
+    def set_a(self, name: str, ips: Iterable[str], ttl: int = 0) -> None:
+        self.call("set_a", name, list(ips), ttl)
+
+    def set_srv(
+        self, name: str, targets: Iterable[tuple[str, int]], ttl: int = 0, glue: bool = True
+    ) -> None:
+        self.call("set_srv", name, list(targets), ttl, glue)
+
+    def queries_of(self, qtype: str) -> int:
+        count: int = self.call("queries_of", qtype)
+        return count
+
+
+@contextmanager
+def dns_process() -> Iterator[DnsProcess]:
+    """The server in a child process (spawned: no thread of the test is copied)."""
+    context = multiprocessing.get_context("spawn")
+    conn, child = context.Pipe()
+    process = context.Process(target=_serve, args=(child,), daemon=True)
+    process.start()
+    try:
+        if not conn.poll(30):
+            raise RuntimeError("the DNS server process did not start")
+        yield DnsProcess(conn, process, conn.recv())
+    finally:
+        conn.send(None)
+        process.join(10)
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+
+def _serve(conn: Connection) -> None:
+    """The child: serve, and run each (method, args) sent until None."""
+    with loopback_dns() as server:
+        conn.send(server.port)
+        while (request := conn.recv()) is not None:
+            method, args = request
+            conn.send(getattr(server, method)(*args))

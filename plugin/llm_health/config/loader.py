@@ -16,7 +16,10 @@ self-referencing file would end in RecursionError, or in a C stack overflow with
 That loop also bounds the nesting depth and the values aliases expand to (a "billion
 laughs" file fails at once, in small memory), refuses recursive aliases and duplicate
 keys, expands ``${ENV}`` and refuses control characters in every string. Nothing here is
-global or mutable: reloads call it from a worker thread.
+global or mutable: reloads call it from a worker thread, which the loop lets go of the
+GIL every few milliseconds. Work after reading follows what is reported: problems past
+the first MAX_MESSAGES are only counted, and unknown keys past the first MAX_MESSAGES of
+a mapping are counted and never handed to pydantic (docs/design.md §6.3).
 """
 
 from __future__ import annotations
@@ -25,21 +28,25 @@ import ipaddress
 import os
 import re
 import stat
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Generic, TypeVar
+from types import UnionType
+from typing import Annotated, Any, BinaryIO, Generic, TypeVar, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from llm_health.config.messages import (
+    MAX_MESSAGES,
     NO_SECRETS,
     ConfigPath,
     Redactor,
     describe,
     dotted,
     finish,
+    first_written,
     format_errors,
     line_of,
 )
@@ -53,6 +60,7 @@ MAX_ALIAS_VALUES = 100_000  # values the aliases (*name) add, in all
 MAX_STRING_CHARS = 65_536  # one string, ${ENV} expanded
 MAX_KEY_CHARS = 1_024
 MAX_NUMBER_CHARS = 100  # a YAML number/date: longer ones cost quadratic time (1:2:3:...)
+YIELD_EVERY_S = 0.002  # reading a file lets other threads run at least this often
 
 # libyaml's parser when PyYAML has it (about 20x faster on a big file); events only, so
 # both behave the same here.
@@ -189,11 +197,14 @@ def parse_file(text: str, source: str, environ: Mapping[str, str], kind: FileMod
     try:
         return _parse(text, document, kind)
     except ConfigError as exc:
-        raise ConfigError(finish(exc.messages, document.redactor())) from None
+        messages = finish(exc.messages, document.redactor())
     except Exception as exc:
         # RecursionError, MemoryError, or a bug: no traceback, no value from the file.
-        what = type(exc).__name__
-        raise ConfigError([f"{source}: cannot be loaded ({what}); please report this"]) from None
+        messages = [f"{source}: cannot be loaded ({type(exc).__name__}); please report this"]
+    # Raised here, with nothing of the parse left (no traceback, no document): all the
+    # file built is freed now, on this thread, not wherever the error is caught.
+    del document
+    raise ConfigError(messages)
 
 
 def _parse(text: str, document: _Document, kind: FileModel[M]) -> M:
@@ -203,7 +214,7 @@ def _parse(text: str, document: _Document, kind: FileModel[M]) -> M:
     raw = document.build(text)
     lines = document.lines
     if document.problems:
-        raise ConfigError(_located(source, lines, document.problems))
+        raise ConfigError(_located(source, lines, document.problems, document.unlisted))
     if raw is None and kind.empty:
         raw = {}
     if not isinstance(raw, dict):
@@ -212,18 +223,87 @@ def _parse(text: str, document: _Document, kind: FileModel[M]) -> M:
     if early:
         raise ConfigError(_located(source, lines, early))
     redact = document.redactor()
+    raw, unlisted = _unknown_keys_cut(raw, kind.model)
     try:
         validated = kind.model.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(format_errors(exc, lines, source, redact)) from None
+        raise ConfigError(format_errors(exc, lines, source, redact, unlisted)) from None
     problems = list(kind.after(validated, redact))
     if problems:
         raise ConfigError(_located(source, lines, problems))
     return validated
 
 
-def _located(source: str, lines: dict[ConfigPath, int], problems: list[Problem]) -> list[str]:
-    return [f"{source}:{line_of(lines, path)} {dotted(path)}: {text}" for path, text in problems]
+def _located(
+    source: str,
+    lines: dict[ConfigPath, int],
+    problems: list[Problem],
+    unlisted: int = 0,
+) -> list[str]:
+    def write(problem: Problem) -> str:
+        path, text = problem
+        return f"{source}:{line_of(lines, path)} {dotted(path)}: {text}"
+
+    return first_written(problems, write, unlisted)
+
+
+def _unknown_keys_cut(value: Any, annotation: Any) -> tuple[Any, int]:
+    """``value`` without the unknown keys past the first MAX_MESSAGES of each mapping of a
+    settings model, and how many were cut. Pydantic reports a model's unknown keys after
+    its fields' errors, so the problems shown are the same; it no longer builds an error
+    for each of a hundred thousand keys. A mapping that loses keys is copied, never
+    changed (an alias may share it)."""
+    annotation = _one_type(annotation)
+    if (
+        isinstance(value, dict)
+        and isinstance(annotation, type)
+        and issubclass(annotation, BaseModel)
+    ):
+        return _model_keys_cut(value, annotation)
+    origin, args = get_origin(annotation), get_args(annotation)
+    items = origin is list or (origin is tuple and len(args) == 2 and args[1] is ...)
+    if isinstance(value, list) and items:
+        cut = [_unknown_keys_cut(item, args[0]) for item in value]
+        if not any(count for _, count in cut):
+            return value, 0
+        return [item for item, _ in cut], sum(count for _, count in cut)
+    return value, 0
+
+
+def _model_keys_cut(value: dict[Any, Any], model: type[BaseModel]) -> tuple[Any, int]:
+    fields = model.model_fields
+    kept: dict[Any, Any] = {}
+    unknown = 0
+    for key, item in value.items():  # in Python, not in one C call: other threads run
+        # Only text keys: a model may take others ("on", read as true: alerts/settings.py).
+        if isinstance(key, str) and key not in fields:
+            unknown += 1
+            if unknown > MAX_MESSAGES:
+                continue
+        kept[key] = item
+    cut = max(0, unknown - MAX_MESSAGES)
+    out = kept if cut else value
+    for name, info in fields.items():
+        if name in out:
+            item, count = _unknown_keys_cut(out[name], info.annotation)
+            if count:
+                if out is value:
+                    out = dict(value)
+                out[name] = item
+                cut += count
+    return out, cut
+
+
+def _one_type(annotation: Any) -> Any:
+    """The type a value is validated as: Annotated[...] unwrapped, and the one arm of an
+    optional type (``X | None``); a union of several types stays what it is."""
+    while get_origin(annotation) is Annotated:
+        annotation = get_args(annotation)[0]
+    if get_origin(annotation) in (Union, UnionType):
+        arms = [arm for arm in get_args(annotation) if arm is not type(None)]
+        if len(arms) == 1:
+            return _one_type(arms[0])
+    return annotation
 
 
 def _counts(raw: dict[Any, Any]) -> Iterator[Problem]:
@@ -273,7 +353,8 @@ class _Document:
         self.source = source
         self.environ = environ
         self.lines: dict[ConfigPath, int] = {}
-        self.problems: list[tuple[ConfigPath, str]] = []
+        self.problems: list[tuple[ConfigPath, str]] = []  # the first MAX_MESSAGES
+        self.unlisted = 0  # problems past those
         self.substituted: dict[str, str] = {}  # env value -> "${NAME}"
         self.anchors: dict[str, tuple[Any, int]] = {}  # name -> (value, size)
         self.values = 0  # every value, aliases expanded
@@ -295,7 +376,7 @@ class _Document:
         documents = 0
         events: Any = yaml.parse(text, Loader=_LOADER)  # a generator: closed below
         try:
-            for event in events:
+            for event in _yielding(events):
                 kind = type(event)
                 if kind is yaml.DocumentStartEvent:
                     documents += 1
@@ -361,8 +442,7 @@ class _Document:
             items = merged if isinstance(merged, list) else [merged]
             if not all(isinstance(item, dict) for item in items):
                 where = (*frame.path, "<<")
-                self.problems.append((where, "<< (merge) needs a mapping or a list of mappings"))
-                self.lines.setdefault(where, line)
+                self._note(where, "<< (merge) needs a mapping or a list of mappings", line)
                 continue
             for item in items:
                 for key, item_value in item.items():
@@ -469,8 +549,7 @@ class _Document:
             elif default is not None:
                 value = default
             else:
-                self.problems.append((path, f"environment variable {name} is not set"))
-                self.lines.setdefault(path, line)
+                self._note(path, f"environment variable {name} is not set", line)
                 value = ""
             parts += (text[last : match.start()], value)
             length += match.start() - last + len(value)
@@ -487,15 +566,14 @@ class _Document:
             return
         if frame.key is _NO_KEY:
             if is_collection:
-                self.problems.append((frame.path, "a mapping key must be a plain value"))
-                self.lines.setdefault(frame.path, line)
+                self._note(frame.path, "a mapping key must be a plain value", line)
                 value = _BAD_KEY
             elif value is not _BAD_KEY and value is not _MERGE:
                 first = frame.keys.get(value)
                 where = (*frame.path, str(value))
                 if first is not None:
-                    self.problems.append((where, f"duplicate key (first on line {first})"))
                     self.lines[where] = line
+                    self._note(where, f"duplicate key (first on line {first})", line)
                     value = _BAD_KEY
                 else:
                     frame.keys[value] = line
@@ -539,9 +617,29 @@ class _Document:
             raise self.fail(line, f"the file holds more than {MAX_VALUES} values")
 
     def _problem(self, stack: list[_Frame], line: int, message: str) -> None:
-        path = self._path_of_next(stack)
-        self.problems.append((path, message))
+        self._note(self._path_of_next(stack), message, line)
+
+    def _note(self, path: ConfigPath, message: str, line: int) -> None:
+        """A problem; past the first MAX_MESSAGES only counted, since none of those is
+        shown (config/messages.py)."""
+        if len(self.problems) < MAX_MESSAGES:
+            self.problems.append((path, message))
+        else:
+            self.unlisted += 1
         self.lines.setdefault(path, line)
+
+
+def _yielding(events: Iterator[Any]) -> Iterator[Any]:
+    """The events, the GIL let go every YIELD_EVERY_S of reading. A reload reads the file
+    on a worker thread (docs/design.md §6.4): without this the event loop's thread, which
+    answers /livez and times the probes, waits a whole switch interval for the GIL at each
+    turn while a 4 MiB file is read."""
+    due = time.monotonic() + YIELD_EVERY_S
+    for count, event in enumerate(events):
+        if not count % 256 and time.monotonic() >= due:
+            time.sleep(0)
+            due = time.monotonic() + YIELD_EVERY_S
+        yield event
 
 
 def _line(event: yaml.Event) -> int:

@@ -3,14 +3,16 @@
 Every message leaves through :func:`finish`: values that came from the environment are
 shown as their ``${NAME}`` reference (they may be secrets), non-printable characters are
 escaped (one line, nothing a terminal interprets), long input is cut, and a file gets at
-most ``MAX_MESSAGES`` lines.
+most ``MAX_MESSAGES`` lines. Only those are written: a problem past them is counted, as
+``UNWRITTEN``, so that a file of a hundred thousand problems costs the work of fifty
+(docs/design.md §7.11).
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -31,6 +33,7 @@ from llm_health.hds.settings import HdsConfig
 from llm_health.model.redact import escape
 
 ConfigPath = tuple[str | int, ...]  # keys and list indexes from the top of the file
+T = TypeVar("T")
 
 MAX_MESSAGES = 50  # per file; then "... and N more problems"
 MAX_INPUT_CHARS = 120  # a quoted value in a message is cut here
@@ -60,6 +63,16 @@ class Redactor:
 
 
 NO_SECRETS = Redactor({})
+
+# Stands for a problem past the first MAX_MESSAGES: ``finish`` counts it and never shows it.
+UNWRITTEN = ""
+
+
+def first_written(problems: Sequence[T], write: Callable[[T], str], more: int = 0) -> list[str]:
+    """One message per problem (and ``more`` problems not collected), of which only the
+    first MAX_MESSAGES are written: the rest are UNWRITTEN, counted by ``finish``."""
+    written = [write(problem) for problem in problems[:MAX_MESSAGES]]
+    return written + [UNWRITTEN] * (len(problems) - len(written) + more)
 
 
 def finish(messages: list[str], redact: Callable[[str], str] = NO_SECRETS) -> list[str]:
@@ -97,20 +110,25 @@ def format_errors(
     lines: dict[ConfigPath, int],
     source: str,
     redact: Callable[[str], str] = NO_SECRETS,
+    more: int = 0,
 ) -> list[str]:
-    errors = exc.errors()
-    paths: list[ConfigPath] = [tuple(error["loc"]) for error in errors]
-    messages = []
-    for error, path in zip(errors, paths, strict=True):
-        if error["type"] == "too_short" and _has_child_error(path, paths):
-            continue  # pydantic's echo of a failed item ("at least 1 item ... not 0")
-        text = describe(error, redact)
-        messages.append(f"{source}:{line_of(lines, path)} {dotted(path)}: {text}")
-    return messages
+    """Pydantic's errors, the first MAX_MESSAGES written (``more``: problems counted but
+    never given to pydantic)."""
+    errors = exc.errors(include_url=False)
+    parents = _parents([tuple(error["loc"]) for error in errors])
+    # pydantic's echo of a failed item ("at least 1 item ... not 0") is no problem of its own
+    kept = [e for e in errors if e["type"] != "too_short" or tuple(e["loc"]) not in parents]
+
+    def write(error: Any) -> str:
+        path: ConfigPath = tuple(error["loc"])
+        return f"{source}:{line_of(lines, path)} {dotted(path)}: {describe(error, redact)}"
+
+    return first_written(kept, write, more)
 
 
-def _has_child_error(path: ConfigPath, paths: list[ConfigPath]) -> bool:
-    return any(len(other) > len(path) and other[: len(path)] == path for other in paths)
+def _parents(paths: list[ConfigPath]) -> set[ConfigPath]:
+    """Every path that has an error below it (in time linear in the paths' lengths)."""
+    return {path[:depth] for path in paths for depth in range(len(path))}
 
 
 def describe(error: Any, redact: Callable[[str], str] = NO_SECRETS) -> str:

@@ -18,6 +18,10 @@ from llm_health.model.redact import printable_line
 #: A record's TTL may slow resolution down to this at most (or to ``refresh`` if that is
 #: longer): a day-long TTL from a misconfigured zone must not hide a scale-out for a day.
 MAX_TTL_WAIT_S = 60.0
+#: The next resolution waits at least this many times the CPU the last one took (decoding
+#: the answer, looking up targets): whatever a server answers, a cluster's discovery takes
+#: at most a tenth of a core (docs/design.md §11.2).
+COST_FACTOR = 9.0
 MAX_REASON = 200
 _BROADCAST = ipaddress.IPv4Address(
     "255.255.255.255"
@@ -56,11 +60,13 @@ class Record:
 @dataclass(frozen=True, slots=True)
 class Found:
     """A successful resolution: the endpoints (sorted, unique), how long its records may
-    be cached (the smallest TTL), and what was dropped and why (for one log line)."""
+    be cached (the smallest TTL), what was dropped and why (for one log line), and the
+    CPU seconds the resolution took (``next_refresh``)."""
 
     endpoints: tuple[EndpointSpec, ...]
     ttl: int
     dropped: tuple[str, ...] = ()
+    cost_s: float = 0.0
 
 
 def endpoint_address(ip: str, port: int) -> str:
@@ -131,10 +137,12 @@ def _drop(dropped: list[str], record: Record, problem: str) -> None:
         dropped.append(f"{printable_line(record.ip, 50)}: {problem}")
 
 
-def next_refresh(refresh_s: float, ttl: int) -> float:
+def next_refresh(refresh_s: float, ttl: int, cost_s: float = 0.0) -> float:
     """Seconds until the next resolution: the TTL, but never sooner than ``refresh_s``
-    (the floor) and never later than ``max(refresh_s, MAX_TTL_WAIT_S)``."""
-    return max(refresh_s, min(float(max(ttl, 0)), MAX_TTL_WAIT_S))
+    (the floor) and never later than ``max(refresh_s, MAX_TTL_WAIT_S)``; and never sooner
+    than COST_FACTOR times ``cost_s``, the CPU the last resolution took."""
+    paced = max(refresh_s, min(float(max(ttl, 0)), MAX_TTL_WAIT_S))
+    return max(paced, COST_FACTOR * cost_s)
 
 
 def backoff_cap(refresh_s: float) -> float:

@@ -1,8 +1,18 @@
-"""DNS queries for discovery, through dnspython's asyncio resolver.
+"""DNS queries for discovery, through dnspython's asyncio resolver, on a thread of their own.
 
 No cache of our own or dnspython's (``Resolver.cache`` stays None): every resolution asks
 the server, and the records' TTL paces the next one (``answers.next_refresh``). A
 truncated UDP answer (hundreds of pods) is retried over TCP by dnspython itself.
+
+The answer is the server's, and so is its size: a TCP answer holds up to 64 KiB, some
+4,000 addresses, which dnspython takes about half a second to decode (59 ms for 500,
+docs/benchmarks.md). So the queries, their decoding and ``endpoints_from`` run on one
+thread with its own event loop (``_DnsThread``): the plugin's loop, which times probes
+and answers /livez, only waits, and competes with that one thread for the GIL. The CPU
+that thread spent during a resolution is its ``Found.cost_s``, which paces the next one
+(``answers.next_refresh``). An SRV answer's targets that came without addresses are
+looked up MAX_TARGET_LOOKUPS at most per resolution (the others are left out, and
+said). So no server can make a resolution cost without bound (docs/design.md §10, §11.2).
 
 Every dnspython error is mapped to a ``DnsFault`` here, so the watcher sees one exception
 type; a partial answer (A answered, AAAA timed out) is a fault too: taking it would drop
@@ -12,9 +22,12 @@ every address of the family that did not answer.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
-from collections.abc import Awaitable, Iterable, Iterator
-from typing import TypeVar
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
+from typing import Any, TypeVar
 
 import dns.asyncresolver
 import dns.exception
@@ -29,8 +42,9 @@ from llm_health.discovery.answers import DnsFault, FaultKind, Found, Record, end
 from llm_health.discovery.settings import DiscoveryConfig, DnsConfig
 
 WHOLE_BUDGET = 3  # x dns.timeout for an A + AAAA resolution
-MAX_PARALLEL_TARGETS = 16
-UDP_RECORDS = 25  # more A records than fit in a 512-byte UDP answer: ask over TCP  # SRV targets resolved at once (no stampede on the DNS server)
+MAX_PARALLEL_TARGETS = 16  # SRV targets resolved at once (no stampede on the DNS server)
+MAX_TARGET_LOOKUPS = 32  # SRV targets without addresses along, looked up per resolution
+UDP_RECORDS = 25  # more A records than fit in a 512-byte UDP answer: ask over TCP
 _ADDRESS_TYPES = (dns.rdatatype.A, dns.rdatatype.AAAA)
 T = TypeVar("T")
 
@@ -42,23 +56,29 @@ class DnsLookup:
         self.settings = settings
         self._resolver: dns.asyncresolver.Resolver | None = None
         self._big: set[tuple[str, dns.rdatatype.RdataType]] = set()
-        self._last: dict[DiscoveryConfig, tuple[tuple[Record, ...], Found]] = {}
+        self._last: dict[DiscoveryConfig, tuple[tuple[Record, ...], tuple[str, ...], Found]] = {}
 
     async def resolve(self, discovery: DiscoveryConfig) -> Found:
         """The endpoint set ``discovery`` names now. DnsFault: keep the last known set.
         Every step is bounded (``_within``): a server that answers slowly, or target by
         target, cannot hold the cluster's discovery for minutes."""
-        answer = tuple(await self._records(discovery))
+        started = _DNS.cpu_s()
+        notes: list[str] = []
+        answer = tuple(await self._records(discovery, notes))
         last = self._last.get(discovery)
-        if last is not None and last[0] == answer:
-            return last[1]  # the same records as last time: the same set, not rebuilt
-        found = endpoints_from(answer, discovery.weight, discovery.max_endpoints)
-        self._last[discovery] = (answer, found)
-        return found
+        if last is not None and last[:2] == (answer, tuple(notes)):
+            found = last[2]  # the same records as last time: the same set, not rebuilt
+        else:
+            built = await _DNS.call(
+                endpoints_from, answer, discovery.weight, discovery.max_endpoints
+            )
+            found = dataclasses.replace(built, dropped=(*notes, *built.dropped))
+            self._last[discovery] = (answer, tuple(notes), found)
+        return dataclasses.replace(found, cost_s=_DNS.cpu_s() - started)
 
-    async def _records(self, discovery: DiscoveryConfig) -> list[Record]:
+    async def _records(self, discovery: DiscoveryConfig, notes: list[str]) -> list[Record]:
         if discovery.kind == "srv":
-            return await self._srv_records(discovery.name, discovery.max_endpoints)
+            return await self._srv_records(discovery.name, discovery.max_endpoints, notes)
         assert discovery.port is not None  # the config requires it for dns:
         port = discovery.port
         return await self._within(
@@ -97,7 +117,7 @@ class DnsLookup:
 
     # --- SRV --------------------------------------------------------------------------
 
-    async def _srv_records(self, name: str, limit: int) -> list[Record]:
+    async def _srv_records(self, name: str, limit: int, notes: list[str]) -> list[Record]:
         try:
             answer = await self._query(name, dns.rdatatype.SRV)
         except dns.resolver.NoAnswer:
@@ -111,6 +131,7 @@ class DnsLookup:
             for rdata in answer.rrset
             if rdata.target != dns.name.root  # RFC 2782: "." = service not available here
         ][:limit]
+        targets = _lookups_bounded(targets, glue, notes)
         gate = asyncio.Semaphore(MAX_PARALLEL_TARGETS)
 
         async def addresses(target: dns.name.Name, port: int, ttl: int) -> list[Record]:
@@ -149,8 +170,10 @@ class DnsLookup:
         # An answer too large for 512 bytes of UDP comes back truncated and is asked again
         # over TCP; a name that needed TCP last time is asked over TCP at once.
         big = (name, rdtype) in self._big
-        answer = await self._get_resolver().resolve(
-            name, rdtype, lifetime=self.settings.timeout, search=None, tcp=big
+        answer = await _DNS.run(
+            self._get_resolver().resolve(
+                name, rdtype, lifetime=self.settings.timeout, search=None, tcp=big
+            )
         )
         if answer.rrset is not None and len(answer.rrset) > UDP_RECORDS:
             self._big.add((name, rdtype))
@@ -162,6 +185,66 @@ class DnsLookup:
         if self._resolver is None:
             self._resolver = _new_resolver(self.settings)
         return self._resolver
+
+
+class _DnsThread:
+    """A daemon thread running an event loop of its own, started at the first query:
+    every query (with dnspython's decoding of the answer) runs there. Cancelling the
+    caller's await cancels the query."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._clock: int | None = None
+
+    async def run(self, work: Coroutine[Any, Any, T]) -> T:
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, self._started()))
+
+    async def call(self, work: Callable[..., T], *args: Any) -> T:
+        async def call() -> T:
+            return work(*args)
+
+        return await self.run(call())
+
+    def cpu_s(self) -> float:
+        """CPU seconds the thread has used (0 where the platform cannot say)."""
+        if self._clock is None:
+            return 0.0
+        return time.clock_gettime(self._clock)
+
+    def _started(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(target=loop.run_forever, name="dns", daemon=True)
+                thread.start()
+                assert thread.ident is not None
+                if hasattr(time, "pthread_getcpuclockid"):
+                    self._clock = time.pthread_getcpuclockid(thread.ident)
+                self._loop = loop
+            return self._loop
+
+
+_DNS = _DnsThread()
+
+
+def _lookups_bounded(
+    targets: list[tuple[dns.name.Name, int, int]],
+    glue: dict[dns.name.Name, list[tuple[str, int]]],
+    notes: list[str],
+) -> list[tuple[dns.name.Name, int, int]]:
+    """The targets to take: every one with addresses along, and of the others (each costs
+    an A and an AAAA query) the first MAX_TARGET_LOOKUPS by name, a stable choice
+    whatever order the server sends; the rest are left out, said in ``notes``."""
+    bare = sorted((t for t in targets if t[0] not in glue), key=lambda t: t[0].to_text())
+    if len(bare) <= MAX_TARGET_LOOKUPS:
+        return targets
+    notes.append(
+        f"{len(bare)} SRV targets came without addresses: looked up the first "
+        f"{MAX_TARGET_LOOKUPS} (by name), the other {len(bare) - MAX_TARGET_LOOKUPS} left out"
+    )
+    taken = set(bare[:MAX_TARGET_LOOKUPS])
+    return [t for t in targets if t[0] in glue or t in taken]
 
 
 def _new_resolver(settings: DnsConfig) -> dns.asyncresolver.Resolver:

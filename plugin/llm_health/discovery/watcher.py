@@ -4,7 +4,9 @@ A failed resolution (``DnsFault``) keeps the last known set and is retried with
 exponential back-off and jitter (tenacity) until one succeeds; the first failure of a
 streak is logged and reported once (``on_fault(cluster, fault)``), the recovery once
 (``on_fault(cluster, None)``), the attempts between them only counted: a DNS server that
-stays down cannot make us log without bound.
+stays down cannot make us log without bound. Records left out of an answer are logged
+when they change, at most once a minute (``core.problems.ProblemLog``): nor can a server
+whose answers change at every refresh.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from tenacity import (
     wait_random,
 )
 
+from llm_health.core.problems import ProblemLog
 from llm_health.discovery.answers import DnsFault, FaultKind, Found, backoff_cap, next_refresh
 from llm_health.discovery.settings import DiscoveryConfig
 from llm_health.model.board import EndpointSpec
@@ -70,6 +73,7 @@ class Watcher:
         self._on_fault = on_fault
         self._wall_clock = wall_clock
         self._current: tuple[EndpointSpec, ...] | None = None
+        self._left_out = ProblemLog(log)
 
     @property
     def current(self) -> tuple[EndpointSpec, ...] | None:
@@ -79,7 +83,7 @@ class Watcher:
     async def run(self) -> None:
         while True:
             found = await self.resolve_once()
-            await asyncio.sleep(next_refresh(self.settings.refresh, found.ttl))
+            await asyncio.sleep(next_refresh(self.settings.refresh, found.ttl, found.cost_s))
 
     async def resolve_once(self) -> Found:
         """Resolve until an answer is usable (back-off between attempts), take it."""
@@ -129,9 +133,10 @@ class Watcher:
             log.info("DNS discovery recovered", extra=self._fields())
             self._on_fault(self.cluster, None)
         if found.dropped and found.dropped != stats.dropped:
-            log.warning(
+            self._left_out.report(
+                "left out",
                 "DNS discovery: records left out",
-                extra={**self._fields(), "dropped": found.dropped},
+                {**self._fields(), "dropped": found.dropped},
             )
         stats.dropped = found.dropped
         if found.endpoints == self._current:

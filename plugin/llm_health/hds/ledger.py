@@ -26,7 +26,12 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from llm_health.hds.assign import EMPTY, Assignment
+from llm_health.model.redact import printable
 from llm_health.model.states import EndpointKey
+
+# A node id in a down reason: the reason is logged, shown and sent with every state change
+# it makes, and a node id is the peer's text (docs/design.md §10).
+MAX_NAMED_CHARS = 100
 
 
 class Said(enum.Enum):
@@ -140,7 +145,7 @@ class Ledger:
         need = min(self._quorum or majority(len(electors)), len(electors))
         if len(down) < need:
             return None
-        named = [f"{n} (timeout)" if fresh[n].said is Said.TIMEOUT else n for n in down]
+        named = [_named(n) + (" (timeout)" if fresh[n].said is Said.TIMEOUT else "") for n in down]
         return "unreachable from " + ", ".join(named)
 
     def reporters(self, endpoint: EndpointKey, now: float) -> tuple[Reporter, ...]:
@@ -158,3 +163,7 @@ class Ledger:
         if verdict is None:
             return Reporter(node, None, None, assigned)
         return Reporter(node, verdict.said, round(now - verdict.at, 3), assigned)
+
+
+def _named(node: str) -> str:
+    return printable(node, MAX_NAMED_CHARS)

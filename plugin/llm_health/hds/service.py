@@ -22,6 +22,12 @@ app) a report from a node id with no open xDS stream is ignored and counted
 A client that opens HDS streams under made-up node ids, and nothing else, then ejects
 nothing (docs/design.md §7.6).
 
+Logging follows docs/design.md §10: a node id (the peer's text) is cut to
+MAX_LOGGED_CHARS and escaped in every line; "HDS stream open" and "HDS stream closed",
+and the problems a peer can repeat per stream, go through ``core.problems.ProblemLog``
+per peer host (the first at once, then at most one a minute with a count of those left
+out), so churning streams or made-up node ids cannot grow the log.
+
 One event loop; ``on_change`` is called (synchronously, must not raise) after anything
 that may change an endpoint's HDS verdict, so the owner can re-read ``decisions()``.
 """
@@ -31,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -40,16 +45,18 @@ from typing import Any, TypeAlias
 from envoy.service.health.v3 import hds_pb2
 from google.protobuf.message import DecodeError
 
-from llm_health.core.problems import ProblemLog
+from llm_health.core.problems import ProblemLog, peer_host
 from llm_health.errors import ProtocolError
 from llm_health.hds import wire
 from llm_health.hds.fleet import Fleet, NodeInfo, NodePlan, ReportTally, Target
 from llm_health.hds.settings import HdsConfig
+from llm_health.model.redact import printable
 from llm_health.model.states import EndpointKey
 
 _LOG = logging.getLogger("llm_health.hds")
 MAX_WARNED_NODES = 1024  # node ids remembered for "logged once": bounded memory
-NODE_CHANGE_LOG_EVERY_S = 60.0  # a stream changing its node id: one line per stream this often
+MAX_LOGGED_CHARS = 200  # a node id in a log line
+MAX_LOGGED_PROTOCOLS = 8  # capability names in a log line (a peer may send any number)
 
 Request: TypeAlias = hds_pb2.HealthCheckRequestOrEndpointHealthResponse
 Specifier: TypeAlias = hds_pb2.HealthCheckSpecifier
@@ -105,9 +112,9 @@ class HdsService:
     ) -> None:
         self.settings = settings
         self._xds_open = xds_open
-        # once per node: a quiet time that never ends, in a bounded table
-        self._without_xds_log = ProblemLog(_LOG, every_s=math.inf, max_keys=MAX_WARNED_NODES)
-        self._node_change_log = ProblemLog(_LOG, every_s=NODE_CHANGE_LOG_EVERY_S)
+        self._warned_nodes: set[str] = set()
+        self._churn = ProblemLog(_LOG, level=logging.INFO)  # streams opened and closed
+        self._problems = ProblemLog(_LOG)
         self.stats = HdsStats()
         self.fleet = Fleet(settings, endpoints, clock())
         self._clock = clock
@@ -171,9 +178,12 @@ class HdsService:
         except DecodeError:
             self.stats.undecodable_messages += 1
             session.error = "a message is not a HealthCheckRequestOrEndpointHealthResponse"
-            _LOG.warning("HDS stream of %s: %s", session.node or session.peer, session.error)
+            self._problems.report(
+                f"undecodable {peer_host(session.peer)}",
+                f"HDS stream of {_who(session)}: {session.error}",
+            )
         except Exception:  # a transport error, or a bug: end this stream, keep serving
-            _LOG.exception("HDS stream of %s ended by an error", session.node or session.peer)
+            _LOG.exception("HDS stream of %s ended by an error", _who(session))
         finally:
             session.done = True
             session.wake.set()
@@ -198,10 +208,9 @@ class HdsService:
         who = wire.identity(request)
         node_id = who.node_id or f"unnamed@{session.peer}"
         if session.node is not None and node_id != session.node:
-            self._node_change_log.report(
-                str(session.stream),  # every message may carry one: per stream, rate-limited
-                "HDS stream of %s sent node id %r: ignored",
-                args=(session.node, node_id),
+            self._problems.report(
+                f"node id {peer_host(session.peer)}",
+                f"HDS stream of {_who(session)} sent node id {node_id[:MAX_LOGGED_CHARS]!r}: ignored",
             )
         first = session.node is None
         self._mutate(
@@ -232,13 +241,15 @@ class HdsService:
         life (the node goes stale after ``report_ttl`` and loses its assignment)."""
         self.stats.reports_without_xds += 1
         node = session.node or "?"
-        shown = repr(node[:200])  # the peer's text: cut and escaped for one log line
-        self._without_xds_log.report(
-            node,
+        if node in self._warned_nodes or len(self._warned_nodes) >= MAX_WARNED_NODES:
+            return
+        self._warned_nodes.add(node)
+        shown = repr(node[:MAX_LOGGED_CHARS])  # the peer's text: cut and escaped
+        _LOG.warning(
             "HDS reports of node %s ignored: it holds no xDS stream with this node id "
             "(counted in hds.stats.reports_without_xds; logged once per node)",
-            {"node": shown, "peer": session.peer},
-            args=(shown,),
+            shown,
+            extra={"node": shown, "peer": session.peer},
         )
 
     def _end(self, session: _Session) -> None:
@@ -248,7 +259,8 @@ class HdsService:
         self.stats.streams_open -= 1
         self._mutate(lambda now: self.fleet.close_stream(session.stream, now))
         if session.node is not None:
-            _LOG.info("HDS stream closed", extra={"node": session.node, "peer": session.peer})
+            fields = {"node": _shown(session.node), "peer": session.peer}
+            self._churn.report(f"closed {peer_host(session.peer)}", "HDS stream closed", fields)
 
     def _mutate(self, change: Callable[[float], Any]) -> Any:
         """Apply ``change(now)`` to the fleet; wake streams whose plan may have changed."""
@@ -261,12 +273,15 @@ class HdsService:
         return result
 
     def _log_join(self, session: _Session, who: wire.Identity) -> None:
-        fields = {"node": session.node, "peer": session.peer, "capability": sorted(who.protocols)}
-        _LOG.info("HDS stream open", extra=fields)
+        host = peer_host(session.peer)
+        capability = [_shown(p) for p in sorted(who.protocols)[:MAX_LOGGED_PROTOCOLS]]
+        fields = {"node": _who(session), "peer": session.peer, "capability": capability}
+        self._churn.report(f"open {host}", "HDS stream open", fields)
         protocol = self.settings.protocol
         if protocol not in who.protocols:
-            _LOG.warning(
-                "HDS node %s cannot run %s checks: it is assigned nothing", session.node, protocol
+            self._problems.report(
+                f"capability {host}",
+                f"HDS node {_who(session)} cannot run {protocol} checks: it is assigned nothing",
             )
 
     # --- /status ----------------------------------------------------------------------
@@ -310,3 +325,12 @@ class HdsService:
                 for r in self.fleet.reporters(key, now)
             ],
         }
+
+
+def _shown(text: str) -> str:
+    """A peer's text (a node id) for one log line: cut and escaped."""
+    return printable(text, MAX_LOGGED_CHARS)
+
+
+def _who(session: _Session) -> str:
+    return _shown(session.node or session.peer)
