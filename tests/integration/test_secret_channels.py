@@ -220,9 +220,11 @@ async def test_the_key_a_backend_hands_back_reaches_no_channel(
                 control = started["control"].address
                 control_changes: list[str] = []
                 runtime.control.on_transition(
-                    lambda c, a, t, _r: control_changes.append(t.to_state.value)
-                    if a == control and t.changed
-                    else None
+                    lambda c, a, t, _r: (
+                        control_changes.append(t.to_state.value)
+                        if a == control and t.changed
+                        else None
+                    )
                 )
                 logged_before = len(caplog.records)
                 attack.set()
