@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections import deque
 from collections.abc import Callable
@@ -343,7 +344,7 @@ clusters:
             "-" if ttft is None else f"{ttft:.0f} ms",
             str(last.get("outcome", "-")),
             f"{shares.get(backend.name, 0.0) * 100:5.1f} %",
-            str(endpoint.get("reason", ""))[:48],
+            str(endpoint.get("reason", "")),
         ]
 
 
@@ -358,6 +359,8 @@ HEADER = [
     "traffic",
     "reason",
 ]
+COLUMN_GAP = "  "
+MIN_LAST_COLUMN = 24
 
 
 def _draw(
@@ -367,14 +370,13 @@ def _draw(
     events: list[str],
     counts: tuple[int, int, int],
 ) -> None:
-    widths = [max(len(str(r[i])) for r in [HEADER, *rows]) for i in range(len(HEADER))]
+    tty = sys.stdout.isatty()
     lines = [
         f"llm-health demo   t={elapsed:4.0f}s / {timeline.end_at:.0f}s   "
         f"(CUDA error at {timeline.break_at:.0f}s, heal at {timeline.heal_at:.0f}s)",
         "",
+        *table([HEADER, *rows], shutil.get_terminal_size().columns if tty else None),
     ]
-    for row in [HEADER, *rows]:
-        lines.append("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)))
     sent, ok, failed = counts
     lines += [
         "",
@@ -382,10 +384,26 @@ def _draw(
         f"(traffic: share of the last {SHARE_WINDOW_S} s)",
     ]
     lines += ["", *events[-6:]]
-    if sys.stdout.isatty():
+    if tty:
         print("\033[2J\033[H" + "\n".join(lines), flush=True)
     elif int(elapsed) % 5 == 0:
         print("\n".join(lines) + "\n", flush=True)
+
+
+def table(rows: list[list[str]], width: int | None) -> list[str]:
+    """``rows`` (the header first) as aligned columns. The last column (the reason) is never
+    cut: past ``width`` (the terminal's; None = no limit) it wraps at spaces onto
+    continuation lines aligned under it, keeping at least MIN_LAST_COLUMN characters."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    indent = sum(w + len(COLUMN_GAP) for w in widths[:-1])
+    room = widths[-1] if width is None else max(width - indent, MIN_LAST_COLUMN)
+    lines = []
+    for row in rows:
+        cells = "".join(cell.ljust(w) + COLUMN_GAP for cell, w in zip(row, widths, strict=True))
+        first, *more = textwrap.wrap(row[-1], room, break_on_hyphens=False) or [""]
+        lines.append((cells[:indent] + first).rstrip())
+        lines += [" " * indent + part for part in more]
+    return lines
 
 
 def _find_endpoint(status: dict[str, Any], address: str) -> dict[str, Any]:
