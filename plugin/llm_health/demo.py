@@ -360,7 +360,8 @@ HEADER = [
     "reason",
 ]
 COLUMN_GAP = "  "
-MIN_LAST_COLUMN = 24
+REASON_INDENT = "    "  # a reason too long for its column: on the lines below its row
+MIN_REASON_WIDTH = 40
 
 
 def _draw(
@@ -392,17 +393,27 @@ def _draw(
 
 def table(rows: list[list[str]], width: int | None) -> list[str]:
     """``rows`` (the header first) as aligned columns. The last column (the reason) is never
-    cut: past ``width`` (the terminal's; None = no limit) it wraps at spaces onto
-    continuation lines aligned under it, keeping at least MIN_LAST_COLUMN characters."""
+    cut: a reason that does not fit the rest of the line (``width``: the terminal's; None =
+    no limit) goes whole onto the lines below its row, wrapped at spaces to ``width`` and
+    indented by REASON_INDENT, so an engine's long error stays readable."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    indent = sum(w + len(COLUMN_GAP) for w in widths[:-1])
-    room = widths[-1] if width is None else max(width - indent, MIN_LAST_COLUMN)
+    lead = sum(w + len(COLUMN_GAP) for w in widths[:-1])
     lines = []
     for row in rows:
-        cells = "".join(cell.ljust(w) + COLUMN_GAP for cell, w in zip(row, widths, strict=True))
-        first, *more = textwrap.wrap(row[-1], room, break_on_hyphens=False) or [""]
-        lines.append((cells[:indent] + first).rstrip())
-        lines += [" " * indent + part for part in more]
+        cells = "".join(c.ljust(w) + COLUMN_GAP for c, w in zip(row[:-1], widths[:-1], strict=True))
+        reason = row[-1]
+        if width is None or lead + len(reason) <= width:
+            lines.append((cells + reason).rstrip())
+            continue
+        lines.append(cells.rstrip())
+        lines += textwrap.wrap(
+            reason,
+            max(width, len(REASON_INDENT) + MIN_REASON_WIDTH),
+            initial_indent=REASON_INDENT,
+            subsequent_indent=REASON_INDENT,
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
     return lines
 
 
