@@ -76,9 +76,9 @@ test-engine: $(STAMP)
 	$(BIN)/pytest -q -p no:cacheprovider tests/engine
 
 # The container image llm-health:<version> from deploy/Dockerfile (docs/kubernetes.md):
-# docker or podman when they work, else Debian's buildah (installed when missing, with
-# debootstrap; root or sudo). Where no registry is reachable its base is made once with
-# debootstrap from Debian's packages (cached in ~/.cache/llm-health/image-base).
+# docker or podman when they work, else Debian's buildah as root (installed when missing,
+# with debootstrap). Where no registry is reachable its base is made once with debootstrap
+# from Debian's packages (root; cached in ~/.cache/llm-health/image-base).
 image:
 	bash deploy/build-image.sh
 

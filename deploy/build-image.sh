@@ -23,7 +23,7 @@ cd "$(dirname "$0")/.."
 OFFICIAL_BASE=docker.io/library/python:3.11-slim-bookworm
 SUITE=${LLM_HEALTH_BASE_SUITE:-bookworm}
 MIRROR=${LLM_HEALTH_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-CACHE=${LLM_HEALTH_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/llm-health/image-base}
+CACHE=${LLM_HEALTH_IMAGE_CACHE:-${XDG_CACHE_HOME:-$(echo ~)/.cache}/llm-health/image-base}
 BASE_REF=localhost/llm-health-base:$SUITE
 BASE_PACKAGES=python3,python-is-python3,python3-pip-whl,ca-certificates
 # Run in the debootstrapped tree. Debian marks its python "externally managed" (PEP 668)
@@ -67,7 +67,7 @@ pick_tool() {
     fi
     local tool
     for tool in docker podman; do
-        if command -v "$tool" >/dev/null 2>&1 && "$tool" info >/dev/null 2>&1; then
+        if command -v "$tool" >/dev/null 2>&1 && timeout 30 "$tool" info >/dev/null 2>&1; then
             echo "$tool"
             return
         fi
@@ -75,20 +75,26 @@ pick_tool() {
     echo buildah
 }
 
-# Debian packages, installed only when a command is missing (root or sudo), like the
-# Makefile's `tools` target.
+# Debian packages (command:package), installed only when the command is missing, like the
+# Makefile's `tools` target. Only called as root (buildah's chroot builds and debootstrap
+# need root anyway).
 need() {
     local missing=() pair
     for pair in "$@"; do
         command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
     done
     [ ${#missing[@]} -eq 0 ] && return
-    local sudo=
-    [ "$(id -u)" -eq 0 ] || sudo=sudo
     say "installing Debian packages: ${missing[*]}"
-    $sudo apt-get update -qq
-    $sudo env DEBIAN_FRONTEND=noninteractive \
-        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}" >/dev/null
+}
+
+need_root() {
+    if [ "$(id -u)" -ne 0 ]; then
+        say "$1 needs root: $2"
+        exit 1
+    fi
 }
 
 image_label() { # ref label -> the label's value, empty if the image is absent
@@ -114,6 +120,8 @@ pull() {
 
 # The debootstrapped tree as a tarball in the cache (once; a few minutes).
 make_base_tarball() {
+    need_root "making the base with debootstrap" \
+        "sudo make image, or PYTHON_IMAGE=<a python 3.11 image you have> make image"
     need debootstrap:debootstrap
     mkdir -p "$CACHE"
     WORK=$(mktemp -d "$CACHE/rootfs.XXXXXX")
@@ -241,7 +249,11 @@ case ${1:-} in
     *) say "usage: $0 [--tool|--ref]"; exit 2 ;;
 esac
 
-[ "$TOOL" = buildah ] && need buildah:buildah debootstrap:debootstrap
+if [ "$TOOL" = buildah ]; then
+    need_root "building without a working docker or podman (buildah --isolation chroot)" \
+        "sudo make image"
+    need buildah:buildah debootstrap:debootstrap
+fi
 say "building $REF with $TOOL"
 started=$(date +%s)
 pick_base
