@@ -53,6 +53,7 @@ import aiohttp
 import grpc
 from envoy.data.accesslog.v3 import accesslog_pb2
 from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
+from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "plugin"), str(Path(__file__).resolve().parent)]
@@ -60,6 +61,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "plugin"), str(Path(__file__).resolve().pa
 from procs import Sim, cpu_seconds, load_average  # noqa: E402
 
 from common import free_port_block, percentile, write_result  # noqa: E402
+from llm_health.xds.resources import TYPE_URL  # noqa: E402
 from tests.envoy_harness import (  # noqa: E402
     EnvoyProcess,
     free_port,
@@ -447,10 +449,34 @@ async def stream_access_logs(port: int, addresses: list[str], seconds: float) ->
             yield messages[i % len(messages)]
             sent += ALS_BATCH
 
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+    # Entries count only from a node that holds an xDS stream: the played Envoy's.
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    async with channel, ads_stream(channel, "bench-envoy"):
         stub = als_pb2_grpc.AccessLogServiceStub(channel)
         await asyncio.wait_for(stub.StreamAccessLogs(produce()), seconds + 10)
     return sent
+
+
+@contextlib.asynccontextmanager
+async def ads_stream(channel: grpc.aio.Channel, node: str) -> Any:
+    """An ADS stream open under ``node`` for the block, as the Envoy whose access logs
+    are played holds one (docs/design.md §15.1)."""
+    done = asyncio.Event()
+    request = discovery_pb2.DiscoveryRequest(type_url=TYPE_URL, resource_names=[CLUSTER])
+    request.node.id = node
+
+    async def requests() -> Any:
+        yield request
+        await done.wait()
+
+    stub = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel)
+    call = stub.StreamAggregatedResources(requests())
+    try:
+        await asyncio.wait_for(call.read(), 10)
+        yield
+    finally:
+        done.set()
+        call.cancel()
 
 
 async def sample_lag(

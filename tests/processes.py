@@ -218,3 +218,48 @@ def running_sims(workdir: Path, prefix: str, count: int, *args: str) -> Iterator
     finally:
         for process in started:
             process.stop()
+
+
+class AgentProcess(_Process):
+    """``llm-health agent --engine ENGINE`` on its own HTTP port, with ``--config`` written
+    from ``settings`` (None: no ``--config``, every default)."""
+
+    name = "agent"
+
+    def __init__(self, workdir: Path, engine: str, settings: dict[str, Any] | None = None) -> None:
+        super().__init__(workdir)
+        self.engine = engine
+        self.http_port = free_port()
+        self.config_path: Path | None = None
+        if settings is not None:
+            self.config_path = workdir / "agent.yaml"
+            self.config_path.write_text(yaml.safe_dump(settings, sort_keys=False))
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def start(self) -> AgentProcess:
+        args = ["agent", "--engine", self.engine, "--http", f"127.0.0.1:{self.http_port}"]
+        if self.config_path is not None:
+            args += ["--config", str(self.config_path)]
+        self._spawn([*args, "--log-format", "json"])
+        return self
+
+    def wait_up(self, timeout: float = 20.0) -> AgentProcess:
+        self._wait_http(f"{self.base_url}/healthz", timeout)
+        return self
+
+    def get(self, path: str, timeout: float = 5.0) -> tuple[int, str]:
+        """(status, body) of ``GET path``; a new connection each time, as the kubelet's."""
+        connection = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=timeout)
+        try:
+            connection.request("GET", path)
+            response = connection.getresponse()
+            return response.status, response.read().decode(errors="replace")
+        finally:
+            connection.close()
+
+    def status(self) -> dict[str, Any]:
+        result: dict[str, Any] = http_json(f"{self.base_url}/status")
+        return result

@@ -312,6 +312,7 @@ def _uncommented(text: str) -> str:
 def test_manifest_dir_has_no_stray_files() -> None:
     names = {p.name for p in Path(KUBERNETES).iterdir()}
     assert names == {
+        "agent",
         "autoscaling",
         "envoy-config.yaml",
         "fleet",

@@ -134,7 +134,7 @@ async def _flood(port: int, rate_per_s: float, seconds: float, address: str) -> 
     entry.common_properties.duration.FromMilliseconds(20)
     entry.response.response_code.value = 200
     batch = als_pb2.StreamAccessLogsMessage()
-    batch.identifier.node.id = "flooder"
+    batch.identifier.node.id = "gateway-1"  # the running Envoy's: it holds an xDS stream
     batch.identifier.log_name = "flood"
     batch.http_logs.log_entry.extend([entry] * 50)
     deadline = time.monotonic() + seconds
@@ -187,6 +187,7 @@ def test_a_flooding_or_broken_stream_never_stops_probing_or_pushes(stack: Any) -
     assert status["prober"]["probes_ignored_loop_lag"] == 0
     traffic = status["traffic"]
     assert traffic["entries_total"] >= sent * 0.9 and traffic["streams_open"] == 0
+    assert traffic["without_xds_total"] == 0  # decoded, under the budget: not ignored
     # A push still goes through at once: drain an endpoint, Envoy sees it.
     sims[1].set_fault(fault="cuda_error")
     wait_until(lambda: envoy_view(envoy)[sims[1].address][0] == "UNHEALTHY", 5, "pushed")

@@ -62,6 +62,7 @@ def llama_server(
         alias: str = DEFAULT_ALIAS,
         ctx: int = 512,
         parallel: int = 2,
+        port: int = 0,
         extra: tuple[str, ...] = (),
     ) -> LlamaServer:
         workdir = tmp_path / f"llama-{len(started)}"
@@ -72,6 +73,7 @@ def llama_server(
             alias=alias,
             ctx=ctx,
             parallel=parallel,
+            port=port,
             extra=extra,
         )
         started.append(server)

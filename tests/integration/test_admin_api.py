@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import grpc
 import pytest
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
@@ -169,6 +170,71 @@ async def test_force_rejects_bad_arguments(
         await running.stub.ForceState(request)
     assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert needle in (caught.value.details() or "")
+
+
+INVALID_DURATIONS = [  # google.protobuf.Duration: |nanos| <= 999,999,999, sign of seconds
+    ((0, 2**31 - 1), "nanos must be within ±999,999,999"),
+    ((0, 1_000_000_000), "nanos must be within ±999,999,999"),
+    ((60, -(2**31)), "nanos must be within ±999,999,999"),
+    ((60, -1), "nanos must have the sign of seconds"),
+    ((-1, 5), "nanos must have the sign of seconds"),
+]
+BAD_CALLS = 100  # each kind 20 times, 10 at a time
+LOG_BOUND_BYTES = 2048  # a refused admin call logs nothing (its answer says it all)
+
+
+async def test_force_rejects_invalid_protobuf_durations(
+    running: Running, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Duration the spec does not allow (nanos = 2^31-1 once read as 2.147 s) is refused
+    with INVALID_ARGUMENT, never applied; the service keeps answering meanwhile."""
+    livez = f"http://127.0.0.1:{running.runtime.http_port}/livez"
+    latencies: list[float] = []
+    done = asyncio.Event()
+
+    async def poll_livez() -> None:
+        async with aiohttp.ClientSession() as session:
+            while not done.is_set():
+                started = time.monotonic()
+                async with session.get(livez) as answer:
+                    assert answer.status == 200
+                latencies.append(time.monotonic() - started)
+                await asyncio.sleep(0.05)
+
+    async def refused(seconds: int, nanos: int) -> str:
+        request = pb.ForceStateRequest(
+            **key(running.a),
+            state=pb.STATE_UNHEALTHY,
+            duration=Duration(seconds=seconds, nanos=nanos),
+            reason="attack",
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await running.stub.ForceState(request)
+        assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        return caught.value.details() or ""
+
+    calls = [INVALID_DURATIONS[i % len(INVALID_DURATIONS)] for i in range(BAD_CALLS)]
+    poller = asyncio.create_task(poll_livez())
+    started = time.monotonic()
+    with caplog.at_level(logging.DEBUG, logger="llm_health"):
+        for batch in (calls[i : i + 10] for i in range(0, len(calls), 10)):
+            details = await asyncio.gather(*(refused(*duration) for duration, _ in batch))
+            for text, (duration, why) in zip(details, batch, strict=True):
+                assert text == (
+                    "duration is not a valid google.protobuf.Duration (seconds="
+                    f"{duration[0]}, nanos={duration[1]}): {why}"
+                )
+    elapsed = time.monotonic() - started
+    await asyncio.sleep(0.2)
+    done.set()
+    await poller
+    ours = [r for r in caplog.records if r.name.startswith("llm_health")]
+    logged = sum(len(r.getMessage()) + len(str(r.__dict__)) for r in ours)
+    assert logged < LOG_BOUND_BYTES, [r.getMessage() for r in ours]
+    assert elapsed < 10, elapsed
+    assert latencies and max(latencies) < 0.1, max(latencies)
+    endpoints = running.runtime.control.board.snapshot().clusters[CLUSTER].endpoints
+    assert [(e.state.value, e.override_until) for e in endpoints] == [("healthy", None)] * 2
 
 
 @pytest.mark.parametrize("method", ["Drain", "Undrain", "ClearOverride", "ProbeNow"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -139,6 +140,60 @@ async def test_leave_hands_over_at_once_and_overrides_are_kept(
     assert await b.act(epoch_b, KEY, clear) == "ok"
     assert await b.overrides() == {}
     assert await a.act(epoch_a, KEY, clear) == "fenced"
+
+
+async def test_members_no_script_wrote_are_evicted_and_own_nothing(
+    stores: dict[str, FleetStore], redis_url: str
+) -> None:
+    """docs/design.md §12.2: a heartbeat ahead of Redis's clock by more than member_ttl,
+    a member without an epoch, a vouch in the future: evicted by the next heartbeat;
+    PUBLISH computes owners among live members only."""
+    a = stores["a"]
+    epoch = await a.join()
+    client = sync_redis.Redis.from_url(redis_url)
+    prefix = "llmh:{it}"
+    seconds, micros = client.time()
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    client.zadd(f"{prefix}:members", {"future": 9e15, "no-epoch": now_ms, "vouch-ahead": now_ms})
+    client.hset(f"{prefix}:epochs", mapping={"future": "1", "vouch-ahead": "2"})
+    client.hset(f"{prefix}:vouched", "vouch-ahead", str(now_ms + 60_000))
+    ghosts = ["future", "no-epoch", "vouch-ahead"]
+    key = next(
+        endpoint_key("c", f"127.0.0.{i}:8000")
+        for i in range(1, 200)
+        if owner_of(endpoint_key("c", f"127.0.0.{i}:8000"), ["a", *ghosts]) != "a"
+    )
+    address = key.split("|")[1]
+    assert await a.publish(epoch, [(key, body("a", epoch, address=address))]) == ["ok"]
+    membership = await a.heartbeat(epoch)
+    assert membership is not None and set(membership.members) == {"a"}
+    assert client.zrange(f"{prefix}:members", 0, -1) == [b"a"]
+    assert set(client.hkeys(f"{prefix}:epochs")) == {b"a"}
+    client.close()
+
+
+async def test_a_member_that_stops_vouching_is_evicted_after_fresh(
+    stores: dict[str, FleetStore], redis_url: str
+) -> None:
+    """A member whose heartbeats go on but no longer vouch for its verdicts (or that
+    beats from outside the scripts) is evicted ``fresh`` (2 x member_ttl) after its last
+    vouch; one that never vouched (an older version) vouches with its heartbeat."""
+    a, b = stores["a"], stores["b"]
+    epoch_a, epoch_b = await a.join(), await b.join()
+    client = sync_redis.Redis.from_url(redis_url)
+    client.hdel("llmh:{it}:vouched", "b")  # "b" as a replica of an older version
+    started = time.monotonic()
+    gone_after = None
+    while gone_after is None and time.monotonic() - started < 3.0:
+        if await a.heartbeat(epoch_a, vouch=False) is None:
+            gone_after = time.monotonic() - started
+        membership = await b.heartbeat(epoch_b)
+        assert membership is not None  # "b" never vouched: its heartbeats do
+        await asyncio.sleep(0.1)
+    assert gone_after is not None and 1.0 <= gone_after <= 1.2 + 0.5, gone_after
+    assert set(membership.members) == {"b"}
+    assert await a.heartbeat(epoch_a) is None  # "gone": it joins again
+    client.close()
 
 
 # --- a replica's component ---------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The HTTP port against hostile clients (loopback only): slowloris connections are closed
-by the header timeout, the connection cap holds, /livez keeps answering, and a malformed
-request is answered 400 without an error-level log record."""
+by the header timeout, at the connection cap a new connection takes the slot of the one
+idle longest, probe paths keep a reserve of connections, /livez keeps answering, and a
+malformed request is answered 400 without an error-level log record."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from llm_health.ops.http_server import build_http_app, start_http
+from llm_health.ops.http_server import BUSY_TEXT, build_http_app, start_http
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -85,31 +86,81 @@ async def test_idle_connection_without_request_is_closed(server: int) -> None:
         writer.close()
 
 
-async def test_connection_cap_holds_and_frees_up() -> None:
+def closed(reader: asyncio.StreamReader) -> bool:
+    """The server closed it (EOF, or reset: an eviction aborts)."""
+    return reader.at_eof() or reader.exception() is not None
+
+
+async def get(port: int, path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    return reader, writer
+
+
+async def status_line(reader: asyncio.StreamReader) -> bytes:
+    async with asyncio.timeout(5):
+        return await reader.readline()
+
+
+async def test_at_the_cap_a_new_connection_closes_the_one_idle_longest() -> None:
     runner, port = await start(header_timeout_s=30.0, max_connections=8)
-    held = []
+    held: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
     try:
-        for _ in range(8):
+        for _ in range(8):  # at the cap, none of them sends a byte
             held.append(await asyncio.open_connection("127.0.0.1", port))
-        await asyncio.sleep(0.05)  # let the server accept them all
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
-        async with asyncio.timeout(5):
-            assert await reader.read(1024) == b""  # over the cap: closed at once, no answer
+            await asyncio.sleep(0.02)  # accepted in this order
+        reader, writer = await get(port, "/livez")
+        assert await status_line(reader) == b"HTTP/1.1 200 OK\r\n"  # got in
         writer.close()
-        for _, w in held:
-            w.close()
-        held.clear()
-        async with asyncio.timeout(5):
-            while True:  # the server notices the closes, then room again
-                await asyncio.sleep(0.02)
-                try:
-                    if await livez(port) == 200:
-                        break
-                except aiohttp.ClientError:
-                    continue
+        await asyncio.sleep(0.2)  # the closes reach the clients
+        gone = [closed(r) for r, _ in held]
+        evicted = gone.index(False)
+        assert evicted >= 3 and not any(gone[evicted:]), gone  # the oldest ones, in order
     finally:
         for _, w in held:
+            w.close()
+        await runner.cleanup()
+
+
+async def test_probe_paths_keep_a_reserve_of_connections() -> None:
+    """Requests for other paths hold at most 7 of 8 connections: the last one is kept
+    for the probes. Beyond that they get 503 and their connection is closed."""
+    release, handling = asyncio.Event(), []
+
+    async def slow(request: web.Request) -> web.Response:
+        handling.append(request)
+        await release.wait()
+        return web.Response(text="slow\n")
+
+    app = build_http_app(lambda: [], dict)
+    app.router.add_get("/slow", slow)
+    runner = await start_http(app, "127.0.0.1:0", max_connections=8)
+    port = int(runner.addresses[0][1])
+    slow_ones = []
+    try:
+        for _ in range(7):
+            slow_ones.append(await get(port, "/slow"))
+        async with asyncio.timeout(5):
+            while len(handling) < 7:  # all 7 being handled
+                await asyncio.sleep(0.01)
+        reader, writer = await get(port, "/status")
+        assert await status_line(reader) == b"HTTP/1.1 503 Service Unavailable\r\n"
+        async with asyncio.timeout(5):
+            assert (await reader.read()).endswith(BUSY_TEXT.encode())  # then closed
+        writer.close()
+        for path in ("/livez", "/readyz"):
+            reader, writer = await get(port, path)
+            assert await status_line(reader) == b"HTTP/1.1 200 OK\r\n"
+            writer.close()
+        release.set()
+        for reader, _ in slow_ones:
+            assert await status_line(reader) == b"HTTP/1.1 200 OK\r\n"
+        reader, writer = await get(port, "/status")
+        assert await status_line(reader) == b"HTTP/1.1 200 OK\r\n"  # room again
+        writer.close()
+    finally:
+        release.set()
+        for _, w in slow_ones:
             w.close()
         await runner.cleanup()
 

@@ -6,7 +6,8 @@
                                                         settings building blocks
     rank 2  probe | xds | sim | adminpb                 foundations, never each other
     rank 3  engines | fleet | traffic | hds | authz |   features: pure modules and their
-            discovery | remediation | alerts | admin    settings, never each other
+            discovery | remediation | alerts | admin |  settings, never each other
+            agent
     rank 4  config | bootstrap                          the file's words -> features' sections
     rank 5  servers | ops                               thin gRPC adapters; the operator
                                                         surface (HTTP, status, page, metrics)
@@ -69,6 +70,7 @@ FEATURES = (
     "llm_health.remediation",
     "llm_health.alerts",
     "llm_health.admin",
+    "llm_health.agent",
 )
 COMPONENT_RANK = 6
 LAYERS: tuple[tuple[str, ...], ...] = (

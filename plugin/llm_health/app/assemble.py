@@ -52,7 +52,7 @@ def build_runtime(
     control = BoardKeeper(board, clock, ProberStats(lag))
     live = LiveConfig(config, config_path)
     catalog = EndpointCatalog(live, control)
-    xds_nodes = OpenNodes()  # node ids with an open xDS stream: HDS trusts only those
+    xds_nodes = OpenNodes()  # node ids with an open xDS stream: reports count only from those
     secrets = Secrets(config.secret_values())  # the runtime's: it follows reloads
     parts = build_components(
         live, control, clock, xds_open=xds_nodes.is_open, catalog=catalog, secrets=secrets
@@ -100,10 +100,11 @@ def build_components(
 ) -> Parts:
     """Each feature adds itself here (one line each). Settings read once at start, except
     where a getter over ``live`` follows reloads (ext_authz, discovery, engine checks).
-    ``xds_open``: whether a node id holds an open xDS stream (HDS counts only those nodes'
-    reports). ``catalog``: the endpoint set discovery feeds (None: no discovery, e.g. in
-    tests). ``secrets``: the runtime's, scrubbed from what the alerts and the admin API
-    send. Also returned apart: the engine checks, the runtime's probe wrapper."""
+    ``xds_open``: whether a node id holds an open xDS stream (HDS and the access logs
+    count only those nodes' reports). ``catalog``: the endpoint set discovery feeds (None:
+    no discovery, e.g. in tests). ``secrets``: the runtime's, scrubbed from what the alerts
+    and the admin API send. Also returned apart: the engine checks, the runtime's probe
+    wrapper."""
     config = live.current
     fleet = _fleet(config, control, catalog)  # first: its probe filter is read below
     grpc_auth = GrpcAuth(
@@ -137,7 +138,7 @@ def build_components(
         components.append(DiscoveryComponent(lambda: _discovery(live), catalog, control))
     if config.remediation:
         components.append(_remediation(config, control, catalog))
-    traffic = _traffic(live, control, clock, catalog)
+    traffic = _traffic(live, control, clock, catalog, xds_open, grpc_auth.authenticated)
     components.append(traffic)
     checks = _engine_checks(live, control, clock, catalog, traffic.feed_load)
     components.append(checks)
@@ -166,10 +167,19 @@ def _traffic(
     control: BoardKeeper,
     clock: Callable[[], float],
     catalog: EndpointCatalog | None,
+    xds_open: Callable[[str], bool] | None,
+    authenticated: bool,
 ) -> TrafficComponent:
     """Passive health: Envoy's access logs and the engines' TTFT, per endpoint."""
     targets = catalog.targets() if catalog is not None else live.current.probe_targets()
-    traffic = TrafficComponent(control, lambda: live.current.traffic_settings(), targets, clock)
+    traffic = TrafficComponent(
+        control,
+        lambda: live.current.traffic_settings(),
+        targets,
+        clock,
+        xds_open=xds_open,
+        authenticated=authenticated,
+    )
     traffic.set_probed(catalog.probed(targets) if catalog is not None else targets)
     if catalog is not None:
 

@@ -32,8 +32,9 @@ from llm_health.app.endpoints import EndpointCatalog
 from llm_health.app.heap import settle_heap
 from llm_health.app.keeper import BoardKeeper
 from llm_health.app.live import LiveConfig
+from llm_health.app.probing import ProbeSlots, bound_port, probe_scheduler
 from llm_health.config import Config, load_config
-from llm_health.config.loader import MAX_FILE_BYTES
+from llm_health.config.loader import MAX_FILE_BYTES, open_regular
 from llm_health.core.component import Component, Preparing, SkipRule
 from llm_health.core.control import ProberStats
 from llm_health.errors import ConfigError
@@ -127,20 +128,19 @@ class Runtime:
 
     async def _run(self, stop: asyncio.Event) -> None:
         async with new_session() as session, self._probers(session) as probe_fn:
-            slots = _ProbeSlots(probe_fn)
+            slots = ProbeSlots(probe_fn)
             self.control.attach_prober(
                 lambda cluster, address: slots.probe(self._target(cluster, address))
             )
             http = await start_http(self.http_app(), self.config.server.http)
-            self.http_port = _bound_port(http)
+            self.http_port = bound_port(http)
             await self._prepare_components()
-            scheduler = Scheduler(
+            scheduler = probe_scheduler(
+                self.control,
                 self.catalog.probed(self.targets),
-                slots.probe,
-                self.on_result,
+                slots,
+                on_result=self.on_result,
                 on_silence=self.on_silence,
-                confirm=self._confirm(slots),
-                lag=_ProberLag(self.stats),
                 skip=self._skip_rule.skip if self._skip_rule is not None else None,
             )
             self.scheduler = scheduler
@@ -185,13 +185,6 @@ class Runtime:
     async def on_silence(self, target: ProbeTarget, silent_ms: float) -> bool:
         """The scheduler's silence callback: a probe in flight has no first token yet."""
         return await self.control.fold_silence(target.cluster, target.address, silent_ms)
-
-    def _confirm(self, slots: _ProbeSlots) -> ProbeFn:
-        async def confirm(target: ProbeTarget) -> ProbeResult:
-            self.stats.overlapping_confirms += 1
-            return await slots.confirm(target)
-
-        return confirm
 
     def _target(self, cluster: str, address: str) -> ProbeTarget:
         target = self._by_key.get((cluster, address))
@@ -395,56 +388,18 @@ def _log_changes(changes: list[Change]) -> None:
         log.info(change.what, extra={"cluster": change.cluster, "endpoint": change.address})
 
 
-class _ProberLag:
-    """How late the prober runs, for the scheduler's silence checks: the runtime's loop,
-    or a probe worker's (``ProberStats.lag_now_ms``)."""
-
-    def __init__(self, stats: ProberStats) -> None:
-        self._stats = stats
-
-    @property
-    def current_ms(self) -> float:
-        return self._stats.lag_now_ms()
-
-
-class _ProbeSlots:
-    """At most one probe in flight per endpoint through ``probe`` (scheduled probes and
-    probe-now share it), plus at most one through ``confirm``: the confirming probe
-    started beside a silent one. Never more than two (docs/design.md §2.7). An
-    uncontended asyncio.Lock does not yield: no added latency."""
-
-    def __init__(self, probe: ProbeFn) -> None:
-        self._probe = probe
-        self._main: dict[str, asyncio.Lock] = {}
-        self._extra: dict[str, asyncio.Lock] = {}
-
-    async def probe(self, target: ProbeTarget) -> ProbeResult:
-        async with self._main.setdefault(target.key, asyncio.Lock()):
-            return await self._probe(target)
-
-    async def confirm(self, target: ProbeTarget) -> ProbeResult:
-        async with self._extra.setdefault(target.key, asyncio.Lock()):
-            return await self._probe(target)
-
-
-def _bound_port(runner: web.AppRunner) -> int | None:
-    for address in runner.addresses:
-        if isinstance(address, tuple):
-            return int(address[1])
-    return None
-
-
 def _fingerprint(path: Path | None) -> bytes | None:
-    """The config file's content hash (None if absent/unreadable): a touch without a
-    change does not reload; an editor's atomic rename does."""
+    """The config file's content hash (None if absent/unreadable, or not a regular file:
+    a FIFO's open would hold this worker thread forever): a touch without a change does
+    not reload; an editor's atomic rename does."""
     if path is None:
         return None
     try:
-        with path.open("rb") as handle:
+        with open_regular(path) as handle:
             # Bounded: a file over the loader's limit is hashed on its first bytes and its
             # size (the reload that follows is rejected by the loader anyway).
             head = handle.read(MAX_FILE_BYTES + 1)
             size = os.fstat(handle.fileno()).st_size
-    except OSError:
+    except (OSError, ConfigError):
         return None
     return hashlib.sha256(head + size.to_bytes(8, "big")).digest()

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from llm_health import __version__
 from llm_health.cli.admin import register as register_admin
+from llm_health.cli.agent import register as register_agent
 from llm_health.cli.probe import register as register_probe
 from llm_health.cli.serve import register as register_serve
 from llm_health.cli.sim import register as register_sim
@@ -28,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_probe(commands)
     register_validate(commands)
     register_sim(commands)
+    register_agent(commands)
     register_admin(commands)  # status, drain, undrain, force, clear-override, probe-now
     return parser
 

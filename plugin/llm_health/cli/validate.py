@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from llm_health.config import Config, load_config
 from llm_health.errors import ConfigError
+
+T = TypeVar("T")
 
 
 def register(commands: Any) -> None:
@@ -23,11 +26,16 @@ def register(commands: Any) -> None:
 
 def load_or_report(path: str) -> Config | None:
     """The config at ``path``, or None after printing every problem to stderr (the
-    callers exit 2). load_config raises nothing but ConfigError, whose messages are one
-    escaped line each; the second clause is a last guard so that no file ever ends in a
-    traceback."""
+    callers exit 2)."""
+    return loaded_or_reported(path, load_config)
+
+
+def loaded_or_reported(path: str, load: Callable[[str], T]) -> T | None:
+    """``load(path)``, or None after printing every problem to stderr. The loaders raise
+    nothing but ConfigError, whose messages are one escaped line each; the second clause
+    is a last guard so that no file ever ends in a traceback."""
     try:
-        return load_config(path)
+        return load(path)
     except ConfigError as exc:
         for message in exc.messages:
             print(message, file=sys.stderr)

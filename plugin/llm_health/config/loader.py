@@ -4,10 +4,14 @@ Errors name the file line and the field path, one line per problem:
     llm-health.yaml:14 clusters[0].probe.timeout: "80x" is not a duration
 ``load_config`` and ``parse_config`` return a Config or raise ConfigError carrying every
 message; nothing else escapes them, whatever the file holds (docs/design.md §7.11).
+``load_file`` and ``parse_file`` do the same for any file model (a ``FileModel``: its root
+model and the checks before and after validation): ``serve``'s is ``SERVE_FILE``,
+``llm-health agent``'s is ``config.agent.AGENT_FILE``.
 
-The file is hostile input until validated. It is read with a size limit, and the YAML is
-turned into Python values here, from the parser's event stream, in one loop with an
-explicit stack (PyYAML's own composer and constructor recurse, so a deep or
+The file is hostile input until validated. It is read only if it is a regular file (a
+FIFO, a device or a directory is refused before any read), with a size limit, and the
+YAML is turned into Python values here, from the parser's event stream, in one loop with
+an explicit stack (PyYAML's own composer and constructor recurse, so a deep or
 self-referencing file would end in RecursionError, or in a C stack overflow with libyaml).
 That loop also bounds the nesting depth and the values aliases expand to (a "billion
 laughs" file fails at once, in small memory), refuses recursive aliases and duplicate
@@ -20,12 +24,14 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+import stat
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Generic, TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from llm_health.config.messages import (
     NO_SECRETS,
@@ -79,8 +85,36 @@ _WORDS: Mapping[str, bool | None] = {
 _EXPLICIT_SCALAR_TAGS = frozenset(f"{_Y}{t}" for t in ("str", "int", "float", "bool", "null"))
 
 
+M = TypeVar("M", bound=BaseModel)
+Problem = tuple[ConfigPath, str]  # where in the file, what is wrong
+Redact = Callable[[str], str]
+
+
+def _no_problems(*_args: Any) -> Iterable[Problem]:
+    return ()
+
+
+@dataclass(frozen=True, slots=True)
+class FileModel(Generic[M]):
+    """What one kind of file holds. ``model``: its root model; ``shape``: what the file
+    must be, said when it is not a mapping; ``before``: problems found in the raw mapping
+    before the model sees it (e.g. limits that keep a huge file from pydantic); ``after``:
+    rules across the validated model. ``empty``: an empty file is ``{}`` (all defaults)."""
+
+    model: type[M]
+    shape: str
+    before: Callable[[dict[Any, Any]], Iterable[Problem]] = _no_problems
+    after: Callable[[M, Redact], Iterable[Problem]] = _no_problems
+    empty: bool = False
+
+
 def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:
     """Read, expand ``${ENV}`` and validate ``path``. Raises ConfigError with every problem."""
+    return load_file(path, SERVE_FILE, environ)
+
+
+def load_file(path: str | Path, kind: FileModel[M], environ: Mapping[str, str] | None = None) -> M:
+    """``load_config`` for a file of ``kind``."""
     file = Path(path)
     try:
         text = _read(file)
@@ -88,14 +122,14 @@ def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> C
         raise ConfigError(finish(exc.messages)) from None
     except Exception as exc:
         raise ConfigError(finish([f"{file}: cannot read: {type(exc).__name__}"])) from None
-    return parse_config(text, file.name, os.environ if environ is None else environ)
+    return parse_file(text, file.name, os.environ if environ is None else environ, kind)
 
 
 def _read(file: Path) -> str:
     """The file's text; its size is checked before it is read, and the read is bounded
-    (a file that grows meanwhile, or a device, is still never read past the limit)."""
+    (a file that grows meanwhile is still never read past the limit)."""
     try:
-        with file.open("rb") as handle:
+        with open_regular(file) as handle:
             size = os.fstat(handle.fileno()).st_size
             data = b"" if size > MAX_FILE_BYTES else handle.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
@@ -108,15 +142,52 @@ def _read(file: Path) -> str:
         raise ConfigError([f"{file}: cannot read: not UTF-8 text (byte {exc.start})"]) from None
 
 
+def open_regular(file: Path) -> BinaryIO:
+    """``file`` opened for reading, if it is a regular file; ConfigError if it is not
+    (OSError if it cannot be opened). A FIFO's open would wait for a writer, forever, and
+    a device's data never ends: the path is checked before the open (opening a device may
+    act on it), and the open descriptor again (the path may be replaced in between), with
+    O_NONBLOCK so that not even a FIFO swapped in meanwhile can hold the open."""
+    _refuse_irregular(file, os.stat(file).st_mode)
+    fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        _refuse_irregular(file, os.fstat(fd).st_mode)
+    except ConfigError:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
+
+
+_NOT_REGULAR = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _refuse_irregular(file: Path, mode: int) -> None:
+    if stat.S_ISREG(mode):
+        return
+    kind = next((name for test, name in _NOT_REGULAR if test(mode)), "an unknown kind of file")
+    raise ConfigError([f"{file}: cannot read: it is {kind}, not a regular file"])
+
+
 def _too_big(size: int) -> str:
     return f"the file is larger than the limit of {MAX_FILE_BYTES} bytes (4 MiB): {size} bytes"
 
 
 def parse_config(text: str, source: str, environ: Mapping[str, str]) -> Config:
     """Validate the YAML ``text`` (named ``source`` in messages). Raises ConfigError."""
+    return parse_file(text, source, environ, SERVE_FILE)
+
+
+def parse_file(text: str, source: str, environ: Mapping[str, str], kind: FileModel[M]) -> M:
+    """``parse_config`` for a file of ``kind``."""
     document = _Document(source, environ)
     try:
-        return _parse(text, document)
+        return _parse(text, document, kind)
     except ConfigError as exc:
         raise ConfigError(finish(exc.messages, document.redactor())) from None
     except Exception as exc:
@@ -125,7 +196,7 @@ def parse_config(text: str, source: str, environ: Mapping[str, str]) -> Config:
         raise ConfigError([f"{source}: cannot be loaded ({what}); please report this"]) from None
 
 
-def _parse(text: str, document: _Document) -> Config:
+def _parse(text: str, document: _Document, kind: FileModel[M]) -> M:
     source = document.source
     if len(text) > MAX_FILE_BYTES:
         raise ConfigError([f"{source}: {_too_big(len(text))}"])
@@ -133,29 +204,29 @@ def _parse(text: str, document: _Document) -> Config:
     lines = document.lines
     if document.problems:
         raise ConfigError(_located(source, lines, document.problems))
+    if raw is None and kind.empty:
+        raw = {}
     if not isinstance(raw, dict):
-        raise ConfigError([f"{source}:1 the file must be a YAML mapping with a 'clusters' key"])
-    too_many = list(_counts(raw))
-    if too_many:
-        raise ConfigError(_located(source, lines, too_many))
+        raise ConfigError([f"{source}:1 {kind.shape}"])
+    early = list(kind.before(raw))
+    if early:
+        raise ConfigError(_located(source, lines, early))
     redact = document.redactor()
     try:
-        config = Config.model_validate(raw)
+        validated = kind.model.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(format_errors(exc, lines, source, redact)) from None
-    problems = [*_duplicates(config), *_override_problems(config, redact)]
+    problems = list(kind.after(validated, redact))
     if problems:
         raise ConfigError(_located(source, lines, problems))
-    return config
+    return validated
 
 
-def _located(
-    source: str, lines: dict[ConfigPath, int], problems: list[tuple[ConfigPath, str]]
-) -> list[str]:
+def _located(source: str, lines: dict[ConfigPath, int], problems: list[Problem]) -> list[str]:
     return [f"{source}:{line_of(lines, path)} {dotted(path)}: {text}" for path, text in problems]
 
 
-def _counts(raw: dict[Any, Any]) -> Iterator[tuple[ConfigPath, str]]:
+def _counts(raw: dict[Any, Any]) -> Iterator[Problem]:
     """The cluster and endpoint limits, checked before pydantic sees a huge file."""
     clusters = raw.get("clusters")
     if not isinstance(clusters, list):
@@ -478,9 +549,12 @@ def _line(event: yaml.Event) -> int:
     return int(mark.line) + 1
 
 
-def _override_problems(
-    config: Config, redact: Callable[[str], str]
-) -> Iterator[tuple[ConfigPath, str]]:
+def _serve_rules(config: Config, redact: Redact) -> Iterator[Problem]:
+    yield from _duplicates(config)
+    yield from _override_problems(config, redact)
+
+
+def _override_problems(config: Config, redact: Redact) -> Iterator[Problem]:
     """Cross-field rules on each cluster's merged probe settings (e.g. ttft < timeout)."""
     for index, cluster in enumerate(config.clusters):
         try:
@@ -490,7 +564,7 @@ def _override_problems(
                 yield ("clusters", index, "probe", *error["loc"]), describe(error, redact)
 
 
-def _duplicates(config: Config) -> Iterator[tuple[ConfigPath, str]]:
+def _duplicates(config: Config) -> Iterator[Problem]:
     """Duplicate cluster names, and endpoints that are the same host:port however written
     ("[::1]:80" and "[0::1]:80" are one endpoint)."""
     names: set[str] = set()
@@ -514,3 +588,11 @@ def _canonical(address: str) -> tuple[str, int]:
     if host.startswith("["):
         return str(ipaddress.IPv6Address(host[1:-1])), int(port)
     return host.lower().rstrip("."), int(port)
+
+
+SERVE_FILE = FileModel(
+    Config,
+    "the file must be a YAML mapping with a 'clusters' key",
+    before=_counts,
+    after=_serve_rules,
+)

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from llm_health.admin.settings import AdminConfig
+from llm_health.agent.settings import AgentSettings
 from llm_health.alerts.settings import AlertsConfig, WebhookConfig
 from llm_health.authz.settings import AuthzConfig
 from llm_health.config.schema import (
@@ -157,6 +158,7 @@ def _known_keys(parent: tuple[Any, ...]) -> list[str]:
         "webhooks": WebhookConfig,
         "clusters": ClusterConfig,
         "endpoints": EndpointConfig,
+        "agent": AgentSettings,  # llm-health agent's file (config.agent)
     }
     model = models.get(last, Config)
     return list(model.model_fields)

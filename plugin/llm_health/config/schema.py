@@ -417,7 +417,7 @@ class Config(Frozen):
         """Every secret this config holds (``SecretStr`` values anywhere: probe and webhook
         headers, tokens; credentials in webhook URLs), in the forms to redact
         (``model.redact.secret_forms``)."""
-        return secret_forms(_secrets_in(self))
+        return secrets_of(self)
 
     def cluster_specs(self, discovered: Discovered | None = None) -> tuple[ClusterSpec, ...]:
         """The board's clusters: configured endpoints, then ``discovered`` ones (cluster ->
@@ -438,6 +438,11 @@ class Config(Frozen):
             return static
         configured = {e.address for e in static}
         return static + tuple(e for e in found if e.address not in configured)
+
+
+def secrets_of(model: BaseModel) -> frozenset[str]:
+    """Every secret a validated file model holds, in the forms to redact."""
+    return secret_forms(_secrets_in(model))
 
 
 def _secrets_in(value: Any) -> Iterator[str]:

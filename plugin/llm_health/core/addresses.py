@@ -25,13 +25,30 @@ def split_address(address: str) -> tuple[str, int]:
         raise ValueError(f'"{address}": port {port} is out of range 1-65535')
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-        ipaddress.IPv6Address(host)  # ValueError names the problem
+        _check_ipv6(address, ipaddress.IPv6Address(host), port)  # ValueError names the problem
         return host, port
     if _IPV4_LIKE.fullmatch(host):
         ipaddress.IPv4Address(host)
     elif not is_host_name(host):
         raise ValueError(f'"{address}": "{host}" is not a valid host name or IP address')
     return host, port
+
+
+def _check_ipv6(address: str, ip: ipaddress.IPv6Address, port: int) -> None:
+    """Two IPv6 spellings are refused. A zone id ("%eth0"): Envoy's socket addresses
+    carry none, and the same literal would name a different host on each machine. An
+    IPv4-mapped address: an IPv4 address in another spelling, which loopback checks and
+    duplicate checks would not recognise (docs/design.md §6.3)."""
+    if ip.scope_id is not None:
+        raise ValueError(
+            f'"{address}": an IPv6 zone id ("%{ip.scope_id}") is not allowed: Envoy cannot '
+            "use one in a socket address; write a global or unique-local IPv6 address"
+        )
+    if ip.ipv4_mapped is not None:
+        raise ValueError(
+            f'"{address}": an IPv4-mapped IPv6 address is not allowed (it is '
+            f'{ip.ipv4_mapped} in another spelling): write "{ip.ipv4_mapped}:{port}"'
+        )
 
 
 def is_ip_host(host: str) -> bool:

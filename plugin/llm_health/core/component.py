@@ -18,10 +18,12 @@ cannot) and ``servers.auth.SecurityProvider``.
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine, Iterable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import grpc
 from prometheus_client.metrics_core import Metric
+
+if TYPE_CHECKING:  # only a type here: ``llm-health agent`` runs no gRPC and never loads it
+    import grpc
 
 Job = Callable[[], Coroutine[Any, Any, None]]
 

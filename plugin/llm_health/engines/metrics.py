@@ -12,6 +12,14 @@ engine is recognised by its metric names (``engines.detect``; docs/engines.md):
 
 Several series of one name (data-parallel ranks, models) add up for the queue; the KV
 figure is the fullest one. A document with none of these names is a failed read (MetricsError): no verdict.
+
+Two more figures tell whether the engine makes progress and whether it is the same
+process (``llm-health agent``'s restart rule and engine-restart detection, docs/agent.md):
+requests finished, a counter (vLLM ``vllm:request_success_total`` without the
+``finished_reason="abort"`` series, SGLang ``sglang:num_requests_total``, TGI
+``tgi_request_success``, llama.cpp ``llamacpp:tokens_predicted_total``: it has no request
+counter, tokens generated grow only while it serves), and ``process_start_time_seconds``
+(prometheus-client's process collector: vLLM, SGLang).
 """
 
 from __future__ import annotations
@@ -42,6 +50,17 @@ _TTFT = {  # histograms of real traffic's time to first token (docs/design.md §
     "vllm": "vllm:time_to_first_token_seconds",
     "sglang": "sglang:time_to_first_token_seconds",
 }
+_COMPLETED = {  # a counter that grows while the engine finishes requests
+    "vllm": ("vllm:request_success_total",),
+    "sglang": ("sglang:num_requests_total",),
+    # TGI writes no _total; the parser adds it to a sample of a family typed counter.
+    "tgi": ("tgi_request_success_total", "tgi_request_success"),
+    "llamacpp": ("llamacpp:tokens_predicted_total",),
+}
+_STARTED = "process_start_time_seconds"
+# Requests the client gave up on are no progress: each probe a hung engine never answers
+# may be counted finished that way once the prober gives up (vLLM's finished_reason label).
+_NOT_PROGRESS = ("finished_reason", "abort")
 _KV_CACHE = {
     "vllm": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
     "sglang": ("sglang:token_usage",),
@@ -55,8 +74,14 @@ class MetricsError(ValueError):
 
 _WANTED = tuple(
     sorted(
-        {n for table in (_WAITING, _RUNNING, _KV_CACHE) for names in table.values() for n in names}
+        {
+            n
+            for table in (_WAITING, _RUNNING, _KV_CACHE, _COMPLETED)
+            for names in table.values()
+            for n in names
+        }
         | {f"{name}_bucket" for name in _TTFT.values()}
+        | {_STARTED}
     )
 )
 
@@ -84,6 +109,8 @@ def parse_load(text: str, *, ttft: bool = True) -> EngineLoad:
                 if sample.name == ttft_name:
                     bound = float(sample.labels.get("le", "nan"))
                     buckets[bound] = buckets.get(bound, 0.0) + sample.value
+                elif sample.labels.get(_NOT_PROGRESS[0]) == _NOT_PROGRESS[1]:
+                    continue
                 else:
                     values.setdefault(sample.name, []).append(float(sample.value))
     except (ValueError, TypeError, IndexError, KeyError) as exc:
@@ -91,7 +118,17 @@ def parse_load(text: str, *, ttft: bool = True) -> EngineLoad:
     waiting = _first(values, _WAITING.get(engine, ()), sum)
     running = _first(values, _RUNNING.get(engine, ()), sum)
     kv_cache = _first(values, _KV_CACHE.get(engine, ()), max)
-    return EngineLoad(engine, waiting, running, kv_cache, _histogram(buckets))
+    completed = _first(values, _COMPLETED.get(engine, ()), sum)
+    started = _first(values, (_STARTED,), max)
+    return EngineLoad(
+        engine,
+        waiting,
+        running,
+        kv_cache,
+        _histogram(buckets),
+        completed=completed,
+        process_started=started,
+    )
 
 
 def _select(text: str, *, ttft: bool = True) -> tuple[str | None, list[str]]:

@@ -28,6 +28,8 @@ def verify_change(judgement: Judgement) -> tuple[str | None, Cause] | None:
         return judgement.reason, cause
     if judgement.verdict is Verdict.PASS:
         return None, Cause.WRONG_ANSWER
+    if judgement.verdict is Verdict.SOUND:
+        return None, Cause.GARBAGE
     return None
 
 

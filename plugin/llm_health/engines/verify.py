@@ -8,7 +8,10 @@
 - Without: the reference is the answer a strict majority of the cluster's recent answers
   gives, when at least ``MIN_VOTERS`` endpoints answered. An endpoint that answers
   otherwise, and whose own top logprobs for the first token do not contain the majority's
-  first token either, misses. No majority: no verdict (said in /status).
+  first token either, misses. No majority: no verdict (said in /status), except that the
+  first sound answer after garbage is ``SOUND``: it lifts the garbage hold, which would
+  otherwise wait for a majority that a cluster of one or two endpoints (``llm-health
+  agent``'s one engine) never has.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class Verdict(enum.Enum):
     GARBAGE = "garbage"  # out at once
     MISS = "miss"  # counts toward unhealthy_after
     PASS = "pass"  # clears misses and any hold
+    SOUND = "sound"  # not garbage after garbage, no majority to judge it: lifts the hold
     NONE = "none"  # no verdict (no majority yet, incomplete answer)
 
 
@@ -99,6 +103,7 @@ class Verifier:
     def __init__(self) -> None:
         self._clusters: dict[str, _Cluster] = {}
         self._misses: dict[tuple[str, str], int] = {}
+        self._garbage: set[tuple[str, str]] = set()  # last judged answer was garbage
 
     def judge(
         self,
@@ -116,14 +121,20 @@ class Verifier:
         garbage = degenerate(answer)
         if garbage is not None:
             self._clusters.get(cluster, _Cluster()).votes.pop(address, None)
+            self._garbage.add((cluster, address))
             return [Judgement(address, Verdict.GARBAGE, garbage, down=True)]
         if not answer.complete:
             return [Judgement(address, Verdict.NONE, "answer incomplete within the timeout")]
+        was_garbage = (cluster, address) in self._garbage
+        self._garbage.discard((cluster, address))
         if spec.pattern is not None:
             found = spec.pattern.search(answer.text) is not None
             miss = f"wrong answer: {shown(answer.text)} does not match /{spec.expect}/"
             return [self._count(cluster, address, found, miss, unhealthy_after)]
-        return self._consensus(cluster, address, answer, spec, unhealthy_after, now, members)
+        judged = self._consensus(cluster, address, answer, spec, unhealthy_after, now, members)
+        if was_garbage and judged == [Judgement(address, Verdict.NONE, judged[0].reason)]:
+            return [Judgement(address, Verdict.SOUND, f"no longer garbage; {judged[0].reason}")]
+        return judged
 
     def status(self, cluster: str) -> dict[str, object]:
         """/status: the cluster's reference answer (or why there is none) and the votes."""
@@ -143,6 +154,7 @@ class Verifier:
         """Drop the state of endpoints no longer probed here."""
         for key in [k for k in self._misses if k not in keep]:
             del self._misses[key]
+        self._garbage.intersection_update(keep)
         for name, book in self._clusters.items():
             for address in [a for a in book.votes if (name, a) not in keep]:
                 del book.votes[address]

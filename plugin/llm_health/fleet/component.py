@@ -4,7 +4,9 @@ the board (``core.control.BoardControl``) and to the endpoint catalog (``ProbeRo
 what it decides is in the pure modules (``membership``, ``verdicts``, ``actions``).
 
 - Membership: join (a new epoch), heartbeat every ``heartbeat``; the heartbeat's answer
-  is the live member list, from which every endpoint's owner follows (rendezvous).
+  is the live member list, from which every endpoint's owner follows (rendezvous). A
+  heartbeat vouches for the verdicts we own while probe results of them come in; Redis
+  evicts a member that stopped vouching ``fresh`` ago (``scripts``).
 - Probing: ``probes_here`` is the catalog's probe filter (set by ``app.assemble`` before
   any other component reads it): the prober probes only the endpoints this replica
   owns; a takeover adopts the last stored verdict and probes at once.
@@ -41,13 +43,14 @@ from llm_health.fleet import actions
 from llm_health.fleet.membership import Mode, Roster
 from llm_health.fleet.ownership import endpoint_key, split_key
 from llm_health.fleet.settings import FleetConfig
-from llm_health.fleet.store import FleetStore
+from llm_health.fleet.store import FleetStore, stop_if_cancelled
 from llm_health.fleet.verdicts import (
     Ledger,
     acceptable,
     adopt,
     endpoint_status,
     fresh,
+    taken_as_is,
     takeover,
     verdict_of,
 )
@@ -63,11 +66,17 @@ from llm_health.fleet.wire import (
 )
 from llm_health.model.board import Board
 from llm_health.model.machine import Transition
+from llm_health.model.outcome import ProbeResult
+from llm_health.probe.target import ProbeTarget
 
 PROBLEM_LOG_EVERY_S = 60.0  # bad Redis entries: one log line per kind per minute
 LEAVE_BUDGET_S = 0.3
 FOLLOW_UP_BUDGET_S = 10.0  # takeover reads and full syncs after one heartbeat
 FULL_SYNC_EVERY_S = 30.0  # read every stored verdict this often even if no event was lost
+# Probe intervals without a result of any endpoint we own before our heartbeat stops
+# vouching for their verdicts: backoff_when_busy leaves out at most 99 slots in a row
+# (docs/design.md §15.4), so a prober that works is never taken for a stuck one.
+STALL_SLOTS = 100
 log = logging.getLogger("llm_health")
 RedisFailure = (RedisError, OSError, TimeoutError, WireError)
 # ``FleetComponent.counters`` on /metrics: (series, key of the counter, what).
@@ -130,9 +139,9 @@ class ProbeRouting(Protocol):
     """What the fleet needs of the endpoint catalog (``app.endpoints.EndpointCatalog``),
     whose probe filter is ``FleetComponent.probes_here``."""
 
-    def on_targets(self, listener: Callable[[Any], None]) -> None:
+    def on_targets(self, listener: Callable[[list[ProbeTarget]], None]) -> None:
         """Call ``listener`` after every change of the endpoint set or of the filter (with
-        the probe targets, which the fleet does not need: it reads the board's keys)."""
+        the probe targets: the fleet reads their intervals, and the board's keys)."""
         ...
 
     def refilter(self) -> None:
@@ -168,6 +177,7 @@ class FleetComponent:
         self._publish_wake = asyncio.Event()
         self._beat_now = asyncio.Event()
         self._synced_at = clock()
+        self._stall_s = settings.fresh  # widened by the probe intervals (_targets_changed)
         self._problems = ProblemLog(log, every_s=PROBLEM_LOG_EVERY_S, clock=clock)
         self.counters = {
             "verdicts_published_total": 0,
@@ -183,8 +193,9 @@ class FleetComponent:
             "actions_applied_total": 0,
         }
         control.on_transition(self._on_transition)
+        control.on_probe(self._on_probe)
         control.on_action(self._on_action)
-        routing.on_targets(lambda _targets: self._endpoints_changed())
+        routing.on_targets(self._targets_changed)
 
     @property
     def mode(self) -> Mode:
@@ -277,6 +288,11 @@ class FleetComponent:
             for e in cluster.endpoints
         ]
 
+    def _targets_changed(self, targets: list[ProbeTarget]) -> None:
+        gaps = (t.interval_s * STALL_SLOTS + t.timeout_s for t in targets)
+        self._stall_s = self.settings.fresh + max(gaps, default=0.0)
+        self._endpoints_changed()
+
     def _endpoints_changed(self) -> None:
         """Endpoints added or removed (reload, discovery): owners of new keys, before the
         catalog's other listeners read the filter (``app.assemble`` builds us first)."""
@@ -332,6 +348,7 @@ class FleetComponent:
     async def _heartbeats(self) -> None:
         try:
             while True:
+                stop_if_cancelled()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self.settings.heartbeat):
                         await self._beat_now.wait()
@@ -369,13 +386,26 @@ class FleetComponent:
     async def _heartbeat_or_join(self) -> tuple[Membership, bool]:
         epoch = self._roster.epoch
         if epoch is not None and self._roster.sharing:
-            membership = await self._store.heartbeat(epoch)
+            membership = await self._store.heartbeat(epoch, self._vouches())
             if membership is not None:
                 return membership, False
             self._problem("evicted", "fleet: this member was evicted (paused?); joining again")
             self._roster.evicted()
         self.counters["rejoins_total"] += 1
         return await self._join_redis(), True
+
+    def _vouches(self) -> bool:
+        """Whether this heartbeat vouches for the verdicts we own (docs/design.md §12.3):
+        not when no probe result of any of them came in for ``_stall_s``."""
+        if self._roster.vouches(self._clock(), self._stall_s):
+            return True
+        self._problem(
+            "stalled",
+            f"fleet: no probe result of the {len(self._roster.owned)} endpoints owned here "
+            f"for {self._stall_s:.0f} s; not vouching for their verdicts (the fleet takes "
+            "them over)",
+        )
+        return False
 
     def _enter_fallback(self, why: str) -> None:
         self._roster.fall_back()
@@ -401,6 +431,9 @@ class FleetComponent:
 
     # --- verdicts out -----------------------------------------------------------------------
 
+    def _on_probe(self, cluster: str, address: str, _result: ProbeResult) -> None:
+        self._roster.probed(endpoint_key(cluster, address), self._clock())
+
     def _on_transition(self, cluster: str, address: str, transition: Any, result: Any) -> None:
         key = endpoint_key(cluster, address)
         if self._roster.owns(key):
@@ -415,6 +448,7 @@ class FleetComponent:
 
     async def _publisher(self) -> None:
         while True:
+            stop_if_cancelled()
             await self._publish_wake.wait()
             self._publish_wake.clear()
             epoch = self._roster.write_epoch
@@ -452,8 +486,10 @@ class FleetComponent:
 
     async def _events(self) -> None:
         while True:
+            stop_if_cancelled()
             try:
                 async for data in self._store.events():
+                    stop_if_cancelled()
                     await self._on_event(data)
             except RedisFailure as exc:
                 self._problem("events", f"fleet: event stream lost ({_why(exc)})")
@@ -517,7 +553,7 @@ class FleetComponent:
             return adopted
 
         adopted = await self._control.update(adopt_and_log, publish_when=bool)
-        self._ledger.record(verdict for verdict, _ in adopted)
+        self._ledger.record(taken_as_is(adopted))
         self.counters["verdicts_applied_total"] += len(adopted)
 
     def _decode_all(self, stored: dict[str, bytes]) -> list[Verdict]:

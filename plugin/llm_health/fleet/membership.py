@@ -5,6 +5,11 @@ the live members the last heartbeat returned, the endpoint owners that follow fr
 Modes: ``starting`` (not a member: at start, or evicted and joining again), ``sharing``
 (a member: it probes only what it owns) and ``fallback`` (Redis silent for
 ``member_ttl``: it probes everything itself). Pure: no I/O; times are passed in.
+
+Its heartbeat vouches for the verdicts it owns (``vouches``) while its prober keeps
+up with them; a member that stops vouching is evicted after ``fresh`` like a silent
+one (``scripts.HEARTBEAT``), so a member that beats but no longer judges what it owns
+(a stuck prober, or a member written into Redis from outside) keeps nothing.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ class Roster:
         self._owners: dict[str, str | None] = {}  # endpoint key -> owner (cache)
         self._last_ok = now  # when Redis last answered a heartbeat or a join
         self._server_offset_ms = 0.0  # Redis time - our wall time, from heartbeats
+        self._progress = now  # last probe result of an owned endpoint (or first owning it)
+        self._vouched_for: frozenset[str] = frozenset()  # what we owned at the last vouch
 
     # --- reading ----------------------------------------------------------------------
 
@@ -108,6 +115,22 @@ class Roster:
         """Endpoints added or removed (reload, discovery): the owners of the new keys."""
         if self.sharing:
             self.owned = self._owned_of(keys)
+
+    # --- vouching for our verdicts -------------------------------------------------------
+
+    def probed(self, key: str, now: float) -> None:
+        """A probe result of ``key`` came in (our prober's progress, if we own it)."""
+        if key in self.owned:
+            self._progress = now
+
+    def vouches(self, now: float, stall_s: float) -> bool:
+        """Whether our heartbeat vouches for our verdicts: we own nothing, or a probe
+        result of an endpoint we own came in within ``stall_s`` (counted from when
+        endpoints became ours: their first probes are yet to come)."""
+        if self.owned - self._vouched_for:
+            self._progress = now
+        self._vouched_for = self.owned
+        return not self.owned or now - self._progress <= stall_s
 
     # --- fallback ---------------------------------------------------------------------
 

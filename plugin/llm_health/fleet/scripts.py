@@ -8,13 +8,24 @@ Keys (one hash tag, so a Redis Cluster keeps them in one slot):
     KEYS[3] <prefix>:verdicts   hash: endpoint key -> "<seq>|<published_ms>|<json>"
     KEYS[4] <prefix>:epoch      the last epoch handed out (epochs only grow)
     KEYS[5] <prefix>:overrides  hash: endpoint key -> action json (active "force")
-ARGV[1] member id, ARGV[2] its epoch, ARGV[3] member_ttl in ms, ARGV[4] events channel.
+    KEYS[6] <prefix>:vouched    hash: member id -> its last heartbeat that vouched for
+                                its verdicts (ms, Redis time; set at its join too)
+ARGV[1] member id, ARGV[2] its epoch, ARGV[3] member_ttl in ms, ARGV[4] events channel,
+ARGV[5] ``fresh`` in ms (``FleetConfig.fresh``).
+
+Live member (docs/design.md §12.2): its heartbeat at most member_ttl old and at most
+member_ttl ahead of Redis's clock (further ahead is no heartbeat these scripts wrote: a
+key written from outside, or a Redis clock set far back), an epoch, and a vouch at most
+``fresh`` old (a member of an older version, which never vouches, vouches with its
+heartbeat). HEARTBEAT evicts every member that is not live; PUBLISH computes owners
+among live members only. So a member no script wrote owns nothing past the next
+heartbeat of a replica, and one that beats without vouching nothing past ``fresh``.
 
 Fencing (docs/design.md §12.4): every write but JOIN first checks that the writer is a
-live member with that epoch (its heartbeat not older than member_ttl); a process that was
-paused past its TTL is refused and must JOIN again, with a new epoch. PUBLISH also checks
-that the writer owns the endpoint among the live members (the same rendezvous hash as
-``ownership.owner_of``), so two replicas can never both write an endpoint's verdict.
+live member with that epoch; a process that was paused past its TTL is refused and must
+JOIN again, with a new epoch. PUBLISH also checks that the writer owns the endpoint among
+the live members (the same rendezvous hash as ``ownership.owner_of``), so two replicas
+can never both write an endpoint's verdict.
 """
 
 from __future__ import annotations
@@ -26,10 +37,21 @@ local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local ttl = tonumber(ARGV[3])
-local function is_live(id, epoch)
+local fresh = tonumber(ARGV[5])
+local function within(ms, age)
+  return ms ~= nil and ms >= now_ms - age and ms <= now_ms + ttl
+end
+local function live_epoch(id, beat)
+  if not within(beat, ttl) then return nil end
   local e = redis.call('HGET', KEYS[2], id)
-  local s = redis.call('ZSCORE', KEYS[1], id)
-  return e and e == epoch and s and tonumber(s) >= now_ms - ttl
+  if not e then return nil end
+  local v = tonumber(redis.call('HGET', KEYS[6], id) or '') or beat
+  if not within(v, fresh) then return nil end
+  return e, v
+end
+local function is_live(id, epoch)
+  local e = live_epoch(id, tonumber(redis.call('ZSCORE', KEYS[1], id) or ''))
+  return e ~= nil and e == epoch
 end
 """
 
@@ -42,6 +64,7 @@ if epoch <= last then epoch = last + 1 end
 redis.call('SET', KEYS[4], fmt(epoch))
 redis.call('ZADD', KEYS[1], fmt(now_ms), ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[1], fmt(epoch))
+redis.call('HSET', KEYS[6], ARGV[1], fmt(now_ms))
 redis.call('PUBLISH', ARGV[4], 'm\\n' .. ARGV[1])
 return {fmt(epoch), fmt(now_ms)}
 """
@@ -52,19 +75,25 @@ HEARTBEAT = (
     + """
 if not is_live(ARGV[1], ARGV[2]) then return {'gone'} end
 redis.call('ZADD', KEYS[1], fmt(now_ms), ARGV[1])
-local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. fmt(now_ms - ttl))
-for _, m in ipairs(dead) do
-  redis.call('ZREM', KEYS[1], m)
-  redis.call('HDEL', KEYS[2], m)
-end
-if #dead > 0 then redis.call('PUBLISH', ARGV[4], 'm\\n*') end
-local live = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+if ARGV[6] == '1' then redis.call('HSET', KEYS[6], ARGV[1], fmt(now_ms)) end
+local all = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
 local out = {'ok', fmt(now_ms)}
-for i = 1, #live, 2 do
-  out[#out + 1] = live[i]
-  out[#out + 1] = redis.call('HGET', KEYS[2], live[i]) or '0'
-  out[#out + 1] = fmt(tonumber(live[i + 1]))
+local dead = 0
+for i = 1, #all, 2 do
+  local m = all[i]
+  local e, v = live_epoch(m, tonumber(all[i + 1]))
+  if e then
+    out[#out + 1] = m
+    out[#out + 1] = e
+    out[#out + 1] = fmt(v)
+  else
+    redis.call('ZREM', KEYS[1], m)
+    redis.call('HDEL', KEYS[2], m)
+    redis.call('HDEL', KEYS[6], m)
+    dead = dead + 1
+  end
 end
+if dead > 0 then redis.call('PUBLISH', ARGV[4], 'm\\n*') end
 return out
 """
 )
@@ -73,12 +102,16 @@ PUBLISH = (
     _PRELUDE
     + """
 if not is_live(ARGV[1], ARGV[2]) then return {'fenced'} end
-local key = ARGV[5]
-local live = redis.call('ZRANGEBYSCORE', KEYS[1], fmt(now_ms - ttl), '+inf')
+local key = ARGV[6]
+local beats = redis.call(
+  'ZRANGEBYSCORE', KEYS[1], fmt(now_ms - ttl), fmt(now_ms + ttl), 'WITHSCORES')
 local best, owner = nil, nil
-for _, m in ipairs(live) do
-  local h = redis.sha1hex(m .. '\\n' .. key)
-  if best == nil or h > best or (h == best and m > owner) then best, owner = h, m end
+for i = 1, #beats, 2 do
+  local m = beats[i]
+  if live_epoch(m, tonumber(beats[i + 1])) then
+    local h = redis.sha1hex(m .. '\\n' .. key)
+    if best == nil or h > best or (h == best and m > owner) then best, owner = h, m end
+  end
 end
 if owner ~= ARGV[1] then return {'not_owner', owner or ''} end
 local seq = now_us
@@ -87,7 +120,7 @@ if prev then
   local p = tonumber(string.match(prev, '^(%d+)|'))
   if p and seq <= p then seq = p + 1 end
 end
-local stored = fmt(seq) .. '|' .. fmt(now_ms) .. '|' .. ARGV[6]
+local stored = fmt(seq) .. '|' .. fmt(now_ms) .. '|' .. ARGV[7]
 redis.call('HSET', KEYS[3], key, stored)
 redis.call('PUBLISH', ARGV[4], 'v\\n' .. key .. '\\n' .. stored)
 return {'ok', fmt(seq)}
@@ -98,9 +131,9 @@ ACT = (
     _PRELUDE
     + """
 if not is_live(ARGV[1], ARGV[2]) then return {'fenced'} end
-if ARGV[7] == 'force' then redis.call('HSET', KEYS[5], ARGV[5], ARGV[6])
-elseif ARGV[7] == 'clear' then redis.call('HDEL', KEYS[5], ARGV[5]) end
-redis.call('PUBLISH', ARGV[4], 'a\\n' .. ARGV[6])
+if ARGV[8] == 'force' then redis.call('HSET', KEYS[5], ARGV[6], ARGV[7])
+elseif ARGV[8] == 'clear' then redis.call('HDEL', KEYS[5], ARGV[6]) end
+redis.call('PUBLISH', ARGV[4], 'a\\n' .. ARGV[7])
 return {'ok'}
 """
 )
@@ -111,6 +144,7 @@ LEAVE = (
 if redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[2] then return {'gone'} end
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[6], ARGV[1])
 redis.call('PUBLISH', ARGV[4], 'm\\n' .. ARGV[1])
 return {'ok'}
 """

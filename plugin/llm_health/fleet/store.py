@@ -8,6 +8,7 @@ looks like a Redis that is down, which is what fallback is for.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -44,6 +45,7 @@ class FleetStore:
             f"{prefix}:verdicts",
             f"{prefix}:epoch",
             f"{prefix}:overrides",
+            f"{prefix}:vouched",
         ]
         self._join = self._redis.register_script(scripts.JOIN)
         self._heartbeat = self._redis.register_script(scripts.HEARTBEAT)
@@ -54,7 +56,8 @@ class FleetStore:
 
     def _args(self, epoch: int, *more: str) -> list[str]:
         ttl_ms = str(round(self.settings.member_ttl * 1000))
-        return [self.member, str(epoch), ttl_ms, self.channel, *more]
+        fresh_ms = str(round(self.settings.fresh * 1000))
+        return [self.member, str(epoch), ttl_ms, self.channel, fresh_ms, *more]
 
     async def join(self) -> int:
         """Become a live member with a new epoch; returns it."""
@@ -65,10 +68,13 @@ class FleetStore:
         except (TypeError, ValueError, IndexError):
             raise WireError("malformed join reply") from None
 
-    async def heartbeat(self, epoch: int) -> Membership | None:
-        """Renew membership; the live members (None: we were evicted: join again)."""
+    async def heartbeat(self, epoch: int, vouch: bool = True) -> Membership | None:
+        """Renew membership; the live members (None: we were evicted: join again).
+        ``vouch``: our verdicts are current (our prober keeps up with what we own); a
+        member that has not vouched for ``fresh`` is evicted (docs/design.md §12.3)."""
         self.commands += 1
-        return decode_membership(await self._heartbeat(keys=self._keys, args=self._args(epoch)))
+        args = self._args(epoch, "1" if vouch else "0")
+        return decode_membership(await self._heartbeat(keys=self._keys, args=args))
 
     async def publish(self, epoch: int, items: Sequence[tuple[str, str]]) -> list[str]:
         """Publish verdicts (endpoint key, body) in one round trip; per item "ok",
@@ -115,6 +121,7 @@ class FleetStore:
         try:
             self.commands += 1
             await pubsub.subscribe(self.channel)
+            stop_if_cancelled()  # before waiting, maybe for long, for the first message
             while True:
                 message = await pubsub.get_message(timeout=None)
                 if message is not None and isinstance(message.get("data"), bytes):
@@ -137,6 +144,17 @@ class FleetStore:
                     found[field.decode(errors="replace")] = value
             if cursor == 0 or len(found) >= MAX_VERDICTS:
                 return found
+
+
+def stop_if_cancelled() -> None:
+    """Raise CancelledError if this task was cancelled during a Redis call that swallowed
+    it: on Python 3.11, ``asyncio.wait_for`` (redis-py's bound on every socket write)
+    returns a write that completes as the cancellation arrives and drops the
+    CancelledError, the request still counted (``Task.cancelling``). A loop that went on
+    would never end (a shutdown that hangs)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 def _status(reply: Any) -> str:

@@ -5,7 +5,8 @@ seconds) and the wire's (``wire.Verdict``, wall seconds, Redis milliseconds).
 - out: ``verdict_of`` (an owned endpoint's health, in our name);
 - in: ``acceptable`` (the read-side fencing rule, ``wire.rejection``, for what others
   own), ``takeover`` (endpoints now ours continue from the former owner's last verdict,
-  without a flap), ``fresh`` (the warm start), ``adopt`` (onto the board, as it is);
+  without a flap), ``fresh`` (the warm start), ``adopt`` (onto the board, as it is, but
+  within the ejection cap), ``taken_as_is`` (what the ledger records);
 - ``Ledger``: what was applied, for the next fencing check and for /status.
 
 Pure: no I/O, no clock (times are passed in).
@@ -154,8 +155,8 @@ def fresh(
 
 
 def age_s(owner: str, published_ms: int, members: Mapping[str, Member], now_ms: float) -> float:
-    """Seconds since a verdict was last confirmed: published, or its owner's heartbeat
-    since (an owner alive confirms every verdict it owns)."""
+    """Seconds since a verdict was last confirmed: published, or its owner's last
+    heartbeat that vouched for its verdicts since (``Member.beat_ms``)."""
     member = members.get(owner)
     confirmed = max(published_ms, member.beat_ms if member else 0)
     return max(0.0, now_ms - confirmed) / 1000
@@ -188,6 +189,13 @@ def adopt(
             transition = board.adopt(verdict.cluster, verdict.address, health, as_result(verdict))
             adopted.append((verdict, transition))
     return adopted
+
+
+def taken_as_is(adopted: Iterable[tuple[Verdict, Transition]]) -> list[Verdict]:
+    """The adopted verdicts the board took as they are: the ones the ledger records. One
+    held back here (the ejection cap, ``Board.adopt``; a signal) is offered again at the
+    next sync, when room may have freed up (docs/design.md §7.3)."""
+    return [verdict for verdict, transition in adopted if transition.to_state is verdict.state]
 
 
 def as_health(

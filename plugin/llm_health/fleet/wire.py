@@ -60,7 +60,7 @@ class Verdict:
 @dataclass(frozen=True, slots=True)
 class Member:
     epoch: int
-    beat_ms: int  # Redis server time of its last heartbeat
+    beat_ms: int  # Redis server time of its last heartbeat that vouched for its verdicts
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,11 +15,12 @@ Who may eject (docs/design.md §7.6):
 - reports count only from node ids that also hold an open xDS stream (``xds_open``,
   the xDS streams' registry, passed in by ``app.assemble``; see ``HdsService``);
 - unless the reporters are authenticated (``server.token`` or mutual TLS), "down"
-  verdicts are capped like probe failures (§7.3): one is applied only while the
-  cluster's endpoints out of service (held down by a signal, or UNHEALTHY by probe) stay
-  within ``max_ejection_percent`` (at least one endpoint). A held verdict is counted
-  (``hds.stats.held_verdicts``, ``held_now``), logged once, and re-checked on every
-  report, so it applies as soon as there is room.
+  verdicts are capped by the board's one rule for outside reports (``Board.report``,
+  docs/design.md §7.3): one is applied only while the cluster's endpoints out of service
+  (held by a signal or a reported limit, or UNHEALTHY by probe) stay within
+  ``max_ejection_percent``, rounded down and never the whole cluster. A held verdict is
+  counted (``hds.stats.held_verdicts``, ``held_now``), logged once, and re-checked on
+  every report, so it applies as soon as there is room.
 
 Settings (``hds.settings.HdsConfig``) are read once at start (``hds:`` changes apply
 after a restart).
@@ -31,7 +32,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -42,9 +42,9 @@ from llm_health.core.families import counter, gauge
 from llm_health.hds.fleet import Target
 from llm_health.hds.service import HdsService, HdsStats
 from llm_health.hds.settings import HdsConfig
-from llm_health.model.board import Board, HealthSnapshot
-from llm_health.model.machine import Transition
-from llm_health.model.states import EndpointKey, State
+from llm_health.model.board import HealthSnapshot
+from llm_health.model.causes import Cause
+from llm_health.model.states import EndpointKey
 from llm_health.servers.hds import add_hds_servicer
 
 SIGNAL = "hds"
@@ -258,7 +258,9 @@ class HdsComponent:
             self._note_held(set())
             return
         applied = await self._control.update(
-            lambda board, now: _set(board, changes, now, capped=self._capped),
+            lambda board, now: board.report(
+                SIGNAL, changes, now, cause=Cause.SIGNAL, capped=self._capped
+            ),
             publish_when=lambda result: bool(result.transitions),
         )
         self._note_held(applied.held)
@@ -279,46 +281,3 @@ class HdsComponent:
                 extra={"cluster": cluster, "endpoint": address},
             )
         self._held = held
-
-
-@dataclass(slots=True)
-class _Applied:
-    transitions: dict[EndpointKey, Transition] = field(default_factory=dict)
-    held: set[EndpointKey] = field(default_factory=set)
-
-
-def _set(
-    board: Board, changes: dict[EndpointKey, str | None], now: float, *, capped: bool
-) -> _Applied:
-    """Apply ``changes`` to the board: clears first (they free room), then "down"
-    verdicts, each within its cluster's ejection cap when ``capped``."""
-    applied = _Applied()
-    known = {key: r for key, r in changes.items() if board.has_endpoint(*key)}
-    out, room = _out_of_service(board) if capped else (set(), {})
-    for key, reason in sorted(known.items(), key=lambda item: (item[1] is not None, item[0])):
-        cluster, address = key
-        if reason is not None and capped and key not in out:
-            if room.get(cluster, 0) <= 0:
-                applied.held.add(key)
-                continue
-            room[cluster] -= 1
-        applied.transitions[key] = board.set_signal(cluster, address, SIGNAL, reason, now)
-    return applied
-
-
-def _out_of_service(board: Board) -> tuple[set[EndpointKey], dict[str, int]]:
-    """Endpoints out now (held down by any signal, or UNHEALTHY by probe), and per
-    cluster how many more may go out before max_ejection_percent (at least one endpoint)
-    is exceeded (docs/design.md §7.3)."""
-    out: set[EndpointKey] = set()
-    room: dict[str, int] = {}
-    for name, cluster in board.snapshot().clusters.items():
-        down = {
-            (name, e.spec.address)
-            for e in cluster.endpoints
-            if e.signals or e.probe_state is State.UNHEALTHY
-        }
-        out |= down
-        total = len(cluster.endpoints)
-        room[name] = max(1, total * board.policy(name).max_ejection_percent // 100) - len(down)
-    return out, room

@@ -125,10 +125,22 @@ class Change:
 
 @dataclass(frozen=True, slots=True)
 class Hold:
-    """One outside source's say on an endpoint: why, and the cause label it carries."""
+    """One outside source's say on an endpoint: why, and the cause label it carries.
+    ``reported``: it came from outside reports (``Board.report``), so it counts against
+    the cap on what those may hold out."""
 
     reason: str
     cause: Cause
+    reported: bool = False
+
+
+@dataclass(slots=True)
+class Reported:
+    """What became of a batch of outside reports (``Board.report``): the transitions of
+    the verdicts applied, and the endpoints whose verdict the cap held back."""
+
+    transitions: dict[tuple[str, str], Transition] = field(default_factory=dict)
+    held: set[tuple[str, str]] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -140,7 +152,7 @@ class _Entry:
     limits: dict[str, Hold] = field(default_factory=dict)  # allowed at most DEGRADED
     override: Override | None = None
     removing_at: float | None = None  # removed from config: gone after drain_time
-    ejected_by_failure: bool = False  # UNHEALTHY because of TIMEOUT/ERROR probes
+    ejected_by_failure: bool = False  # UNHEALTHY by TIMEOUT/ERROR probes, or a fleet verdict
 
 
 @dataclass(slots=True)
@@ -240,7 +252,9 @@ class Board:
         the fleet that owns it (docs/design.md §12). No state machine runs; if this replica
         becomes the owner, its machine continues from here. An endpoint held down by an
         outside signal here (HDS) stays held: only the counters and last result move; one
-        being removed from this board (reload, DNS) keeps draining."""
+        being removed from this board (reload, DNS) keeps draining. A verdict that takes
+        the endpoint out, whatever cause it names, is another member's word: it counts
+        and is held like an ejection by probe failures (``max_ejection_percent``, §7.3)."""
         entry_cluster = self._clusters[cluster]
         entry = entry_cluster.entries[address]
         before = entry.health
@@ -248,14 +262,23 @@ class Board:
             return Transition(before.state, before, changed=False, cause=before.cause)
         if entry.signals:
             health = replace(health, state=before.state, reason=before.reason, cause=before.cause)
-        entry.health = health
+        ejects = health.state is State.UNHEALTHY and before.state is not State.UNHEALTHY
+        transition = Transition(
+            before.state, health, changed=before.state is not health.state, cause=health.cause
+        )
+        if ejects:
+            transition = self._cap_ejection(entry_cluster, entry, transition)
+        entry.health = transition.after
+        if transition.after.state is not State.UNHEALTHY:
+            entry.ejected_by_failure = False
+        elif ejects:
+            entry.ejected_by_failure = True
         if last is not None:
             entry.last = last
         if not entry_cluster.warm and all(e.last for e in entry_cluster.entries.values()):
             entry_cluster.warm = True
         self._touch(cluster, address)
-        changed = before.state is not health.state
-        return Transition(before.state, health, changed=changed, cause=health.cause)
+        return transition
 
     def drain(self, cluster: str, address: str, now: float, reason: str) -> Transition:
         return self._apply(cluster, address, lambda h: drain(h, now, reason))
@@ -292,11 +315,13 @@ class Board:
         reason: str | None,
         now: float,
         cause: Cause = Cause.SATURATED,
+        *,
+        reported: bool = False,
     ) -> Transition:
         """An outside limit from ``source`` (the engine's own metrics): ``reason`` says why
         the endpoint may be at most DEGRADED, None lifts the limit. A HEALTHY endpoint goes
         DEGRADED now; lifting changes nothing at once (the fast streak was reset, so the
-        usual ``healthy_after`` fast probes bring it back)."""
+        usual ``healthy_after`` fast probes bring it back). ``reported``: see ``Hold``."""
         entry = self._clusters[cluster].entries[address]
         if reason is None:
             had = entry.limits.pop(source, None)
@@ -304,12 +329,50 @@ class Board:
                 entry.health = _still_limited(entry, had)
                 self._touch(cluster, address)
             return Transition(entry.health.state, entry.health, changed=False, cause=cause)
-        if entry.limits.get(source) == Hold(reason, cause) and (
-            entry.health.state is not State.HEALTHY
-        ):
+        hold = Hold(reason, cause, reported)
+        if entry.limits.get(source) == hold and entry.health.state is not State.HEALTHY:
             return Transition(entry.health.state, entry.health, changed=False, cause=cause)
-        entry.limits[source] = Hold(reason, cause)
+        entry.limits[source] = hold
         return self._apply(cluster, address, lambda h: cap(h, now, reason, cause))
+
+    def report(
+        self,
+        source: str,
+        verdicts: Mapping[tuple[str, str], str | None],
+        now: float,
+        *,
+        cause: Cause,
+        limit: bool = False,
+        capped: bool,
+    ) -> Reported:
+        """Verdicts of an outside source fed by reports (HDS, access logs): per endpoint the
+        reason it is unusable (a signal: UNHEALTHY) or, with ``limit``, why it may be at
+        most DEGRADED (a limit); None lifts it. Endpoints not on the board are skipped.
+
+        ``capped``: the reporters are not authenticated (no ``server.token``, no mutual
+        TLS), so anyone who reaches the port could be one. Then a verdict that would take
+        an endpoint out of full service is applied only while its cluster's endpoints out
+        (held by a signal or a reported limit, or UNHEALTHY by probe) stay within
+        ``outside_allowed``; the rest are returned as held, and the caller submits them
+        again with its next reports. One cap for every reporting source: together they
+        never hold out more (docs/design.md §7.3). Lifts go first: they free room."""
+        result = Reported()
+        rooms: dict[str, tuple[set[str], int]] = {}
+        order = sorted(verdicts.items(), key=lambda item: (item[1] is not None, item[0]))
+        for (cluster, address), reason in order:
+            if not self.has_endpoint(cluster, address):
+                continue
+            if reason is not None and capped and not self._outside_fits(cluster, address, rooms):
+                result.held.add((cluster, address))
+                continue
+            if limit:
+                transition = self.set_limit(
+                    cluster, address, source, reason, now, cause, reported=True
+                )
+            else:
+                transition = self.set_signal(cluster, address, source, reason, now, cause)
+            result.transitions[(cluster, address)] = transition
+        return result
 
     def set_override(
         self, cluster: str, address: str, state: State, until: float, reason: str
@@ -383,6 +446,26 @@ class Board:
         self._touch(cluster)
 
     # --- internals ---------------------------------------------------------------------
+
+    def _outside_fits(
+        self, cluster: str, address: str, rooms: dict[str, tuple[set[str], int]]
+    ) -> bool:
+        """Whether an outside verdict may take ``address`` out now: it is out already, or
+        its cluster has room (``rooms`` caches, per cluster of one batch, the addresses out
+        and the room left; taking one uses it)."""
+        if cluster not in rooms:
+            entries = self._clusters[cluster].entries
+            out = {a for a, e in entries.items() if _out_of_service(e)}
+            allowed = outside_allowed(len(entries), self.policy(cluster).max_ejection_percent)
+            rooms[cluster] = (out, allowed - len(out))
+        out, room = rooms[cluster]
+        if address in out:
+            return True
+        if room <= 0:
+            return False
+        out.add(address)
+        rooms[cluster] = (out, room - 1)
+        return True
 
     def _apply(
         self, cluster: str, address: str, change: Callable[[EndpointHealth], Transition]
@@ -545,6 +628,24 @@ class Board:
             override_until=override.until + self._wall_offset if override else None,
             removing=entry.removing_at is not None,
         )
+
+
+def outside_allowed(total: int, max_ejection_percent: int) -> int:
+    """How many of a cluster's ``total`` endpoints unauthenticated outside reports may hold
+    out: ⌊total × max_ejection_percent / 100⌋, and never all of them (1 → 0, 2 at 50 % → 1,
+    3 at 50 % → 1). Unlike the probe cap (``_cap_ejection``, at least one), the last
+    endpoint of a small cluster stays in: a forged report must not blank it."""
+    return max(0, min(total * max_ejection_percent // 100, total - 1))
+
+
+def _out_of_service(entry: _Entry) -> bool:
+    """Counted against ``outside_allowed``: held down by any signal, UNHEALTHY by probe, or
+    limited by an outside report."""
+    return (
+        bool(entry.signals)
+        or entry.health.state is State.UNHEALTHY
+        or any(hold.reported for hold in entry.limits.values())
+    )
 
 
 def _ejects_by_failure(transition: Transition, result: ProbeResult) -> bool:

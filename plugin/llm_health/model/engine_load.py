@@ -26,6 +26,12 @@ class EngineLoad:
     running: float | None = None
     kv_cache: float | None = None
     ttft: Histogram | None = None  # the engine's TTFT histogram, cumulative, all series added
+    # Requests the engine has finished since it started (a counter, all series added): it
+    # makes progress while this grows (docs/agent.md, the restart rule).
+    completed: float | None = None
+    # The engine process's start (epoch seconds, ``process_start_time_seconds``): a new
+    # value is a new process.
+    process_started: float | None = None
 
     def to_json(self) -> dict[str, object]:
         return {

@@ -21,6 +21,9 @@ from prometheus_client.utils import floatToGoString
 
 from llm_health.model.states import EndpointKey
 
+# The probe TTFT histogram's bounds (seconds): serve's (ops.metrics) and the agent's.
+TTFT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.5, 3.0)
+
 
 def escape(value: str) -> str:
     """A label value as the text format wants it."""

@@ -50,6 +50,7 @@ from llm_health.model.machine import Transition
 from llm_health.model.outcome import ProbeResult
 from llm_health.model.states import EndpointKey, State
 from llm_health.ops.endpoint_series import (
+    TTFT_BUCKETS_S,
     EndpointCounter,
     EndpointHistogram,
     endpoint_labels,
@@ -57,7 +58,6 @@ from llm_health.ops.endpoint_series import (
 )
 from llm_health.xds.stream import XdsStats
 
-TTFT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.5, 3.0)
 HEADERS_BUCKETS_S = (0.005, 0.025, 0.1, 0.2, 0.5, 0.8)
 CONNECT_BUCKETS_S = (0.001, 0.005, 0.025, 0.1, 0.5)
 LAG_WINDOW_S = 30.0

@@ -34,6 +34,7 @@ from llm_health.model.redact import printable_line
 from llm_health.model.states import State
 from llm_health.model.watch import diff
 from llm_health.servers.admin_codec import (
+    duration_from_pb,
     endpoint_to_pb,
     keys_to_pb,
     result_to_pb,
@@ -215,7 +216,7 @@ def _force_args(request: pb.ForceStateRequest) -> tuple[State, float]:
     state = state_from_pb(request.state)
     if state is State.STARTING:
         raise ValueError("STARTING cannot be forced (use drain/undrain to re-qualify)")
-    seconds = request.duration.seconds + request.duration.nanos / 1e9
+    seconds = duration_from_pb(request.duration)
     if not 0 < seconds <= MAX_FORCE_S:
         raise ValueError(f"duration must be > 0 and at most {MAX_FORCE_S / 86400:g} days")
     return state, seconds

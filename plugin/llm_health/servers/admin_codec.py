@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from types import MappingProxyType
 
+from google.protobuf.duration_pb2 import Duration
+
 from llm_health.adminpb import admin_pb2 as pb
 from llm_health.model.board import (
     ClusterSnapshot,
@@ -42,6 +44,10 @@ _OUTCOMES = {
     Outcome.FATAL: pb.OUTCOME_FATAL,
     Outcome.ERROR: pb.OUTCOME_ERROR,
 }
+# google.protobuf.Duration's own bounds (google/protobuf/duration.proto): ±10,000 years,
+# and nanos a fraction of one second with the sign of seconds.
+MAX_DURATION_SECONDS = 315_576_000_000
+MAX_DURATION_NANOS = 999_999_999
 _STATES_BACK = {v: k for k, v in _STATES.items()}
 _HEALTH_BACK = {v: k for k, v in _HEALTH.items()}
 _OUTCOMES_BACK = {v: k for k, v in _OUTCOMES.items()}
@@ -57,6 +63,24 @@ def state_from_pb(value: int) -> State:
         return _STATES_BACK[value]  # type: ignore[index]
     except KeyError:
         raise ValueError(f"state {value} is not one of {[s.value for s in State]}") from None
+
+
+def duration_from_pb(message: Duration) -> float:
+    """The seconds a Duration holds. ValueError for one its spec does not allow: read as
+    ``seconds + nanos / 1e9``, nanos = 2^31-1 would be 2.147 s more than any client meant."""
+    seconds, nanos = message.seconds, message.nanos
+    if abs(seconds) > MAX_DURATION_SECONDS:
+        why = f"seconds must be within ±{MAX_DURATION_SECONDS:,}"
+    elif abs(nanos) > MAX_DURATION_NANOS:
+        why = f"nanos must be within ±{MAX_DURATION_NANOS:,}"
+    elif (seconds < 0 < nanos) or (nanos < 0 < seconds):
+        why = "nanos must have the sign of seconds"
+    else:
+        return seconds + nanos / 1e9
+    raise ValueError(
+        f"duration is not a valid google.protobuf.Duration (seconds={seconds}, "
+        f"nanos={nanos}): {why}"
+    )
 
 
 def result_to_pb(result: ProbeResult) -> pb.ProbeResult:

@@ -16,6 +16,11 @@ gauges, then the info endpoint:
 - ``llamacpp``: ``llamacpp:requests_deferred``, ``llamacpp:requests_processing``,
   ``llamacpp:kv_cache_usage_ratio``; ``GET /props``.
 
+Each also exports a counter of requests finished (``completed_metric``: vLLM
+``vllm:request_success_total``, SGLang ``sglang:num_requests_total``, TGI
+``tgi_request_success``, llama.cpp ``llamacpp:tokens_predicted_total``; all of them count
+the requests completed here).
+
 vLLM and SGLang also export latency histograms, which the simulator fills with what it
 really served (:mod:`llm_health.sim.histogram`): ``vllm:time_to_first_token_seconds`` /
 ``vllm:e2e_request_latency_seconds`` and ``sglang:time_to_first_token_seconds`` /
@@ -49,6 +54,7 @@ class Engine:
     owned_by: str
     ttft_metric: str | None = None
     e2e_metric: str | None = None
+    completed_metric: str | None = None
 
 
 ENGINES: Mapping[str, Engine] = {
@@ -61,6 +67,7 @@ ENGINES: Mapping[str, Engine] = {
         "vllm",
         "vllm:time_to_first_token_seconds",
         "vllm:e2e_request_latency_seconds",
+        "vllm:request_success_total",
     ),
     "sglang": Engine(
         "sglang",
@@ -71,6 +78,7 @@ ENGINES: Mapping[str, Engine] = {
         "sglang",
         "sglang:time_to_first_token_seconds",
         "sglang:e2e_request_latency_seconds",
+        "sglang:num_requests_total",
     ),
     "tgi": Engine(
         "tgi",
@@ -79,6 +87,7 @@ ENGINES: Mapping[str, Engine] = {
         None,
         "/info",
         "text-generation-inference",
+        completed_metric="tgi_request_success",
     ),
     "llamacpp": Engine(
         "llamacpp",
@@ -87,6 +96,7 @@ ENGINES: Mapping[str, Engine] = {
         "llamacpp:kv_cache_usage_ratio",
         "/props",
         "llamacpp",
+        completed_metric="llamacpp:tokens_predicted_total",
     ),
 }
 

@@ -55,6 +55,9 @@ def render_metrics(state: SimState) -> str:
     if engine.kv_cache_metric is not None:
         help_text = "KV-cache usage. 1 means 100 percent."
         series.append((engine.kv_cache_metric, "gauge", help_text, kv_usage))
+    if engine.completed_metric is not None:
+        help_text = "Requests finished."
+        series.append((engine.completed_metric, "counter", help_text, counters.completed))
     series += [
         ("llm_health_sim_requests_total", "counter", "Inference requests.", counters.requests),
         (

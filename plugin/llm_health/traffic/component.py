@@ -9,6 +9,12 @@
 - Every second, for the endpoints this replica probes (fleet mode: owns), judges the
   window (``traffic.quality``): over a limit → the board's "quality" limit (DEGRADED,
   cause ``quality``), lifted when the window is within limits again.
+- Who may degrade (docs/design.md §15.1): entries count only from node ids that also
+  hold an open xDS stream (``xds_open``, as for HDS); unless the gRPC port authenticates
+  its clients (``server.token`` or mutual TLS), limits go through the board's one cap on
+  outside reports (``Board.report``): a limit that would put more of the cluster out
+  than ``max_ejection_percent`` allows (rounded down, never the whole cluster) is held,
+  counted (``held_total``, ``held_now``), logged once and tried again every second.
 - ``skip``: the scheduler's busy rule (``probe.backoff_when_busy``): this component is
   the runtime's ``core.component.SkipRule``.
 
@@ -32,10 +38,9 @@ from prometheus_client.metrics_core import Metric
 from llm_health.core.component import ProbeSlot
 from llm_health.core.control import BoardControl
 from llm_health.core.families import counter, gauge
-from llm_health.model.board import Board
+from llm_health.model.board import Board, Reported
 from llm_health.model.causes import Cause
 from llm_health.model.engine_load import EngineLoad, Histogram
-from llm_health.model.machine import Transition
 from llm_health.model.outcome import ProbeResult
 from llm_health.model.states import State
 from llm_health.probe.target import ProbeTarget
@@ -69,6 +74,7 @@ class _Counters:
     unknown_endpoint_total: int = 0  # requests to hosts not on the board
     probes_skipped_total: int = 0  # backoff_when_busy
     ttft_resets_total: int = 0  # engine histograms that went back (restarts)
+    held_total: int = 0  # quality limits held by the cap on unauthenticated reports
 
 
 EndpointWindow = tuple[tuple[str, str], _Endpoint, Summary]  # (cluster, address), ...
@@ -117,14 +123,22 @@ class TrafficComponent:
         settings: Callable[[], Sections],
         targets: list[ProbeTarget],
         clock: Callable[[], float] = time.monotonic,
+        *,
+        xds_open: Callable[[str], bool] | None = None,
+        authenticated: bool = False,
     ) -> None:
+        """``xds_open``: is this node id holding an open xDS stream (None: count every
+        stream, for tests of the window alone). ``authenticated``: the gRPC port
+        authenticates its clients (``server.token`` or mutual TLS): no cap."""
         self._control = control
         self._settings = settings
         self._clock = clock
         self._endpoints: dict[tuple[str, str], _Endpoint] = {}
         self._probed: set[tuple[str, str]] = set()
         self._counters = _Counters()
-        self.streams = LogStreams(self.record, clock)
+        self._capped = not authenticated
+        self._held: set[tuple[str, str]] = set()
+        self.streams = LogStreams(self.record, clock, xds_open=xds_open)
         self._cached: Sections = {}
         self.set_targets(targets)
         control.on_probe(self._probe_seen)
@@ -224,35 +238,55 @@ class TrafficComponent:
             await self.judge()
 
     async def judge(self) -> None:
-        """Compare every probed endpoint's window with its limits; apply what changed."""
+        """Compare every probed endpoint's window with its limits; apply what changed. A
+        limit the cap held stays unapplied (``entry.limit`` unchanged): tried again at the
+        next round."""
         now = self._clock()
         changes: dict[tuple[str, str], str | None] = {}
+        judged: dict[tuple[str, str], _Endpoint] = {}
         for key, entry in self._endpoints.items():
             quality = self._quality(key[0])
             reason = None
             if quality is not None and key in self._probed:
                 reason = verdict(entry.window.summary(now), quality)
             if reason != entry.limit:
-                entry.limit = reason
-                changes[key] = reason
-        if changes:
-            await self._apply(changes)
+                changes[key], judged[key] = reason, entry
+        held = await self._apply(changes) if changes else set()
+        for key, entry in judged.items():
+            if key not in held:
+                entry.limit = changes[key]
+        self._note_held(held)
 
-    async def _apply(self, changes: dict[tuple[str, str], str | None]) -> None:
-        def apply(board: Board, now: float) -> dict[tuple[str, str], Transition]:
-            return {
-                key: board.set_limit(*key, QUALITY_LIMIT, reason, now, Cause.QUALITY)
-                for key, reason in changes.items()
-                if board.has_endpoint(*key)
-            }
+    async def _apply(self, changes: dict[tuple[str, str], str | None]) -> set[tuple[str, str]]:
+        """Apply ``changes`` to the board; the endpoints whose limit the cap held."""
 
-        applied = await self._control.update(apply, publish_when=bool)
-        for (cluster, address), transition in applied.items():
+        def apply(board: Board, now: float) -> Reported:
+            return board.report(
+                QUALITY_LIMIT, changes, now, cause=Cause.QUALITY, limit=True, capped=self._capped
+            )
+
+        applied = await self._control.update(
+            apply, publish_when=lambda result: bool(result.transitions)
+        )
+        for (cluster, address), transition in applied.transitions.items():
             reason = changes[(cluster, address)]
             fields = {"cluster": cluster, "endpoint": address, "reason": reason or "within limits"}
             log.info("traffic quality: degraded" if reason else "traffic quality: ok", extra=fields)
             if transition.changed:
                 self._control.notify(cluster, address, transition, None)
+        return applied.held
+
+    def _note_held(self, held: set[tuple[str, str]]) -> None:
+        """Count and log each newly held limit once; forget those no longer held."""
+        for cluster, address in sorted(held - self._held):
+            self._counters.held_total += 1
+            log.warning(
+                "traffic quality held: degrading this endpoint would exceed "
+                "max_ejection_percent and the access-log reporters are not authenticated "
+                "(set server.token or mutual TLS)",
+                extra={"cluster": cluster, "endpoint": address},
+            )
+        self._held = held
 
     # --- reading ----------------------------------------------------------------------
 
@@ -270,6 +304,7 @@ class TrafficComponent:
             **dataclasses.asdict(self.streams.stats),
             **dataclasses.asdict(self._counters),
             "limited_now": sum(1 for e in self._endpoints.values() if e.limit),
+            "held_now": len(self._held),
             "clusters": {name: summary.to_json() for name, summary in clusters.items()},
             "endpoints": endpoints,
         }
@@ -331,6 +366,21 @@ class TrafficComponent:
             "llm_health_traffic_limited_now",
             "Endpoints real traffic's quality holds at DEGRADED now.",
             sum(1 for e in self._endpoints.values() if e.limit),
+        )
+        yield counter(
+            "llm_health_traffic_without_xds_total",
+            "Access-log entries from a node with no open xDS stream: counted, not read.",
+            streams.without_xds_total,
+        )
+        yield counter(
+            "llm_health_traffic_held_total",
+            "Quality limits held back by the cap on unauthenticated reports.",
+            counters.held_total,
+        )
+        yield gauge(
+            "llm_health_traffic_held_now",
+            "Endpoints whose quality limit the unauthenticated-report cap holds back now.",
+            len(self._held),
         )
         windows, clusters = self._windows(self._clock())
         yield from quality_families(windows, clusters)

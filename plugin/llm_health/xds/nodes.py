@@ -1,9 +1,10 @@
 """Which Envoy node ids hold an open xDS stream right now (any flavour).
 
 Other features ask ``is_open(node_id)`` through a plain ``Callable[[str], bool]`` that
-``app.assemble`` hands them (features never import each other): HDS counts reports only
-from nodes that also take their endpoints from us (docs/design.md §7.6), so a client
-that only opens HDS streams under made-up node ids cannot eject anything.
+``app.assemble`` hands them (features never import each other): HDS reports and
+access-log entries count only from nodes that also take their endpoints from us
+(docs/design.md §7.6, §15.1), so a client that only opens HDS or access-log streams
+under made-up node ids cannot eject or degrade anything.
 
 Reference counts per node id (an Envoy may hold several streams: ADS plus a reconnect
 that overlaps the old stream, or one standalone EDS stream per cluster); an id leaves

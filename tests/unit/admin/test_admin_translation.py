@@ -3,6 +3,9 @@ keep /status byte-identical (``llm-health status --json`` relies on it)."""
 
 from __future__ import annotations
 
+import pytest
+from google.protobuf.duration_pb2 import Duration
+
 from llm_health.model.board import Board, ClusterSpec, EndpointSpec
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.policy import Policy
@@ -10,6 +13,7 @@ from llm_health.model.states import State
 from llm_health.model.watch import diff
 from llm_health.ops.status_document import status_document
 from llm_health.servers.admin_codec import (
+    duration_from_pb,
     endpoint_from_pb,
     endpoint_to_pb,
     snapshot_from_pb,
@@ -125,3 +129,35 @@ def test_diff_sees_overrides_additions_removals_and_filters_clusters() -> None:
     board.expire(now=1000.0)
     gone = diff(before, board.snapshot())
     assert set(gone.removed) == {("a", B), ("b", C)}
+
+
+# --- google.protobuf.Duration (ForceState's duration) -------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("seconds", "nanos", "expected"),
+    [(600, 0, 600.0), (0, 999_999_999, 0.999999999), (1, 500_000_000, 1.5), (-1, -5, -1.000000005)],
+)
+def test_valid_durations_read_as_seconds(seconds: int, nanos: int, expected: float) -> None:
+    assert duration_from_pb(Duration(seconds=seconds, nanos=nanos)) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "nanos", "why"),
+    [
+        (0, 2**31 - 1, "nanos must be within ±999,999,999"),  # once read as 2.147 s
+        (0, 1_000_000_000, "nanos must be within ±999,999,999"),
+        (0, -1_000_000_000, "nanos must be within ±999,999,999"),
+        (60, -1, "nanos must have the sign of seconds"),
+        (-1, 5, "nanos must have the sign of seconds"),
+        (315_576_000_001, 0, "seconds must be within ±315,576,000,000"),
+        (-(2**63), 0, "seconds must be within ±315,576,000,000"),
+    ],
+)
+def test_invalid_durations_are_refused(seconds: int, nanos: int, why: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        duration_from_pb(Duration(seconds=seconds, nanos=nanos))
+    assert str(caught.value) == (
+        f"duration is not a valid google.protobuf.Duration (seconds={seconds}, nanos={nanos}): "
+        + why
+    )

@@ -1,4 +1,4 @@
-"""docs/configuration.md against the settings model, so that the reference cannot drift.
+"""docs/configuration.md against the settings models, so that the reference cannot drift.
 
 The page documents the file's keys in tables headed ``| key | default | meaning |``, one
 key path per row, in the notation its top explains: ``a.b`` key ``b`` of section ``a``,
@@ -14,6 +14,11 @@ field has one, and checks that
 - a default the page gives as one literal (`800ms`, `[200]`, `null`) is the model's, read
   as the file would be (YAML; durations in seconds, ``model.durations.parse_duration``),
   and a key the page calls "required" has no default.
+
+The page's last section, "Agent (`llm-health agent --config`)", documents the other file
+model, ``llm_health.config.agent.AgentFile``, the same way: its tables hold the agent's own
+keys, checked against that model; its ``probe`` section is ``serve``'s, documented once
+above (``AGENT_SAME_KEYS_AS``).
 """
 
 from __future__ import annotations
@@ -32,11 +37,14 @@ from pydantic import BaseModel, Field
 from pydantic.fields import FieldInfo
 
 from llm_health.config import Config
+from llm_health.config.agent import AgentFile
 from llm_health.model.durations import parse_duration
 
 PAGE = Path(__file__).resolve().parents[3] / "docs" / "configuration.md"
 # Sections whose keys are another section's, documented once, there (the page says so).
 SAME_KEYS_AS = {"clusters[].probe": "probe"}
+AGENT_HEADING = "## Agent (`llm-health agent --config`)"
+AGENT_SAME_KEYS_AS = {"probe": "probe"}  # the agent's probe: is serve's, documented above
 TABLE_HEADER = re.compile(r"\|\s*key\s*\|\s*default\s*\|\s*meaning\s*\|")
 ONE_LITERAL = re.compile(r"`([^`]+)`")
 KEY_PATH = re.compile(r"[a-z_][a-z0-9_]*(?:\[\])?(?:(?:\.|\.\*\.)[a-z_][a-z0-9_]*(?:\[\])?)*")
@@ -82,24 +90,45 @@ def sections_in(annotation: Any, step: str = "") -> Iterator[tuple[str, type[Bas
         yield step, annotation
 
 
-def walk(model: type[BaseModel], prefix: str = "") -> Iterator[Key]:
-    """Every key of ``model`` and of the sections below it, depth first."""
+def walk(
+    model: type[BaseModel], prefix: str = "", same: Mapping[str, str] = SAME_KEYS_AS
+) -> Iterator[Key]:
+    """Every key of ``model`` and of the sections below it, depth first (not below a
+    section whose keys are documented as another's)."""
     for name, field in model.model_fields.items():
         path = prefix + (field.alias or name)
         held = tuple(sections_in(field.annotation))
         yield Key(path, field, tuple(section for _, section in held))
-        if path in SAME_KEYS_AS:
+        if path in same:
             continue
         for step, section in held:
-            yield from walk(section, f"{path}{step}.")
+            yield from walk(section, f"{path}{step}.", same)
 
 
 def model_keys() -> dict[str, Key]:
     return {key.path: key for key in walk(Config)}
 
 
+def agent_keys() -> dict[str, Key]:
+    return {key.path: key for key in walk(AgentFile, same=AGENT_SAME_KEYS_AS)}
+
+
 def page_text() -> str:
     return PAGE.read_text(encoding="utf-8")
+
+
+def serve_text() -> str:
+    """The page up to the agent's section: ``serve``'s file."""
+    return page_text().partition(AGENT_HEADING)[0]
+
+
+def agent_rows() -> list[Row]:
+    """The rows of the agent's section (line numbers of the whole page)."""
+    text = page_text()
+    before, heading, _after = text.partition(AGENT_HEADING)
+    assert heading, f"docs/configuration.md has no section {AGENT_HEADING!r}"
+    first = before.count("\n") + 1
+    return [row for row in key_rows(text) if row.line >= first]
 
 
 def cells(line: str) -> list[str]:
@@ -169,7 +198,7 @@ def default_problem(row: Row, key: Key) -> str | None:
 
 
 def test_every_key_of_the_model_is_on_the_page() -> None:
-    text = page_text()
+    text = serve_text()
     rows = documented(key_rows(text))
     missing = [
         key.path
@@ -183,7 +212,7 @@ def test_every_key_on_the_page_is_in_the_model() -> None:
     keys = model_keys()
     unknown = [
         f"line {row.line}: {row_key(row)}"
-        for row in key_rows(page_text())
+        for row in key_rows(serve_text())
         if row_key(row) not in keys
     ]
     assert not unknown, f"docs/configuration.md documents keys the model lacks: {unknown}"
@@ -204,7 +233,7 @@ def test_stated_defaults_are_the_models() -> None:
     keys = model_keys()
     problems = [
         problem
-        for row in key_rows(page_text())
+        for row in key_rows(serve_text())
         if row_key(row) in keys and (problem := default_problem(row, keys[row_key(row)]))
     ]
     assert not problems, "\n".join(problems)
@@ -221,7 +250,42 @@ def test_a_section_documented_as_another_takes_the_same_keys() -> None:
 
 def test_the_page_holds_key_tables() -> None:
     """A parser that reads no row would let every other check here pass vacuously."""
-    assert len(key_rows(page_text())) >= len(model_keys()) // 2
+    assert len(key_rows(serve_text())) >= len(model_keys()) // 2
+
+
+def test_every_key_of_the_agents_file_is_on_the_page() -> None:
+    rows = documented(agent_rows())
+    section = page_text().partition(AGENT_HEADING)[2]
+    missing = [
+        key.path
+        for key in agent_keys().values()
+        if (f"`{key.path}`" not in section if key.sections else key.path not in rows)
+    ]
+    assert not missing, f"agent keys missing from docs/configuration.md: {missing}"
+
+
+def test_every_key_of_the_agents_section_is_in_its_model() -> None:
+    keys = agent_keys()
+    unknown = [f"line {r.line}: {row_key(r)}" for r in agent_rows() if row_key(r) not in keys]
+    assert not unknown, f"the agent's section documents keys its model lacks: {unknown}"
+    assert agent_rows(), "the agent's section holds no key table"
+
+
+def test_the_agents_defaults_are_its_models() -> None:
+    keys = agent_keys()
+    problems = [
+        problem
+        for row in agent_rows()
+        if row_key(row) in keys and (problem := default_problem(row, keys[row_key(row)]))
+    ]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_agents_probe_section_is_serves() -> None:
+    for path, other in AGENT_SAME_KEYS_AS.items():
+        (mirror,) = agent_keys()[path].sections
+        (original,) = model_keys()[other].sections
+        assert mirror is original, path
 
 
 class _Leaf(BaseModel):

@@ -116,3 +116,58 @@ def test_failed_reads_keep_the_last_figures_until_stale() -> None:
     assert reading.usable is None and reading.error == "timed out"
     assert reading.read(EngineLoad("vllm", 0.0)).usable == EngineLoad("vllm", 0.0)
     assert Reading().failed("HTTP 404").usable is None
+
+
+def counter(name: str, value: float, labels: str = 'model_name="m"', typed: str = "") -> str:
+    """A counter as the engine writes it (``typed``: the name on its TYPE line, if any)."""
+    head = f"# TYPE {typed} counter\n" if typed else ""
+    return f"{head}{name}{{{labels}}} {value}\n"
+
+
+START = "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds 1.7e9\n"
+
+
+@pytest.mark.parametrize(
+    ("document", "completed", "started"),
+    [
+        (
+            gauge("vllm:num_requests_waiting", 0)
+            + counter("vllm:request_success_total", 4, 'finished_reason="stop"')
+            + counter("vllm:request_success_total", 3, 'finished_reason="length"')
+            + START,
+            7.0,
+            1.7e9,
+        ),
+        (  # requests the client gave up on are not progress
+            counter("vllm:request_success_total", 2, 'finished_reason="length"')
+            + counter("vllm:request_success_total", 50, 'finished_reason="abort"'),
+            2.0,
+            None,
+        ),
+        (
+            counter("sglang:num_requests_total", 9, typed="sglang:num_requests_total") + START,
+            9.0,
+            1.7e9,
+        ),
+        (counter("tgi_request_success", 5, typed="tgi_request_success"), 5.0, None),  # typed
+        (counter("tgi_request_success", 6) + gauge("tgi_queue_size", 0), 6.0, None),  # untyped
+        (
+            "# TYPE llamacpp:tokens_predicted_total counter\nllamacpp:tokens_predicted_total 80\n"
+            "# TYPE llamacpp:tokens_predicted_seconds_total counter\n"
+            "llamacpp:tokens_predicted_seconds_total 3\n",
+            80.0,
+            None,
+        ),
+        (gauge("vllm:num_requests_waiting", 1), None, None),  # not exported
+    ],
+)
+def test_progress_and_process_start_by_engine(
+    document: str, completed: float | None, started: float | None
+) -> None:
+    load = parse_load(document)
+    assert (load.completed, load.process_started) == (completed, started)
+
+
+def test_a_document_with_only_a_start_time_is_no_engine() -> None:
+    with pytest.raises(MetricsError):
+        parse_load(START)

@@ -118,3 +118,39 @@ def test_old_answers_and_departed_endpoints_stop_voting() -> None:
     assert judged.verdict is Verdict.NONE
     verifier.judge("k", "a", PARIS, CONSENSUS, 1, 100.0, {"a", "c"})
     assert set(verifier.status("k")["answers"]) == {"a", "c"}  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("sequence", "verdicts"),
+    [
+        # one endpoint (llm-health agent's engine): no majority ever, but garbage lifts
+        (["!!!", "Paris is a"], [Verdict.GARBAGE, Verdict.SOUND]),
+        (["!!!", "Paris is a", "Paris is a"], [Verdict.GARBAGE, Verdict.SOUND, Verdict.NONE]),
+        (["Paris is a", "Paris is a"], [Verdict.NONE, Verdict.NONE]),  # nothing to lift
+        (["!!!", "cut", "Paris is a"], [Verdict.GARBAGE, Verdict.NONE, Verdict.SOUND]),
+        (["!!!", "!!!", "Paris is a"], [Verdict.GARBAGE, Verdict.GARBAGE, Verdict.SOUND]),
+    ],
+)
+def test_a_sound_answer_after_garbage_lifts_the_hold_without_a_majority(
+    sequence: list[str], verdicts: list[Verdict]
+) -> None:
+    verifier, seen = Verifier(), []
+    for index, text in enumerate(sequence):
+        if text == "!!!":
+            found = Answer("!!!", ("!",) * 3)
+        elif text == "cut":
+            found = Answer(" Paris", (" Paris",), complete=False)  # no proof either way
+        else:
+            found = PARIS
+        (judged,) = verifier.judge("c", "a", found, CONSENSUS, 2, float(index), {"a"})
+        seen.append(judged.verdict)
+    assert seen == verdicts
+
+
+def test_with_a_majority_a_sound_answer_is_judged_as_usual() -> None:
+    verifier, members = Verifier(), {"a", "b", "c"}
+    verifier.judge("k", "b", PARIS, CONSENSUS, 1, 0.0, members)
+    verifier.judge("k", "c", PARIS, CONSENSUS, 1, 0.0, members)
+    verifier.judge("k", "a", Answer("!!!", ("!",) * 3), CONSENSUS, 1, 0.0, members)
+    judged = verifier.judge("k", "a", PARIS, CONSENSUS, 1, 1.0, members)
+    assert [j.verdict for j in judged if j.address == "a"] == [Verdict.PASS]
