@@ -5,7 +5,7 @@ BIN    := $(CURDIR)/$(VENV)/bin
 STAMP  := $(VENV)/.installed
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install tools test test-engine test-unit lint typecheck demo bench proto clean
+.PHONY: install tools test test-engine test-image image test-unit lint typecheck demo bench proto clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,9 +46,10 @@ tools:
 	esac; \
 	promtool --version 2>&1 | head -1; /usr/bin/chromedriver --version
 
-# tests/engine needs a llama.cpp build (test-engine); everything else runs here.
+# tests/engine needs a llama.cpp build (test-engine), tests/image and tests/wheel a built
+# image and PyPI (test-image); everything else runs here.
 test: $(STAMP) tools
-	$(BIN)/pytest -q -p no:cacheprovider --ignore=tests/engine
+	$(BIN)/pytest -q -p no:cacheprovider --ignore=tests/engine --ignore=tests/image --ignore=tests/wheel
 
 # A real inference engine (tests/engine, docs/engines/llama-cpp.md): llama.cpp's
 # llama-server, built once from the llama-cpp-python sdist into
@@ -74,6 +75,22 @@ test-engine: $(STAMP)
 	$(BIN)/python tests/engine/make_model.py $(ENGINE_SEEDS:%=--seed %) >/dev/null; \
 	$(BIN)/pytest -q -p no:cacheprovider tests/engine
 
+# The container image llm-health:<version> from deploy/Dockerfile (docs/kubernetes.md):
+# docker or podman when they work, else Debian's buildah as root (installed when missing,
+# with debootstrap). Where no registry is reachable its base is made once with debootstrap
+# from Debian's packages (root; cached in ~/.cache/llm-health/image-base).
+image:
+	bash deploy/build-image.sh
+
+# Builds the image (seconds when cached), runs it (tests/image: version, the shipped
+# config, serve, agent, what the image holds), then installs the wheel `python -m build`
+# makes into a fresh venv and runs that (tests/wheel; about 1-2 min, needs PyPI).
+test-image: $(STAMP) image
+	LLM_HEALTH_IMAGE=$$(bash deploy/build-image.sh --ref) \
+	LLM_HEALTH_IMAGE_TOOL=$$(bash deploy/build-image.sh --tool) \
+	LLM_HEALTH_TEST_WHEEL=1 \
+	$(BIN)/pytest -q -rs -p no:cacheprovider tests/image tests/wheel
+
 test-unit: $(STAMP)
 	$(BIN)/pytest -q -p no:cacheprovider tests/unit
 
@@ -94,4 +111,4 @@ proto: $(STAMP)    # regenerate plugin/llm_health/adminpb from proto/ (commit th
 	$(BIN)/python proto/generate.py
 
 clean:
-	rm -rf $(VENV) build plugin/*.egg-info
+	rm -rf $(VENV) build dist plugin/*.egg-info

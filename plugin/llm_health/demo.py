@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections import deque
 from collections.abc import Callable
@@ -343,7 +344,7 @@ clusters:
             "-" if ttft is None else f"{ttft:.0f} ms",
             str(last.get("outcome", "-")),
             f"{shares.get(backend.name, 0.0) * 100:5.1f} %",
-            str(endpoint.get("reason", ""))[:48],
+            str(endpoint.get("reason", "")),
         ]
 
 
@@ -358,6 +359,9 @@ HEADER = [
     "traffic",
     "reason",
 ]
+COLUMN_GAP = "  "
+REASON_INDENT = "    "  # a reason too long for its column: on the lines below its row
+MIN_REASON_WIDTH = 40
 
 
 def _draw(
@@ -367,14 +371,13 @@ def _draw(
     events: list[str],
     counts: tuple[int, int, int],
 ) -> None:
-    widths = [max(len(str(r[i])) for r in [HEADER, *rows]) for i in range(len(HEADER))]
+    tty = sys.stdout.isatty()
     lines = [
         f"llm-health demo   t={elapsed:4.0f}s / {timeline.end_at:.0f}s   "
         f"(CUDA error at {timeline.break_at:.0f}s, heal at {timeline.heal_at:.0f}s)",
         "",
+        *table([HEADER, *rows], shutil.get_terminal_size().columns if tty else None),
     ]
-    for row in [HEADER, *rows]:
-        lines.append("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)))
     sent, ok, failed = counts
     lines += [
         "",
@@ -382,10 +385,36 @@ def _draw(
         f"(traffic: share of the last {SHARE_WINDOW_S} s)",
     ]
     lines += ["", *events[-6:]]
-    if sys.stdout.isatty():
+    if tty:
         print("\033[2J\033[H" + "\n".join(lines), flush=True)
     elif int(elapsed) % 5 == 0:
         print("\n".join(lines) + "\n", flush=True)
+
+
+def table(rows: list[list[str]], width: int | None) -> list[str]:
+    """``rows`` (the header first) as aligned columns. The last column (the reason) is never
+    cut: a reason that does not fit the rest of the line (``width``: the terminal's; None =
+    no limit) goes whole onto the lines below its row, wrapped at spaces to ``width`` and
+    indented by REASON_INDENT, so an engine's long error stays readable."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lead = sum(w + len(COLUMN_GAP) for w in widths[:-1])
+    lines = []
+    for row in rows:
+        cells = "".join(c.ljust(w) + COLUMN_GAP for c, w in zip(row[:-1], widths[:-1], strict=True))
+        reason = row[-1]
+        if width is None or lead + len(reason) <= width:
+            lines.append((cells + reason).rstrip())
+            continue
+        lines.append(cells.rstrip())
+        lines += textwrap.wrap(
+            reason,
+            max(width, len(REASON_INDENT) + MIN_REASON_WIDTH),
+            initial_indent=REASON_INDENT,
+            subsequent_indent=REASON_INDENT,
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+    return lines
 
 
 def _find_endpoint(status: dict[str, Any], address: str) -> dict[str, Any]:
