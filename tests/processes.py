@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 
 import yaml
 
-from tests.envoy_harness import free_port
 from tests.polling import WaitTimeout, wait_until
+from tests.ports import free_port
 
 T = TypeVar("T")
 

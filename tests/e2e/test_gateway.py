@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from tests.envoy_harness import EnvoyProcess, eds_clusters, free_port, render_config
+from tests.envoy_harness import EnvoyProcess, eds_clusters, render_config
 from tests.polling import wait_until
+from tests.ports import free_port
 from tests.processes import PluginProcess, SimProcess
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -25,8 +25,9 @@ from typing import Any
 
 import pytest
 
-from tests.envoy_harness import EnvoyProcess, free_port, render_config
+from tests.envoy_harness import EnvoyProcess, render_config
 from tests.polling import WaitTimeout, wait_until
+from tests.ports import free_port
 from tests.processes import PluginProcess, SimProcess
 
 pytestmark = [pytest.mark.envoy, pytest.mark.timeout(120)]

@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import queue
-import socket
 import subprocess
 import sys
 import threading
@@ -21,8 +20,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.test_gateway import CLUSTER, CONFIGS, FAST, envoy_view
-from tests.envoy_harness import EnvoyProcess, free_port, render_config
+from tests.envoy_harness import EnvoyProcess, render_config
 from tests.polling import wait_until
+from tests.ports import free_port
 from tests.processes import PluginProcess, SimProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -388,10 +388,7 @@ def test_cli_errors_are_clear(procs: Procs) -> None:
     assert unknown.returncode == 1 and "unknown cluster or endpoint" in unknown.stderr
     bad = cli("force", CLUSTER, sim.address, "healthy", "--for", "200h", *admin)
     assert bad.returncode == 2 and "at most 7 days" in bad.stderr
-    with socket.socket() as holder:  # a port nobody serves
-        holder.bind(("127.0.0.1", 0))
-        port = holder.getsockname()[1]
-    down = cli("status", "--admin", f"127.0.0.1:{port}", "--timeout", "2s")
+    down = cli("status", "--admin", f"127.0.0.1:{free_port()}", "--timeout", "2s")  # nobody serves
     assert down.returncode == 1 and "cannot reach the admin API" in down.stderr
     assert "Traceback" not in unknown.stderr + bad.stderr + down.stderr
 
@@ -416,8 +413,6 @@ def test_non_loopback_admin_without_token_refuses_to_start(procs: Procs) -> None
 def test_token_rejects_calls_without_it(procs: Procs, monkeypatch: pytest.MonkeyPatch) -> None:
     sim = procs.sim("a", *FAST)
     sim.wait_up()
-    from tests.envoy_harness import free_port
-
     port = free_port()
     monkeypatch.setenv("ADMIN_TOKEN", TOKEN)  # the plugin reads it through ${ADMIN_TOKEN}
     settings = {"grpc": f"127.0.0.1:{port}", "token": "${ADMIN_TOKEN}"}

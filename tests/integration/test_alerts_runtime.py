@@ -15,8 +15,8 @@ from llm_health.app.assemble import build_runtime
 from llm_health.config import parse_config
 from llm_health.model.outcome import ProbeResult
 from tests.alerts_receiver import Receiver
-from tests.envoy_harness import free_port
 from tests.polling import wait_until_async
+from tests.ports import free_port
 from tests.processes import SimProcess
 
 INTERVAL_S = 0.1

@@ -25,8 +25,8 @@ from envoy.service.auth.v3 import external_auth_pb2, external_auth_pb2_grpc
 
 from llm_health.app.runtime import Runtime
 from llm_health.model.states import State
-from tests.envoy_harness import free_port
 from tests.polling import wait_until_async
+from tests.ports import free_port
 from tests.processes import SimProcess
 from tests.runtime import Running
 

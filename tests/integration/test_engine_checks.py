@@ -17,8 +17,8 @@ from llm_health.app.runtime import Runtime
 from llm_health.config import parse_config
 from llm_health.model.causes import Cause
 from llm_health.model.states import State
-from tests.envoy_harness import free_port
 from tests.polling import wait_until_async
+from tests.ports import free_port
 from tests.processes import SimProcess
 from tests.runtime import Running as RunningRuntime
 

@@ -22,7 +22,8 @@ from llm_health.fleet.wire import Action, Verdict, decode_stored, verdict_body
 from llm_health.model.causes import Cause
 from llm_health.model.states import State
 from tests.polling import wait_until_async
-from tests.redis_server import RedisServer, free_port
+from tests.ports import free_port
+from tests.redis_server import RedisServer
 
 KEY = endpoint_key("c", "127.0.0.1:8000")
 

@@ -44,8 +44,8 @@ from llm_health.errors import ConfigError
 from llm_health.model.states import State
 from llm_health.servers.grpc import BearerTokenInterceptor, GrpcAuthStats, start_grpc_server
 from llm_health.xds.resources import TYPE_URL
-from tests.envoy_harness import free_port
 from tests.polling import wait_until_async
+from tests.ports import free_port
 from tests.processes import SimProcess, http_json
 
 pytestmark = pytest.mark.timeout(90)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import AsyncIterator
 
@@ -16,6 +15,7 @@ from llm_health.probe.target import ProbeTarget
 from llm_health.sim.faults import FaultSpec
 from llm_health.sim.server import SimHandle, SimSettings, running_sim
 from tests.polling import wait_until_async
+from tests.ports import free_port
 
 TIMEOUT_S = 0.8
 HANG_SLACK_S = 0.05  # acceptance: every hang is reported within timeout + 50 ms
@@ -96,10 +96,7 @@ async def test_role_chunk_alone_is_never_a_token(sim: SimHandle, prober: MicroPr
 
 
 async def test_closed_port_is_error(prober: MicroProbe) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    result = await prober.probe(make_target(f"127.0.0.1:{port}"))
+    result = await prober.probe(make_target(f"127.0.0.1:{free_port()}"))  # nobody listens
     assert result.outcome is Outcome.ERROR
     assert "connect" in result.detail
 

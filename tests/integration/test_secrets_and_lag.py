@@ -26,8 +26,8 @@ from llm_health.model.redact import REDACTED, printable_line, redact_secrets, se
 from llm_health.model.states import State
 from llm_health.probe.client import MicroProbe, new_session
 from llm_health.probe.lag import LoopLagMonitor
-from tests.envoy_harness import free_port
 from tests.polling import wait_until_async
+from tests.ports import free_port
 from tests.processes import SimProcess
 
 SECRET = "SECRET123"

@@ -19,8 +19,8 @@ from llm_health.model.causes import Cause
 from llm_health.model.machine import Transition
 from llm_health.model.outcome import ProbeResult
 from llm_health.model.states import State
-from tests.envoy_harness import free_port
 from tests.polling import wait_until_async
+from tests.ports import free_port
 from tests.processes import SimProcess
 
 CONFIG = """

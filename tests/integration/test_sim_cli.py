@@ -16,29 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.ports import free_port, free_port_block
+
 PLUGIN_DIR = Path(__file__).resolve().parents[2] / "plugin"
 START_TIMEOUT_S = 15.0
-
-
-def free_port_block(count: int) -> int:
-    """A port P such that P..P+count-1 were all free a moment ago."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            first: int = probe.getsockname()[1]
-        if first + count > 65535:
-            continue
-        sockets = [socket.socket() for _ in range(count)]
-        try:
-            for offset, sock in enumerate(sockets):
-                sock.bind(("127.0.0.1", first + offset))
-            return first
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
-    raise RuntimeError("no free port block found")
 
 
 @contextmanager
@@ -78,7 +59,7 @@ def get(url: str, data: bytes | None = None) -> tuple[int, bytes]:
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_sim_serves_and_exits_cleanly_on_signal(signum: signal.Signals) -> None:
-    port = free_port_block(1)
+    port = free_port()
     with sim_process("--port", str(port), "--model", "m1", "--fault", "hang_after_headers") as sim:
         line = wait_for_line(sim)
         url = f"http://127.0.0.1:{port}"

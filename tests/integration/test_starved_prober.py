@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from llm_health.model.states import State
-from tests.envoy_harness import free_port
 from tests.polling import wait_until_async
+from tests.ports import free_port
 from tests.processes import SimProcess, running_sims
 from tests.runtime import Running
 

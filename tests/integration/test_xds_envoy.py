@@ -34,9 +34,9 @@ from tests.envoy_harness import (
     XDS_CLUSTER,
     EnvoyProcess,
     eds_clusters,
-    free_port,
     render_config,
 )
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.envoy, pytest.mark.timeout(90)]
 

@@ -28,6 +28,7 @@ from llm_health.sim.server import (
 )
 from llm_health.sim.state import SimState
 from tests.polling import wait_until_async
+from tests.ports import free_port
 
 HANG_TIMEOUT = aiohttp.ClientTimeout(total=0.4)
 PROBE_HEADERS = {"X-LLM-Probe": "true"}
@@ -605,21 +606,10 @@ async def test_many_ports_share_one_state(session: aiohttp.ClientSession) -> Non
     assert (stats["requests"], stats["completed"], stats["failed"]) == (6, 5, 1)
 
 
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 async def test_serve_runs_until_cancelled_even_with_a_hang(
     session: aiohttp.ClientSession,
 ) -> None:
-    ports = free_ports(3)
+    ports = [free_port() for _ in range(3)]
     ready: asyncio.Future[SimHandle] = asyncio.get_running_loop().create_future()
     settings = SimSettings(fault=FaultSpec(fault="hang_before_headers"))
     server = asyncio.create_task(serve("127.0.0.1", ports, settings, on_ready=ready.set_result))
