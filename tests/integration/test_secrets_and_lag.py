@@ -19,28 +19,23 @@ from pathlib import Path
 
 import pytest
 
-from llm_health.app.assemble import build_runtime
-from llm_health.config import ProbeSettings, parse_config
+from llm_health.config import ProbeSettings
 from llm_health.model.outcome import Outcome
 from llm_health.model.redact import REDACTED, printable_line, redact_secrets, secret_forms
 from llm_health.model.states import State
 from llm_health.probe.client import MicroProbe, new_session
 from llm_health.probe.lag import LoopLagMonitor
+from tests.configs import plugin_yaml
 from tests.polling import wait_until_async
-from tests.ports import free_port
 from tests.processes import SimProcess
+from tests.runtime import Running
 
 SECRET = "SECRET123"
-CONFIG = """
-server: {{grpc: "127.0.0.1:{grpc}", http: "127.0.0.1:{http}"}}
-probe:
-  interval: 300ms
-  timeout: 800ms
-  headers: {{Authorization: "Bearer ${{VLLM_API_KEY}}"}}
-clusters:
-  - name: llama
-    endpoints: [{{address: "{sim}"}}]
-"""
+PROBE = {
+    "interval": "300ms",
+    "timeout": "800ms",
+    "headers": {"Authorization": "Bearer ${VLLM_API_KEY}"},
+}
 
 
 @pytest.fixture
@@ -65,21 +60,17 @@ async def test_echoed_token_never_leaves_the_plugin(
     sim: SimProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
     sim.set_fault(fault="http_500_echo")
-    text = CONFIG.format(grpc=free_port(), http=free_port(), sim=sim.address)
-    runtime = build_runtime(parse_config(text, "secrets.yaml", {"VLLM_API_KEY": SECRET}))
-    stop = asyncio.Event()
+    text = plugin_yaml([sim], probe=PROBE)
+    running = Running.from_config(text, "secrets.yaml", {"VLLM_API_KEY": SECRET})
+    runtime = running.runtime
     caplog.set_level(logging.DEBUG)
-    run = asyncio.create_task(runtime.run(stop))
-    try:
+    async with running:
 
         def unhealthy() -> bool:
             (endpoint,) = runtime.control.snapshot().clusters["llama"].endpoints
             return endpoint.state is State.UNHEALTHY
 
         await wait_until_async(unhealthy, 10, "the echoing backend to be taken out")
-    finally:
-        stop.set()
-        await asyncio.wait_for(run, 5)
     (endpoint,) = runtime.control.snapshot().clusters["llama"].endpoints
     assert endpoint.last is not None and "upstream rejected" in endpoint.last.detail
     assert REDACTED in endpoint.last.detail  # the echo was there, and was scrubbed

@@ -12,24 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from llm_health.app.assemble import build_runtime
 from llm_health.app.runtime import Runtime
-from llm_health.config import parse_config
 from llm_health.model.causes import Cause
 from llm_health.model.machine import Transition
 from llm_health.model.outcome import ProbeResult
 from llm_health.model.states import State
+from tests.configs import plugin_yaml
 from tests.polling import wait_until_async
-from tests.ports import free_port
 from tests.processes import SimProcess
+from tests.runtime import Running, runtime_from
 
-CONFIG = """
-server: {{grpc: "127.0.0.1:{grpc}", http: "127.0.0.1:{http}"}}
-probe: {{interval: 1s, timeout: 800ms, healthy_ttft: 200ms, model: sim-model{extra}}}
-clusters:
-  - name: llama
-    endpoints: [{{address: "{sim}"}}]
-"""
+PROBE = {"interval": "1s", "timeout": "800ms", "healthy_ttft": "200ms", "model": "sim-model"}
 
 
 @pytest.fixture
@@ -63,8 +56,6 @@ async def run_until(
     runtime: Runtime, recorder: Recorder, done: Callable[[], Awaitable[bool]], what: str
 ) -> None:
     """Run the runtime until ``done()``; watch how many probes are ever in flight."""
-    stop = asyncio.Event()
-    task = asyncio.create_task(runtime.run(stop))
 
     async def watch_in_flight() -> None:
         while True:
@@ -73,18 +64,16 @@ async def run_until(
                 recorder.most_in_flight = max(recorder.most_in_flight, most)
             await asyncio.sleep(0.005)
 
-    watcher = asyncio.create_task(watch_in_flight())
-    try:
-        await wait_until_async(done, 20, what)
-    finally:
-        watcher.cancel()
-        stop.set()
-        await asyncio.wait_for(task, 5)
+    async with Running(runtime):
+        watcher = asyncio.create_task(watch_in_flight())
+        try:
+            await wait_until_async(done, 20, what)
+        finally:
+            watcher.cancel()
 
 
-def runtime_for(sim: SimProcess, extra: str = "") -> Runtime:
-    text = CONFIG.format(grpc=free_port(), http=free_port(), sim=sim.address, extra=extra)
-    return build_runtime(parse_config(text, "silence.yaml", {}))
+def runtime_for(sim: SimProcess, **probe: object) -> Runtime:
+    return runtime_from(plugin_yaml([sim], probe={**PROBE, **probe}), "silence.yaml")
 
 
 class Once:
@@ -128,7 +117,7 @@ async def test_a_hang_degrades_at_silence_and_is_out_one_timeout_later(sim: SimP
 async def test_a_late_token_that_counts_fast_restores_the_endpoint(sim: SimProcess) -> None:
     """silence_degrade 2: silent at twice the recent TTFT (30 ms -> 60 ms); a token at
     150 ms is late for that but FAST by healthy_ttft: the early verdict is undone."""
-    runtime = runtime_for(sim, ", silence_degrade: 2")
+    runtime = runtime_for(sim, silence_degrade=2)
     recorder = Recorder(runtime)
     slower = Once(sim, fault="none", ttft="150ms")
 
