@@ -14,9 +14,8 @@ import asyncio
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -30,7 +29,7 @@ from tests.ports import free_port
 from tests.processes import SimProcess
 from tests.runtime import Running
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.sim_args("--ttft", "20ms")]
 
 TOKEN = "own-authz-token-0123456789"
 CONFIG = """
@@ -69,19 +68,10 @@ class Own:
 
 
 @pytest.fixture
-def sim(tmp_path: Path) -> Iterator[SimProcess]:
-    process = SimProcess(tmp_path, "own-authz", "--ttft", "20ms")
-    try:
-        yield process.wait_up()
-    finally:
-        process.stop()
-
-
-@pytest.fixture
-async def running(sim: SimProcess) -> AsyncIterator[Own]:
+async def running(sim_process: SimProcess) -> AsyncIterator[Own]:
     authz, grpc_port = free_port(), free_port()
     text = CONFIG.format(
-        grpc=grpc_port, http=free_port(), authz=authz, token=TOKEN, address=sim.address
+        grpc=grpc_port, http=free_port(), authz=authz, token=TOKEN, address=sim_process.address
     )
     async with Running.from_config(text, "own-authz.yaml") as started:
         runtime = started.runtime
@@ -91,7 +81,7 @@ async def running(sim: SimProcess) -> AsyncIterator[Own]:
             return all(e.state is State.HEALTHY for e in cluster.endpoints)
 
         await wait_until_async(healthy, 20, "the endpoint healthy")
-        yield Own(runtime, sim, authz, grpc_port)
+        yield Own(runtime, sim_process, authz, grpc_port)
 
 
 async def test_a_check_is_answered_while_the_runtime_loop_is_blocked(running: Own) -> None:
@@ -159,13 +149,15 @@ async def test_the_main_port_no_longer_serves_check(running: Own) -> None:
     assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
-async def test_a_taken_authz_port_is_reported_and_the_service_goes_on(sim: SimProcess) -> None:
+async def test_a_taken_authz_port_is_reported_and_the_service_goes_on(
+    sim_process: SimProcess,
+) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         text = CONFIG.format(
-            grpc=free_port(), http=free_port(), authz=port, token=TOKEN, address=sim.address
+            grpc=free_port(), http=free_port(), authz=port, token=TOKEN, address=sim_process.address
         )
         async with Running.from_config(text, "taken.yaml") as started:
             runtime = started.runtime

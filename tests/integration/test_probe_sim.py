@@ -19,6 +19,7 @@ from tests.ports import free_port
 
 TIMEOUT_S = 0.8
 HANG_SLACK_S = 0.05  # acceptance: every hang is reported within timeout + 50 ms
+pytestmark = pytest.mark.sim_settings(seed=7)
 
 
 def make_target(sim: SimHandle | str, **probe: object) -> ProbeTarget:
@@ -33,12 +34,6 @@ def make_target(sim: SimHandle | str, **probe: object) -> ProbeTarget:
 async def prober() -> AsyncIterator[MicroProbe]:
     async with new_session() as session:
         yield MicroProbe(session)
-
-
-@pytest.fixture
-async def sim() -> AsyncIterator[SimHandle]:
-    async with running_sim(SimSettings(seed=7)) as handle:
-        yield handle
 
 
 def set_fault(sim: SimHandle, **knobs: object) -> None:

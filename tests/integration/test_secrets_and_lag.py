@@ -14,7 +14,6 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,15 +37,6 @@ PROBE = {
 }
 
 
-@pytest.fixture
-def sim(tmp_path: Path) -> Iterator[SimProcess]:
-    process = SimProcess(tmp_path, "echo", "--ttft", "20ms")
-    try:
-        yield process.wait_up()
-    finally:
-        process.stop()
-
-
 def test_redaction_rules() -> None:
     secrets = secret_forms(["Bearer SECRET123", "abc"])
     assert secrets == {"Bearer SECRET123", "SECRET123"}  # too short a value is not a secret
@@ -56,11 +46,12 @@ def test_redaction_rules() -> None:
     assert printable_line("drain\x1b[31m now\n\u202eok", 100) == "drain [31m now ok"
 
 
+@pytest.mark.sim_args("--ttft", "20ms")
 async def test_echoed_token_never_leaves_the_plugin(
-    sim: SimProcess, caplog: pytest.LogCaptureFixture
+    sim_process: SimProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
-    sim.set_fault(fault="http_500_echo")
-    text = plugin_yaml([sim], probe=PROBE)
+    sim_process.set_fault(fault="http_500_echo")
+    text = plugin_yaml([sim_process], probe=PROBE)
     running = Running.from_config(text, "secrets.yaml", {"VLLM_API_KEY": SECRET})
     runtime = running.runtime
     caplog.set_level(logging.DEBUG)

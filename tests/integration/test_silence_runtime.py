@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -22,16 +21,8 @@ from tests.polling import wait_until_async
 from tests.processes import SimProcess
 from tests.runtime import Running, runtime_from
 
+pytestmark = pytest.mark.sim_args("--ttft", "30ms")
 PROBE = {"interval": "1s", "timeout": "800ms", "healthy_ttft": "200ms", "model": "sim-model"}
-
-
-@pytest.fixture
-def sim(tmp_path: Path) -> Iterator[SimProcess]:
-    process = SimProcess(tmp_path, "silence", "--ttft", "30ms")
-    try:
-        yield process.wait_up()
-    finally:
-        process.stop()
 
 
 class Recorder:
@@ -88,10 +79,12 @@ class Once:
             await asyncio.to_thread(self.sim.set_fault, **self.fault)
 
 
-async def test_a_hang_degrades_at_silence_and_is_out_one_timeout_later(sim: SimProcess) -> None:
-    runtime = runtime_for(sim)
+async def test_a_hang_degrades_at_silence_and_is_out_one_timeout_later(
+    sim_process: SimProcess,
+) -> None:
+    runtime = runtime_for(sim_process)
     recorder = Recorder(runtime)
-    hang = Once(sim, fault="hang_after_headers")
+    hang = Once(sim_process, fault="hang_after_headers")
 
     async def out() -> bool:
         await hang(bool(recorder.states()) and recorder.states()[-1][0] is State.HEALTHY)
@@ -114,12 +107,12 @@ async def test_a_hang_degrades_at_silence_and_is_out_one_timeout_later(sim: SimP
     assert recorder.most_in_flight == 2
 
 
-async def test_a_late_token_that_counts_fast_restores_the_endpoint(sim: SimProcess) -> None:
+async def test_a_late_token_that_counts_fast_restores_the_endpoint(sim_process: SimProcess) -> None:
     """silence_degrade 2: silent at twice the recent TTFT (30 ms -> 60 ms); a token at
     150 ms is late for that but FAST by healthy_ttft: the early verdict is undone."""
-    runtime = runtime_for(sim, silence_degrade=2)
+    runtime = runtime_for(sim_process, silence_degrade=2)
     recorder = Recorder(runtime)
-    slower = Once(sim, fault="none", ttft="150ms")
+    slower = Once(sim_process, fault="none", ttft="150ms")
 
     async def restored() -> bool:
         await slower(len(recorder.results) >= 4)  # a recent TTFT of ~30 ms is known

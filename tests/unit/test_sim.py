@@ -8,7 +8,7 @@ import json
 import random
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -38,10 +38,7 @@ FAST = FaultSpec(ttft=0.0, tpot=0.0)
 # ---------------------------------------------------------------- helpers
 
 
-@pytest.fixture
-async def sim() -> AsyncIterator[SimHandle]:
-    async with running_sim(SimSettings(fault=FaultSpec(ttft=0.01, tpot=0.005))) as handle:
-        yield handle
+pytestmark = pytest.mark.sim_settings(fault=FaultSpec(ttft=0.01, tpot=0.005))
 
 
 def completion(**extra: Any) -> dict[str, Any]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -19,12 +18,6 @@ from tests.polling import wait_until_async
 from tests.unit.test_sim import HANG_TIMEOUT, completion, read_events, set_fault
 
 INFO_PATHS = ("/version", "/get_server_info", "/info", "/props")
-
-
-@pytest.fixture
-async def sim() -> AsyncIterator[SimHandle]:
-    async with running_sim(SimSettings(fault=FaultSpec(ttft=0.0, tpot=0.0))) as handle:
-        yield handle
 
 
 async def get_json(session: aiohttp.ClientSession, url: str) -> Any:
