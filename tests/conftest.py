@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
 
 from llm_health.sim.faults import FaultSpec
 from llm_health.sim.server import SimHandle, SimSettings, running_sim
-from tests import envoy_harness
+from tests import alone, envoy_harness
 from tests.processes import SimProcess, running_sims
 
 # CI runs hypothesis derandomized: the same examples every run, so a red CI is always
@@ -21,16 +23,60 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 
-@pytest.hookimpl(wrapper=True)
+# --- tests that run alone (tests/alone.py) -------------------------------------------------
+
+LOCKS = pytest.StashKey[Path]()
+_worker_lock: alone.RunLock | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """On an xdist controller: the directory of the run's lock."""
+    if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
+        config.stash[LOCKS] = alone.make_lock_directory()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist: tell each worker where the run's lock is."""
+    if LOCKS in node.config.stash:
+        node.workerinput["alone_locks"] = str(node.config.stash[LOCKS])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if LOCKS in config.stash:
+        alone.remove_lock_directory(config.stash[LOCKS])
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    alone.alone_last(items)
+
+
+@contextlib.contextmanager
+def run_lock_held(item: pytest.Item) -> Iterator[None]:
+    """The run's lock for ``item``: exclusive for an ``alone`` test; nothing outside xdist."""
+    global _worker_lock
+    workerinput = getattr(item.config, "workerinput", None)
+    if workerinput is None or "alone_locks" not in workerinput:
+        yield
+        return
+    if _worker_lock is None:
+        _worker_lock = alone.RunLock(Path(workerinput["alone_locks"]))
+    with _worker_lock.held(exclusive=alone.is_alone(item)):
+        yield
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None]:
-    """Tell the Envoy harness which test runs (setup, call and teardown) and whether it
-    has the ``envoy`` marker: running Envoy from an unmarked test fails it (see
-    :func:`tests.envoy_harness.envoy_binary`)."""
-    envoy_harness.set_current_test(item.nodeid, item.get_closest_marker("envoy") is not None)
-    try:
-        return (yield)
-    finally:
-        envoy_harness.set_current_test(None)
+    """Around the whole test (setup, call and teardown): the run's lock, taken first so
+    that waiting for it is no part of the test's timeout or durations; then tell the
+    Envoy harness which test runs and whether it has the ``envoy`` marker: running
+    Envoy from an unmarked test fails it (see :func:`tests.envoy_harness.envoy_binary`)."""
+    with run_lock_held(item):
+        envoy_harness.set_current_test(item.nodeid, item.get_closest_marker("envoy") is not None)
+        try:
+            return (yield)
+        finally:
+            envoy_harness.set_current_test(None)
 
 
 # --- simulators ------------------------------------------------------------------------------

@@ -287,7 +287,7 @@ class EnvoyProcess:
         log_level: str = "warn",
         component_log_level: str | None = None,
         concurrency: int = 1,
-        ready_timeout: float = 20.0,
+        ready_timeout: float = 60.0,  # a generous bound on a slow start (loaded machine)
         extra_args: Sequence[str] = (),
     ) -> None:
         self.config = Path(config)

@@ -19,7 +19,7 @@ from llm_health.config import parse_config
 from tests.polling import wait_until_async
 
 STOP_WITHIN_S = 15.0
-READY_WITHIN_S = 15.0
+READY_WITHIN_S = 30.0
 
 
 def runtime_from(

@@ -10,7 +10,6 @@ ext_authz counters.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import statistics
 import time
@@ -29,7 +28,7 @@ from envoy.service.auth.v3 import external_auth_pb2, external_auth_pb2_grpc
 from tests.envoy_harness import EnvoyProcess, eds_clusters, render_config
 from tests.polling import wait_until
 from tests.ports import free_port
-from tests.processes import PluginProcess, SimProcess
+from tests.processes import PluginProcess, SimProcess, stop_all
 
 pytestmark = pytest.mark.envoy
 
@@ -157,9 +156,7 @@ def gateway(tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
         return gw
 
     yield build
-    for process in reversed(started):
-        with contextlib.suppress(Exception):
-            process.stop()
+    stop_all(reversed(started))
 
 
 def _set_lb_policy(config: dict[str, Any], lb_policy: str | None) -> None:

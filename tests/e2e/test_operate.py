@@ -3,7 +3,6 @@ simulators, `llm-health serve`, the `llm-health` CLI as a subprocess, and a real
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import queue
@@ -23,7 +22,7 @@ from tests.e2e.test_gateway import CLUSTER, CONFIGS, FAST, envoy_view
 from tests.envoy_harness import EnvoyProcess, render_config
 from tests.polling import wait_until
 from tests.ports import free_port
-from tests.processes import PluginProcess, SimProcess
+from tests.processes import PluginProcess, SimProcess, stop_all
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "sk-probe-secret-4f1d9a"  # a probe header value: must never be shown anywhere
@@ -120,9 +119,7 @@ class Procs:
 def procs(tmp_path: Path) -> Iterator[Procs]:
     made = Procs(tmp_path)
     yield made
-    for process in reversed(made.started):
-        with contextlib.suppress(Exception):
-            process.stop()
+    stop_all(reversed(made.started))
 
 
 def admin_of(plugin: PluginProcess) -> str:

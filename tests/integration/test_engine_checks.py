@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,22 +16,28 @@ from llm_health.model.causes import Cause
 from llm_health.model.states import State
 from tests.configs import plugin_yaml
 from tests.polling import wait_until_async
-from tests.processes import SimProcess
+from tests.processes import SimProcess, running_sims
 from tests.runtime import Running as RunningRuntime
 from tests.runtime import runtime_from
 
 
-@pytest.fixture
-def sims(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[list[SimProcess]]:
+@pytest.fixture(scope="module")
+def started_sims(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[list[SimProcess]]:
+    """Three simulators for the module's tests (``request.param``: more arguments)."""
     extra: tuple[str, ...] = getattr(request, "param", ())
-    started: list[SimProcess] = []
-    try:
-        for index in range(3):
-            started.append(SimProcess(tmp_path, f"engine{index}", "--ttft", "20ms", *extra))
-        yield [sim.wait_up() for sim in started]
-    finally:
-        for sim in started:
-            sim.stop()
+    workdir = tmp_path_factory.mktemp("engines")
+    with running_sims(workdir, "engine", 3, "--ttft", "20ms", *extra) as started:
+        yield started
+
+
+@pytest.fixture
+def sims(started_sims: list[SimProcess]) -> list[SimProcess]:
+    """The module's simulators, each as it came up (faults of the last test undone)."""
+    for sim in started_sims:
+        sim.reset()
+    return started_sims
 
 
 def runtime_for(sims: list[SimProcess], every: str = "3s", expect: str | None = None) -> Runtime:
@@ -200,7 +205,7 @@ async def test_unreadable_metrics_change_nothing(sims: list[SimProcess], mode: s
         assert found.state is State.HEALTHY and found.limits == {}
 
 
-@pytest.mark.parametrize("sims", [("--engine", "llamacpp")], indirect=True)
+@pytest.mark.parametrize("started_sims", [("--engine", "llamacpp")], indirect=True)
 async def test_detected_llamacpp_gets_cache_prompt_false(sims: list[SimProcess]) -> None:
     async with Running(runtime_for(sims, every="30s")) as running:
         await running.all_healthy(sims)

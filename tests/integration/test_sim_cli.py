@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from tests.ports import free_port, free_port_block
+from tests.processes import START_WITHIN_S
 
 PLUGIN_DIR = Path(__file__).resolve().parents[2] / "plugin"
-START_TIMEOUT_S = 15.0
+START_TIMEOUT_S = START_WITHIN_S
 
 
 @contextmanager
@@ -42,7 +43,7 @@ def sim_process(*args: str) -> Iterator[subprocess.Popen[str]]:
 
 
 def wait_for_line(process: subprocess.Popen[str]) -> str:
-    """The first stdout line (the start-up announcement), waited for at most 15 s."""
+    """The first stdout line (the start-up announcement), waited for at most START_TIMEOUT_S."""
     assert process.stdout is not None
     readable, _, _ = select.select([process.stdout], [], [], START_TIMEOUT_S)
     assert readable, "sim printed nothing in time"
