@@ -68,6 +68,16 @@ def metric(found: dict[Any, float], name: str, **labels: str) -> float:
     return found.get((name, frozenset(labels.items())), 0.0)
 
 
+def probes_of(plugin: PluginProcess, endpoint: str) -> float:
+    """Probes of ``endpoint`` so far, of every outcome (from /metrics)."""
+    found, _ = scrape(plugin)
+    return sum(
+        value
+        for (name, labels), value in found.items()
+        if name == "llm_health_probes_total" and dict(labels).get("endpoint") == endpoint
+    )
+
+
 def transitions(found: dict[Any, float], endpoint: str) -> dict[tuple[str, str, str], float]:
     out = {}
     for (name, labels), value in found.items():
@@ -156,7 +166,21 @@ def test_metrics_and_logs_during_a_hang(procs: Procs) -> None:
     wait_until(lambda: plugin.states()[hung.address] == "unhealthy", 10, "hung endpoint unhealthy")
     wait_until(lambda: envoy_view(envoy)[hung.address][0] == "UNHEALTHY", 5, "Envoy sees it")
     earlier, _ = scrape(plugin)
-    time.sleep(2.0)  # more probes of both: at least one more timeout (800 ms each)
+
+    def more_probes_of_both() -> bool:
+        now, _ = scrape(plugin)
+        timeouts = [
+            metric(m, "llm_health_probes_total", **h, outcome="timeout") for m in (earlier, now)
+        ]
+        return (
+            timeouts[1] > timeouts[0]
+            and timeouts[1] >= 3
+            and metric(now, "llm_health_probes_total", **g, outcome="fast") >= 5
+        )
+
+    # more probes of both: another timeout (800 ms each), three in all, and five FAST of
+    # the good one
+    wait_until(more_probes_of_both, 10, "another timeout of the hung endpoint")
     found, text = scrape(plugin)
 
     moves = transitions(found, hung.address)
@@ -345,7 +369,9 @@ def test_drain_goes_draining_in_envoy_and_back(procs: Procs) -> None:
     assert done.returncode == 0, done.stderr
     wait_until(lambda: envoy_view(envoy)[a.address] == ("DRAINING", 100), 5, "DRAINING in Envoy")
     assert envoy_view(envoy)[b.address] == ("HEALTHY", 100)
-    time.sleep(1.0)  # probes go on underneath; a drained endpoint stays drained
+    # Probes go on underneath (three more of it: healthy_after is 2); it stays drained.
+    drained_at = probes_of(plugin, a.address)
+    wait_until(lambda: probes_of(plugin, a.address) >= drained_at + 3, 10, "3 more probes")
     assert envoy_view(envoy)[a.address] == ("DRAINING", 100)
     assert plugin.states()[a.address] == "draining"
 

@@ -24,6 +24,7 @@ from envoy.service.auth.v3 import external_auth_pb2, external_auth_pb2_grpc
 
 from llm_health.app.runtime import Runtime
 from llm_health.model.states import State
+from tests.configs import plugin_yaml
 from tests.polling import wait_until_async
 from tests.ports import free_port
 from tests.processes import SimProcess
@@ -32,20 +33,6 @@ from tests.runtime import Running
 pytestmark = [pytest.mark.timeout(60), pytest.mark.sim_args("--ttft", "20ms")]
 
 TOKEN = "own-authz-token-0123456789"
-CONFIG = """
-server:
-  grpc: "127.0.0.1:{grpc}"
-  http: "127.0.0.1:{http}"
-  authz: "127.0.0.1:{authz}"
-  token: "{token}"
-probe:
-  interval: 200ms
-  timeout: 800ms
-  model: sim-model
-clusters:
-  - name: llama
-    endpoints: [{{address: "{address}"}}]
-"""
 OK, PERMISSION_DENIED = 0, 7
 BLOCK_S = 1.5
 
@@ -67,12 +54,19 @@ class Own:
             return stub.Check(request, timeout=5, metadata=metadata)
 
 
+def config_text(sim: SimProcess, authz: int) -> str:
+    """Probing ``sim``; ext_authz on its own port ``authz``, behind ``server.token``."""
+    return plugin_yaml(
+        [sim],
+        server={"authz": f"127.0.0.1:{authz}", "token": TOKEN},
+        probe={"interval": "200ms", "timeout": "800ms", "model": "sim-model"},
+    )
+
+
 @pytest.fixture
 async def running(sim_process: SimProcess) -> AsyncIterator[Own]:
-    authz, grpc_port = free_port(), free_port()
-    text = CONFIG.format(
-        grpc=grpc_port, http=free_port(), authz=authz, token=TOKEN, address=sim_process.address
-    )
+    authz = free_port()
+    text = config_text(sim_process, authz)
     async with Running.from_config(text, "own-authz.yaml") as started:
         runtime = started.runtime
 
@@ -81,7 +75,7 @@ async def running(sim_process: SimProcess) -> AsyncIterator[Own]:
             return all(e.state is State.HEALTHY for e in cluster.endpoints)
 
         await wait_until_async(healthy, 20, "the endpoint healthy")
-        yield Own(runtime, sim_process, authz, grpc_port)
+        yield Own(runtime, sim_process, authz, runtime.grpc_port)
 
 
 async def test_a_check_is_answered_while_the_runtime_loop_is_blocked(running: Own) -> None:
@@ -156,10 +150,7 @@ async def test_a_taken_authz_port_is_reported_and_the_service_goes_on(
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        text = CONFIG.format(
-            grpc=free_port(), http=free_port(), authz=port, token=TOKEN, address=sim_process.address
-        )
-        async with Running.from_config(text, "taken.yaml") as started:
+        async with Running.from_config(config_text(sim_process, port), "taken.yaml") as started:
             runtime = started.runtime
 
             def reported() -> bool:

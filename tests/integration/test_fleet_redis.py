@@ -12,18 +12,18 @@ from pathlib import Path
 import pytest
 import redis as sync_redis
 
-from llm_health.app.assemble import build_runtime
 from llm_health.app.fleet import FleetComponent
-from llm_health.config import parse_config
 from llm_health.fleet.ownership import endpoint_key, owner_of
 from llm_health.fleet.settings import FleetSettings
 from llm_health.fleet.store import FleetStore
 from llm_health.fleet.wire import Action, Verdict, decode_stored, verdict_body
 from llm_health.model.causes import Cause
 from llm_health.model.states import State
+from tests.configs import plugin_yaml
 from tests.polling import wait_until_async
 from tests.ports import free_port
 from tests.redis_server import RedisServer
+from tests.runtime import runtime_from
 
 KEY = endpoint_key("c", "127.0.0.1:8000")
 
@@ -144,13 +144,15 @@ async def test_leave_hands_over_at_once_and_overrides_are_kept(
 
 
 def runtime_for(url: str, member: str) -> tuple[object, FleetComponent]:
-    text = f"""
-fleet: {{redis: "{url}", name: it, member_id: {member}, heartbeat: 200ms, member_ttl: 600ms}}
-clusters:
-  - name: c
-    endpoints: [{{address: "127.0.0.1:8000"}}, {{address: "127.0.0.2:8000"}}]
-"""
-    runtime = build_runtime(parse_config(text, "t.yaml", {}))
+    fleet = {
+        "redis": url,
+        "name": "it",
+        "member_id": member,
+        "heartbeat": "200ms",
+        "member_ttl": "600ms",
+    }
+    text = plugin_yaml(["127.0.0.1:8000", "127.0.0.2:8000"], cluster="c", listen=False, fleet=fleet)
+    runtime = runtime_from(text, "t.yaml")
     component = next(c for c in runtime.components if isinstance(c, FleetComponent))
     return runtime, component
 
