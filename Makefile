@@ -46,9 +46,13 @@ tools:
 	esac; \
 	promtool --version 2>&1 | head -1; /usr/bin/chromedriver --version
 
-# tests/engine needs a llama.cpp build (test-engine); everything else runs here.
+# tests/engine needs a llama.cpp build (test-engine); everything else runs here, on 4
+# xdist workers: most tests wait on real processes (simulators, Envoy, Redis, DNS), so two
+# workers per core keep a 2-core machine busy. Tests timed against tight bounds carry
+# @pytest.mark.alone and run last, one at a time, with nothing beside them (tests/alone.py).
+TEST_WORKERS ?= 4
 test: $(STAMP) tools
-	$(BIN)/pytest -q -p no:cacheprovider --ignore=tests/engine
+	$(BIN)/pytest -q -p no:cacheprovider --ignore=tests/engine -n $(TEST_WORKERS)
 
 # A real inference engine (tests/engine, docs/engines/llama-cpp.md): llama.cpp's
 # llama-server, built once from the llama-cpp-python sdist into

@@ -236,8 +236,9 @@ class PluginProcess(_Process):
 def running_sims(workdir: Path, prefix: str, count: int, *args: str) -> Iterator[list[SimProcess]]:
     """``count`` simulators (``llm-health sim *args``), each up before the block runs;
     all stopped at its end."""
-    started = [SimProcess(workdir, f"{prefix}{i}", *args) for i in range(count)]
+    started: list[SimProcess] = []
     try:
+        started.extend(SimProcess(workdir, f"{prefix}{i}", *args) for i in range(count))
         yield [s.wait_up() for s in started]
     finally:
         stop_all(started)

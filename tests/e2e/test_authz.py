@@ -234,6 +234,7 @@ def test_checks_on_the_own_authz_port_deny_and_allow_through_envoy(
 # --------------------------------------------------------------------------- no capacity
 
 
+@pytest.mark.alone  # every 503 within 50 ms
 def test_all_unhealthy_gets_503_with_retry_after_at_once(gateway: Callable[..., Gateway]) -> None:
     gw = gateway([DEAD, DEAD], ["UNHEALTHY", "UNHEALTHY"])
     before = gw.served()

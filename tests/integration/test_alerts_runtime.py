@@ -10,6 +10,8 @@ import itertools
 import time
 from pathlib import Path
 
+import pytest
+
 from llm_health.app.alerts import AlertsComponent
 from llm_health.model.outcome import ProbeResult
 from tests.alerts_receiver import Receiver
@@ -19,6 +21,8 @@ from tests.ports import free_port
 from tests.processes import SimProcess
 from tests.runtime import Running
 
+# alone: the gaps between probe starts are measured against 0.4 s.
+pytestmark = pytest.mark.alone
 INTERVAL_S = 0.1
 RUN_S = 4.0
 # A probe may start late by scheduling noise on a busy 2-core machine, never by a

@@ -41,6 +41,7 @@ def settings(url: str, member: str, ttl: float = 3.0) -> FleetSettings:
     return FleetSettings(url, "redis://127.0.0.1", "it", member, ttl / 3, ttl, 2 * ttl)
 
 
+# The tests on ``stores`` run alone: members there live 0.6 s without a heartbeat.
 @pytest.fixture
 async def stores(redis_url: str) -> AsyncIterator[dict[str, FleetStore]]:
     made = {m: FleetStore(settings(redis_url, m, ttl=0.6)) for m in ("a", "b", "c")}
@@ -58,6 +59,7 @@ def body(
     )
 
 
+@pytest.mark.alone
 async def test_epochs_grow_and_heartbeat_lists_live_members(stores: dict[str, FleetStore]) -> None:
     epochs = [await stores[m].join() for m in ("a", "b", "c")]
     assert epochs == sorted(epochs) and len(set(epochs)) == 3
@@ -71,6 +73,7 @@ async def test_epochs_grow_and_heartbeat_lists_live_members(stores: dict[str, Fl
     assert await stores["a"].heartbeat(epochs[0]) is None  # the old incarnation is gone
 
 
+@pytest.mark.alone
 async def test_only_the_owner_publishes_and_the_hash_matches_python(
     stores: dict[str, FleetStore],
 ) -> None:
@@ -91,6 +94,7 @@ async def test_only_the_owner_publishes_and_the_hash_matches_python(
     }
 
 
+@pytest.mark.alone
 async def test_a_paused_member_is_fenced_until_it_joins_again(
     stores: dict[str, FleetStore],
 ) -> None:
@@ -123,6 +127,7 @@ async def test_a_paused_member_is_fenced_until_it_joins_again(
     assert (second.owner, second.epoch) == ("a", new_a) and second.seq > first.seq
 
 
+@pytest.mark.alone
 async def test_leave_hands_over_at_once_and_overrides_are_kept(
     stores: dict[str, FleetStore],
 ) -> None:

@@ -19,7 +19,8 @@ from tests.ports import free_port
 
 TIMEOUT_S = 0.8
 HANG_SLACK_S = 0.05  # acceptance: every hang is reported within timeout + 50 ms
-pytestmark = pytest.mark.sim_settings(seed=7)
+# alone: every hang reported within the timeout + 50 ms, TTFTs timed to tens of ms.
+pytestmark = [pytest.mark.sim_settings(seed=7), pytest.mark.alone]
 
 
 def make_target(sim: SimHandle | str, **probe: object) -> ProbeTarget:

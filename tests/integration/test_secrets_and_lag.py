@@ -100,6 +100,7 @@ async def _probe_with_blocked_loop(ttft: str, healthy_ttft: str, tmp_path: Path)
         process.stop()
 
 
+@pytest.mark.alone  # it blocks its own loop for 100 ms and times the probe around it
 async def test_lag_during_the_read_does_not_make_a_fast_endpoint_slow(tmp_path: Path) -> None:
     result = await _probe_with_blocked_loop("60ms", "120ms", tmp_path)
     assert result.ttft_ms is not None and result.ttft_ms > 120, result  # raw: would be SLOW
@@ -107,6 +108,7 @@ async def test_lag_during_the_read_does_not_make_a_fast_endpoint_slow(tmp_path: 
     assert result.outcome is Outcome.FAST, result
 
 
+@pytest.mark.alone  # as above
 async def test_a_really_slow_endpoint_stays_slow_under_lag(tmp_path: Path) -> None:
     result = await _probe_with_blocked_loop("350ms", "120ms", tmp_path)
     assert result.loop_lag_ms >= 60, result

@@ -21,6 +21,8 @@ from tests.processes import SimProcess, running_sims
 from tests.runtime import Running
 
 PROBE = {"interval": "200ms", "timeout": "500ms", "healthy_ttft": "150ms", "model": "sim-model"}
+# alone: it starves its own event loop on purpose; a loaded machine would add to it.
+pytestmark = pytest.mark.alone
 BLOCK_S = 0.7  # longer than the timeout: probes in flight then read TIMEOUT
 BLOCKS = 8
 
