@@ -46,13 +46,18 @@ tools:
 	esac; \
 	promtool --version 2>&1 | head -1; /usr/bin/chromedriver --version
 
-# tests/engine needs a llama.cpp build (test-engine); everything else runs here, on 4
-# xdist workers: most tests wait on real processes (simulators, Envoy, Redis, DNS), so two
-# workers per core keep a 2-core machine busy. Tests timed against tight bounds carry
-# @pytest.mark.alone and run last, one at a time, with nothing beside them (tests/alone.py).
+# tests/engine needs a llama.cpp build (test-engine); everything else runs here. First on
+# TEST_WORKERS xdist workers: most tests wait on real processes (simulators, Envoy, Redis,
+# DNS), so several workers per core keep a 2-core machine busy. Then the tests timed
+# against tight bounds (@pytest.mark.alone, tests/alone.py), one at a time with nothing
+# beside them. Both runs always run; the target fails if either failed.
 TEST_WORKERS ?= 4
+PYTEST_ALL := $(BIN)/pytest -q -p no:cacheprovider --ignore=tests/engine
 test: $(STAMP) tools
-	$(BIN)/pytest -q -p no:cacheprovider --ignore=tests/engine -n $(TEST_WORKERS)
+	@status=0; \
+	$(PYTEST_ALL) -n $(TEST_WORKERS) -m "not alone" || status=$$?; \
+	$(PYTEST_ALL) -m alone || status=$$?; \
+	exit $$status
 
 # A real inference engine (tests/engine, docs/engines/llama-cpp.md): llama.cpp's
 # llama-server, built once from the llama-cpp-python sdist into

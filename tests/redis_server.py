@@ -51,6 +51,7 @@ class RedisServer:
         try:
             wait_until(self._answers, timeout, "redis-server", interval=0.02, fatal=(RuntimeError,))
         except WaitTimeout:
+            self.kill()  # never left running after a failed start
             raise RuntimeError(
                 f"redis-server did not listen in {timeout} s: {self.log_tail()}"
             ) from None
