@@ -47,9 +47,19 @@ tools:
 	promtool --version 2>&1 | head -1; /usr/bin/chromedriver --version
 
 # tests/engine needs a llama.cpp build (test-engine), tests/image and tests/wheel a built
-# image and PyPI (test-image); everything else runs here.
+# image and PyPI (test-image); everything else runs here. First on
+# TEST_WORKERS xdist workers: most tests wait on real processes (simulators, Envoy, Redis,
+# DNS), so several workers per core keep a 2-core machine busy. Then the tests timed
+# against tight bounds (@pytest.mark.alone, tests/alone.py), one at a time with nothing
+# beside them. Both runs always run; the target fails if either failed.
+TEST_WORKERS ?= 4
+PYTEST_ALL := $(BIN)/pytest -q -p no:cacheprovider --ignore=tests/engine --ignore=tests/image \
+	--ignore=tests/wheel
 test: $(STAMP) tools
-	$(BIN)/pytest -q -p no:cacheprovider --ignore=tests/engine --ignore=tests/image --ignore=tests/wheel
+	@status=0; \
+	$(PYTEST_ALL) -n $(TEST_WORKERS) -m "not alone" || status=$$?; \
+	$(PYTEST_ALL) -m alone || status=$$?; \
+	exit $$status
 
 # A real inference engine (tests/engine, docs/engines/llama-cpp.md): llama.cpp's
 # llama-server, built once from the llama-cpp-python sdist into

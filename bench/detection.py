@@ -127,13 +127,13 @@ from common import RESULTS, free_port_block, write_result  # noqa: E402
 from tests.envoy_harness import (  # noqa: E402
     XDS_CLUSTER,
     EnvoyProcess,
-    free_port,
     listeners,
     parse_host_statuses,
     render_config,
     routes,
     walk,
 )
+from tests.ports import free_port  # noqa: E402
 from tests.processes import PluginProcess  # noqa: E402
 
 CLUSTER = "llama-70b"

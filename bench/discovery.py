@@ -103,7 +103,8 @@ def plugin_times(plugin: Any) -> dict[tuple[str, str], list[float]]:
 
 def measure_changes(changes: int, refresh_s: float, seed: int) -> dict[str, Any]:
     from tests.dns_server import loopback_dns
-    from tests.envoy_harness import EnvoyProcess, free_port, render_config
+    from tests.envoy_harness import EnvoyProcess, render_config
+    from tests.ports import free_port
     from tests.processes import PluginProcess, SimProcess
 
     rng = random.Random(seed)

@@ -66,8 +66,9 @@ from procs import cpu_seconds, load_average  # noqa: E402
 
 from common import free_port_block, stats_row, write_result  # noqa: E402
 from llm_health.fleet.ownership import endpoint_key, owner_of  # noqa: E402
-from tests.envoy_harness import EnvoyProcess, free_port, render_config  # noqa: E402
+from tests.envoy_harness import EnvoyProcess, render_config  # noqa: E402
 from tests.polling import wait_until  # noqa: E402
+from tests.ports import free_port  # noqa: E402
 from tests.processes import PluginProcess, SimProcess, http_json  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
 

@@ -41,7 +41,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "plugin"), str(Path(__file__).resolve().pa
 from procs import Sim, cpu_seconds, load_average  # noqa: E402
 
 from common import free_port_block, write_result  # noqa: E402
-from tests.envoy_harness import EnvoyProcess, free_port, render_config  # noqa: E402
+from tests.envoy_harness import EnvoyProcess, render_config  # noqa: E402
+from tests.ports import free_port  # noqa: E402
 from tests.processes import PluginProcess  # noqa: E402
 
 CLUSTER = "llama-70b"

@@ -64,10 +64,10 @@ from common import free_port_block, percentile, write_result  # noqa: E402
 from llm_health.xds.resources import TYPE_URL  # noqa: E402
 from tests.envoy_harness import (  # noqa: E402
     EnvoyProcess,
-    free_port,
     parse_host_statuses,
     render_config,
 )
+from tests.ports import free_port  # noqa: E402
 from tests.processes import PluginProcess  # noqa: E402
 
 CLUSTER = "llama-70b"

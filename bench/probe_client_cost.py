@@ -48,7 +48,7 @@ from llm_health.config import ProbeSettings  # noqa: E402
 from llm_health.model.outcome import Outcome  # noqa: E402
 from llm_health.probe.client import MicroProbe, new_session, probe_body  # noqa: E402
 from llm_health.probe.target import ProbeTarget  # noqa: E402
-from tests.envoy_harness import free_port  # noqa: E402
+from tests.ports import free_port  # noqa: E402
 
 SCALE_RATE = 2000  # probes/s of the scale target
 Exchange = Callable[[], Awaitable[bool]]  # one probe; True when a first token was read

@@ -36,7 +36,7 @@ from llm_health.model.outcome import ProbeResult  # noqa: E402
 from llm_health.probe.client import MicroProbe, new_session, probe_body  # noqa: E402
 from llm_health.probe.scheduler import Scheduler  # noqa: E402
 from llm_health.probe.target import ProbeTarget  # noqa: E402
-from tests.envoy_harness import free_port  # noqa: E402
+from tests.ports import free_port  # noqa: E402
 
 MODES = [
     (api, bust)

@@ -65,7 +65,7 @@ from llm_health.model.machine import Transition  # noqa: E402
 from llm_health.model.outcome import ProbeResult  # noqa: E402
 from llm_health.model.states import State  # noqa: E402
 from llm_health.probe.target import ProbeTarget  # noqa: E402
-from tests.envoy_harness import free_port  # noqa: E402
+from tests.ports import free_port  # noqa: E402
 
 TTFT_MS = 100.0
 ERROR_LIMIT_MS = 5.0

@@ -48,7 +48,8 @@ from llm_health.servers import xds as xds_servers  # noqa: E402
 from llm_health.servers.grpc import start_grpc_server  # noqa: E402
 from llm_health.servers.xds import add_xds_servicers  # noqa: E402
 from llm_health.xds.stream import XdsCounters, XdsStats  # noqa: E402
-from tests.envoy_harness import EnvoyProcess, free_port, render_config  # noqa: E402
+from tests.envoy_harness import EnvoyProcess, render_config  # noqa: E402
+from tests.ports import free_port  # noqa: E402
 
 CLUSTER = "llama-70b"
 CONFIGS = {"sotw": "sidecar-ads.yaml", "delta": "delta-ads.yaml"}

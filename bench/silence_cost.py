@@ -31,7 +31,7 @@ from llm_health.app.assemble import build_runtime  # noqa: E402
 from llm_health.config import Config  # noqa: E402
 from llm_health.model.machine import Transition  # noqa: E402
 from llm_health.model.outcome import ProbeResult  # noqa: E402
-from tests.envoy_harness import free_port  # noqa: E402
+from tests.ports import free_port  # noqa: E402
 
 FLEETS = {"healthy": ("50ms", "30ms"), "jittery": ("200ms", "100ms")}
 

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Generator
+from collections.abc import AsyncIterator, Generator, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
 
-from tests import envoy_harness
+from llm_health.sim.faults import FaultSpec
+from llm_health.sim.server import SimHandle, SimSettings, running_sim
+from tests import alone, envoy_harness
+from tests.processes import SimProcess, running_sims
 
 # CI runs hypothesis derandomized: the same examples every run, so a red CI is always
 # reproducible (and never a lucky draw). Locally the default random search keeps exploring.
@@ -17,13 +23,82 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 
-@pytest.hookimpl(wrapper=True)
+# --- tests that run alone (tests/alone.py) -------------------------------------------------
+
+LOCKS = pytest.StashKey[Path]()
+_worker_lock: alone.RunLock | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """On an xdist controller: the directory of the run's lock."""
+    if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
+        config.stash[LOCKS] = alone.make_lock_directory()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist: tell each worker where the run's lock is."""
+    if LOCKS in node.config.stash:
+        node.workerinput["alone_locks"] = str(node.config.stash[LOCKS])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if LOCKS in config.stash:
+        alone.remove_lock_directory(config.stash[LOCKS])
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    alone.alone_last(items)
+
+
+@contextlib.contextmanager
+def run_lock_held(item: pytest.Item) -> Iterator[None]:
+    """The run's lock for ``item``: exclusive for an ``alone`` test; nothing outside xdist."""
+    global _worker_lock
+    workerinput = getattr(item.config, "workerinput", None)
+    if workerinput is None or "alone_locks" not in workerinput:
+        yield
+        return
+    if _worker_lock is None:
+        _worker_lock = alone.RunLock(Path(workerinput["alone_locks"]))
+    with _worker_lock.held(exclusive=alone.is_alone(item)):
+        yield
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None]:
-    """Tell the Envoy harness which test runs (setup, call and teardown) and whether it
-    has the ``envoy`` marker: running Envoy from an unmarked test fails it (see
-    :func:`tests.envoy_harness.envoy_binary`)."""
-    envoy_harness.set_current_test(item.nodeid, item.get_closest_marker("envoy") is not None)
-    try:
-        return (yield)
-    finally:
-        envoy_harness.set_current_test(None)
+    """Around the whole test (setup, call and teardown): the run's lock, taken first so
+    that waiting for it is no part of the test's timeout or durations; then tell the
+    Envoy harness which test runs and whether it has the ``envoy`` marker: running
+    Envoy from an unmarked test fails it (see :func:`tests.envoy_harness.envoy_binary`)."""
+    with run_lock_held(item):
+        envoy_harness.set_current_test(item.nodeid, item.get_closest_marker("envoy") is not None)
+        try:
+            return (yield)
+        finally:
+            envoy_harness.set_current_test(None)
+
+
+# --- simulators ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def sim(request: pytest.FixtureRequest) -> AsyncIterator[SimHandle]:
+    """A simulator in the test's own event loop, on an ephemeral port. Its settings: the
+    keywords of the nearest ``@pytest.mark.sim_settings(...)`` (a test's, else its
+    module's ``pytestmark``), given to ``SimSettings``; without one, tokens come at once."""
+    marker = request.node.get_closest_marker("sim_settings")
+    config = (
+        SimSettings(**marker.kwargs) if marker else SimSettings(fault=FaultSpec(ttft=0.0, tpot=0.0))
+    )
+    async with running_sim(config) as handle:
+        yield handle
+
+
+@pytest.fixture
+def sim_process(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SimProcess]:
+    """``llm-health sim`` in a process of its own, answering before the test starts and
+    stopped after it. Its arguments: those of the nearest ``@pytest.mark.sim_args(...)``."""
+    marker = request.node.get_closest_marker("sim_args")
+    with running_sims(tmp_path, "", 1, *(marker.args if marker else ())) as (process,):
+        yield process

@@ -68,7 +68,6 @@ from llm_health.bootstrap import XDS_CLUSTER as XDS_CLUSTER
 from llm_health.bootstrap import ClusterSelection as ClusterSelection
 from llm_health.bootstrap import deep_merge as deep_merge
 from llm_health.bootstrap import eds_clusters as eds_clusters
-from llm_health.bootstrap import free_port as free_port
 from llm_health.bootstrap import grpc_cluster_names as grpc_cluster_names
 from llm_health.bootstrap import listeners as listeners
 from llm_health.bootstrap import load_bootstrap, render_bootstrap
@@ -288,7 +287,7 @@ class EnvoyProcess:
         log_level: str = "warn",
         component_log_level: str | None = None,
         concurrency: int = 1,
-        ready_timeout: float = 20.0,
+        ready_timeout: float = 60.0,  # a generous bound on a slow start (loaded machine)
         extra_args: Sequence[str] = (),
     ) -> None:
         self.config = Path(config)

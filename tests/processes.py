@@ -15,16 +15,21 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 
-from tests.envoy_harness import free_port
 from tests.polling import WaitTimeout, wait_until
+from tests.ports import free_port
 
 T = TypeVar("T")
+
+#: How long a process may take to come up. Generous: on a loaded 2-core machine starting
+#: a Python interpreter alone can take many seconds. A process that exits meanwhile fails
+#: the wait at once, so this bounds only a slow start, never a broken one.
+START_WITHIN_S = 60.0
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,8 +63,10 @@ class _Process:
         self.workdir = workdir
         self.log_path = workdir / f"{self.name}.log"
         self.process: subprocess.Popen[bytes] | None = None
+        self._terminated_at: float | None = None
 
     def _spawn(self, args: list[str]) -> None:
+        self._terminated_at = None
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "llm_health.cli", *args],
@@ -93,18 +100,26 @@ class _Process:
 
         self._wait(answers, timeout, f"{url} to answer")
 
+    def terminate(self) -> None:
+        """SIGTERM (once), without waiting: :meth:`stop` waits."""
+        if self.process is not None and self.process.poll() is None and not self._terminated_at:
+            self._terminated_at = time.monotonic()
+            self.process.send_signal(signal.SIGTERM)
+
     def stop(self, timeout: float = 5.0) -> tuple[int | None, float]:
-        """SIGTERM; returns (exit code, seconds it took). SIGKILL if it overstays."""
-        if self.process is None or self.process.poll() is not None:
+        """SIGTERM (unless :meth:`terminate` sent it); returns (exit code, seconds since
+        the signal). SIGKILL if it overstays ``timeout``."""
+        if self.process is None or (self.process.poll() is not None and not self._terminated_at):
             return (self.process.returncode if self.process else None), 0.0
-        started = time.monotonic()
-        self.process.send_signal(signal.SIGTERM)
+        self.terminate()
+        started = self._terminated_at or time.monotonic()
         try:
-            code = self.process.wait(timeout)
+            code = self.process.wait(max(0.0, started + timeout - time.monotonic()))
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
             code = None
+        self._terminated_at = None
         return code, time.monotonic() - started
 
     def kill(self) -> None:
@@ -134,18 +149,27 @@ class SimProcess(_Process):
         super().__init__(workdir)
         self.host = host
         self.port = port or free_port()
+        self._first_fault: dict[str, Any] = {}
         self._spawn(["sim", "--host", host, "--port", str(self.port), *args])
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def wait_up(self, timeout: float = 15.0) -> SimProcess:
+    def wait_up(self, timeout: float = START_WITHIN_S) -> SimProcess:
         self._wait_http(f"http://{self.address}/health", timeout)
+        self._first_fault = http_json(f"http://{self.address}/sim/fault")
         return self
 
     def set_fault(self, **knobs: Any) -> None:
         http_json(f"http://{self.address}/sim/fault", knobs)
+
+    def reset(self) -> None:
+        """Back to how it came up: the fault settings of its command line, counters and
+        recent requests cleared. One simulator can then serve several tests in turn
+        (each with a runtime of its own, stopped before the next test)."""
+        http_json(f"http://{self.address}/sim/fault", self._first_fault)
+        http_json(f"http://{self.address}/sim/stats/reset", {})
 
     def stats(self) -> dict[str, Any]:
         result: dict[str, Any] = http_json(f"http://{self.address}/sim/stats")
@@ -181,7 +205,7 @@ class PluginProcess(_Process):
         self._spawn(["serve", "--config", str(self.config_path), "--log-format", "json"])
         return self
 
-    def wait_ready(self, timeout: float = 20.0) -> PluginProcess:
+    def wait_ready(self, timeout: float = START_WITHIN_S) -> PluginProcess:
         self._wait_http(f"http://127.0.0.1:{self.http_port}/livez", timeout)
         self._wait(
             lambda: http_json(f"http://127.0.0.1:{self.http_port}/readyz") or True,
@@ -212,11 +236,24 @@ class PluginProcess(_Process):
 def running_sims(workdir: Path, prefix: str, count: int, *args: str) -> Iterator[list[SimProcess]]:
     """``count`` simulators (``llm-health sim *args``), each up before the block runs;
     all stopped at its end."""
-    started = [SimProcess(workdir, f"{prefix}{i}", *args) for i in range(count)]
+    started: list[SimProcess] = []
     try:
+        started.extend(SimProcess(workdir, f"{prefix}{i}", *args) for i in range(count))
         yield [s.wait_up() for s in started]
     finally:
-        for process in started:
+        stop_all(started)
+
+
+def stop_all(processes: Iterable[Any]) -> None:
+    """Stop what a test started (simulators, plugins, Envoys: anything with ``stop()``),
+    side by side: SIGTERM to every simulator and plugin first, then each stopped and
+    waited for in the given order. One that fails to stop does not keep the others up."""
+    processes = list(processes)
+    for process in processes:
+        if isinstance(process, _Process):
+            process.terminate()
+    for process in processes:
+        with contextlib.suppress(Exception):
             process.stop()
 
 

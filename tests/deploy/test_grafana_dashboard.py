@@ -40,8 +40,8 @@ from envoy.service.auth.v3 import external_auth_pb2, external_auth_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.dns_server import loopback_dns
-from tests.envoy_harness import free_port
 from tests.polling import wait_until
+from tests.ports import free_port
 from tests.processes import ROOT, PluginProcess, SimProcess
 from tests.redis_server import RedisServer
 

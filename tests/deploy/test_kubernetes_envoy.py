@@ -24,11 +24,11 @@ from tests.deploy.manifests import arg_after, configmap_file, container
 from tests.envoy_harness import (
     EnvoyProcess,
     envoy_binary,
-    free_port,
     host_view,
     http_request,
     render_config,
 )
+from tests.ports import free_port
 from tests.processes import PluginProcess, SimProcess
 
 pytestmark = pytest.mark.envoy

@@ -25,8 +25,8 @@ import pytest
 import yaml
 
 from tests.dns_server import loopback_dns
-from tests.envoy_harness import free_port
 from tests.polling import wait_until
+from tests.ports import free_port
 from tests.processes import PluginProcess, SimProcess
 from tests.redis_server import RedisServer
 

@@ -10,7 +10,6 @@ ext_authz counters.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import statistics
 import time
@@ -26,9 +25,10 @@ import grpc
 import pytest
 from envoy.service.auth.v3 import external_auth_pb2, external_auth_pb2_grpc
 
-from tests.envoy_harness import EnvoyProcess, eds_clusters, free_port, render_config
+from tests.envoy_harness import EnvoyProcess, eds_clusters, render_config
 from tests.polling import wait_until
-from tests.processes import PluginProcess, SimProcess
+from tests.ports import free_port
+from tests.processes import PluginProcess, SimProcess, stop_all
 
 pytestmark = pytest.mark.envoy
 
@@ -156,9 +156,7 @@ def gateway(tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
         return gw
 
     yield build
-    for process in reversed(started):
-        with contextlib.suppress(Exception):
-            process.stop()
+    stop_all(reversed(started))
 
 
 def _set_lb_policy(config: dict[str, Any], lb_policy: str | None) -> None:
@@ -236,6 +234,7 @@ def test_checks_on_the_own_authz_port_deny_and_allow_through_envoy(
 # --------------------------------------------------------------------------- no capacity
 
 
+@pytest.mark.alone  # every 503 within 50 ms
 def test_all_unhealthy_gets_503_with_retry_after_at_once(gateway: Callable[..., Gateway]) -> None:
     gw = gateway([DEAD, DEAD], ["UNHEALTHY", "UNHEALTHY"])
     before = gw.served()

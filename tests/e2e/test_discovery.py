@@ -21,8 +21,8 @@ import yaml
 from tests.dns_server import LoopbackDns, loopback_dns
 from tests.e2e.test_gateway import CLUSTER, FAST, envoy_view, stack  # noqa: F401
 from tests.e2e.test_operate import cli
-from tests.envoy_harness import free_port
 from tests.polling import wait_until
+from tests.ports import free_port
 from tests.processes import PluginProcess
 
 pytestmark = pytest.mark.envoy

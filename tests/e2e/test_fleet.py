@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,8 @@ class Fleet:
 
     def __init__(self, tmp_path: Path, procs: Any) -> None:
         self.tmp_path, self.procs = tmp_path, procs
-        self.redis = RedisServer(tmp_path / "redis").start()
+        # adopted first: the stack stops it last, also when a start below fails
+        self.redis: RedisServer = procs.adopt(RedisServer(tmp_path / "redis")).start()
         self.sims: list[SimProcess] = [procs.sim(f"b{i}", *FAST) for i in range(4)]
         for sim in self.sims:
             sim.wait_up()
@@ -100,17 +100,10 @@ class Fleet:
         time.sleep(seconds)
         return [(after - b) / seconds for after, b in zip(self.probes(), before, strict=True)]
 
-    def stop(self) -> None:
-        self.redis.stop()
-
 
 @pytest.fixture
-def fleet(tmp_path: Path, stack: Any) -> Iterator[Fleet]:  # noqa: F811
-    made = Fleet(tmp_path, stack)
-    try:
-        yield made
-    finally:
-        made.stop()
+def fleet(tmp_path: Path, stack: Any) -> Fleet:  # noqa: F811
+    return Fleet(tmp_path, stack)
 
 
 def watch(fleet: Fleet, seconds: float, *which: int, every: float = 0.05) -> list[dict[int, View]]:

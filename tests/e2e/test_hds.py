@@ -15,7 +15,6 @@ Every process is stopped at teardown.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import time
@@ -25,9 +24,10 @@ from typing import Any
 
 import pytest
 
-from tests.envoy_harness import EnvoyProcess, free_port, render_config
+from tests.envoy_harness import EnvoyProcess, render_config
 from tests.polling import WaitTimeout, wait_until
-from tests.processes import PluginProcess, SimProcess
+from tests.ports import free_port
+from tests.processes import PluginProcess, SimProcess, stop_all
 
 pytestmark = [pytest.mark.envoy, pytest.mark.timeout(120)]
 
@@ -100,9 +100,7 @@ class Stack:
         return found
 
     def stop(self) -> None:
-        for process in reversed(self.started):
-            with contextlib.suppress(Exception):
-                process.stop()
+        stop_all(reversed(self.started))
 
 
 @pytest.fixture

@@ -3,11 +3,9 @@ simulators, `llm-health serve`, the `llm-health` CLI as a subprocess, and a real
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import queue
-import socket
 import subprocess
 import sys
 import threading
@@ -21,9 +19,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.test_gateway import CLUSTER, CONFIGS, FAST, envoy_view
-from tests.envoy_harness import EnvoyProcess, free_port, render_config
+from tests.envoy_harness import EnvoyProcess, render_config
 from tests.polling import wait_until
-from tests.processes import PluginProcess, SimProcess
+from tests.ports import free_port
+from tests.processes import PluginProcess, SimProcess, stop_all
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "sk-probe-secret-4f1d9a"  # a probe header value: must never be shown anywhere
@@ -67,6 +66,16 @@ def scrape(plugin: PluginProcess) -> tuple[dict[tuple[str, frozenset[Any]], floa
 
 def metric(found: dict[Any, float], name: str, **labels: str) -> float:
     return found.get((name, frozenset(labels.items())), 0.0)
+
+
+def probes_of(plugin: PluginProcess, endpoint: str) -> float:
+    """Probes of ``endpoint`` so far, of every outcome (from /metrics)."""
+    found, _ = scrape(plugin)
+    return sum(
+        value
+        for (name, labels), value in found.items()
+        if name == "llm_health_probes_total" and dict(labels).get("endpoint") == endpoint
+    )
 
 
 def transitions(found: dict[Any, float], endpoint: str) -> dict[tuple[str, str, str], float]:
@@ -120,9 +129,7 @@ class Procs:
 def procs(tmp_path: Path) -> Iterator[Procs]:
     made = Procs(tmp_path)
     yield made
-    for process in reversed(made.started):
-        with contextlib.suppress(Exception):
-            process.stop()
+    stop_all(reversed(made.started))
 
 
 def admin_of(plugin: PluginProcess) -> str:
@@ -159,7 +166,21 @@ def test_metrics_and_logs_during_a_hang(procs: Procs) -> None:
     wait_until(lambda: plugin.states()[hung.address] == "unhealthy", 10, "hung endpoint unhealthy")
     wait_until(lambda: envoy_view(envoy)[hung.address][0] == "UNHEALTHY", 5, "Envoy sees it")
     earlier, _ = scrape(plugin)
-    time.sleep(2.0)  # more probes of both: at least one more timeout (800 ms each)
+
+    def more_probes_of_both() -> bool:
+        now, _ = scrape(plugin)
+        timeouts = [
+            metric(m, "llm_health_probes_total", **h, outcome="timeout") for m in (earlier, now)
+        ]
+        return (
+            timeouts[1] > timeouts[0]
+            and timeouts[1] >= 3
+            and metric(now, "llm_health_probes_total", **g, outcome="fast") >= 5
+        )
+
+    # more probes of both: another timeout (800 ms each), three in all, and five FAST of
+    # the good one
+    wait_until(more_probes_of_both, 10, "another timeout of the hung endpoint")
     found, text = scrape(plugin)
 
     moves = transitions(found, hung.address)
@@ -348,7 +369,9 @@ def test_drain_goes_draining_in_envoy_and_back(procs: Procs) -> None:
     assert done.returncode == 0, done.stderr
     wait_until(lambda: envoy_view(envoy)[a.address] == ("DRAINING", 100), 5, "DRAINING in Envoy")
     assert envoy_view(envoy)[b.address] == ("HEALTHY", 100)
-    time.sleep(1.0)  # probes go on underneath; a drained endpoint stays drained
+    # Probes go on underneath (three more of it: healthy_after is 2); it stays drained.
+    drained_at = probes_of(plugin, a.address)
+    wait_until(lambda: probes_of(plugin, a.address) >= drained_at + 3, 10, "3 more probes")
     assert envoy_view(envoy)[a.address] == ("DRAINING", 100)
     assert plugin.states()[a.address] == "draining"
 
@@ -388,10 +411,7 @@ def test_cli_errors_are_clear(procs: Procs) -> None:
     assert unknown.returncode == 1 and "unknown cluster or endpoint" in unknown.stderr
     bad = cli("force", CLUSTER, sim.address, "healthy", "--for", "200h", *admin)
     assert bad.returncode == 2 and "at most 7 days" in bad.stderr
-    with socket.socket() as holder:  # a port nobody serves
-        holder.bind(("127.0.0.1", 0))
-        port = holder.getsockname()[1]
-    down = cli("status", "--admin", f"127.0.0.1:{port}", "--timeout", "2s")
+    down = cli("status", "--admin", f"127.0.0.1:{free_port()}", "--timeout", "2s")  # nobody serves
     assert down.returncode == 1 and "cannot reach the admin API" in down.stderr
     assert "Traceback" not in unknown.stderr + bad.stderr + down.stderr
 
@@ -416,8 +436,6 @@ def test_non_loopback_admin_without_token_refuses_to_start(procs: Procs) -> None
 def test_token_rejects_calls_without_it(procs: Procs, monkeypatch: pytest.MonkeyPatch) -> None:
     sim = procs.sim("a", *FAST)
     sim.wait_up()
-    from tests.envoy_harness import free_port
-
     port = free_port()
     monkeypatch.setenv("ADMIN_TOKEN", TOKEN)  # the plugin reads it through ${ADMIN_TOKEN}
     settings = {"grpc": f"127.0.0.1:{port}", "token": "${ADMIN_TOKEN}"}

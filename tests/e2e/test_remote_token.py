@@ -21,8 +21,9 @@ import yaml
 
 from llm_health.bootstrap import render_bootstrap, walk
 from tests.e2e.test_gateway import send
-from tests.envoy_harness import EnvoyProcess, free_port
+from tests.envoy_harness import EnvoyProcess
 from tests.polling import wait_until
+from tests.ports import free_port
 from tests.processes import PluginProcess, SimProcess
 
 pytestmark = [pytest.mark.envoy, pytest.mark.timeout(120)]

@@ -21,8 +21,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.envoy_harness import free_port
 from tests.polling import WaitTimeout, wait_until
+from tests.ports import free_port
 
 ENGINE_ENV = "LLM_HEALTH_ENGINE"  # the cache directory build-llama-server.sh prints
 SERVER = Path("src/vendor/llama.cpp/build/bin/llama-server")  # inside that directory

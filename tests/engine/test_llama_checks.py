@@ -24,8 +24,8 @@ from llm_health.model.machine import Transition
 from llm_health.model.outcome import ProbeResult
 from llm_health.model.states import State
 from tests.engine.llama import DEFAULT_ALIAS, LlamaServer, StartServer
-from tests.envoy_harness import free_port
 from tests.polling import wait_until_async
+from tests.ports import free_port
 from tests.runtime import Running as RunningRuntime
 
 SOAK_S = float(os.environ.get("LLM_HEALTH_ENGINE_SOAK", "300"))

@@ -29,9 +29,10 @@ from llm_health.servers.admin import AdminServicer, AuthStats, add_admin_service
 from llm_health.servers.admin_codec import result_from_pb, snapshot_from_pb
 from llm_health.servers.grpc import start_grpc_server
 from llm_health.xds.resources import TYPE_URL
-from tests.envoy_harness import free_port
-from tests.polling import wait_until_async
-from tests.processes import SimProcess
+from tests.configs import plugin_yaml
+from tests.ports import free_port
+from tests.processes import SimProcess, running_sims
+from tests.runtime import Running
 
 pytestmark = pytest.mark.timeout(60)
 TOKEN = "test-token-0123456789abcdef"
@@ -39,19 +40,9 @@ ADMIN_REFUSED = "admin call rejected: missing or wrong bearer token"
 CLUSTER = "llama"
 WATCH_WITHIN_S = 1.0
 
-CONFIG = """
-server: {{grpc: "127.0.0.1:{grpc}", http: "127.0.0.1:{http}"}}
-probe: {{model: sim-model, interval: {interval}, healthy_after: 1}}
-xds: {{warm_start_timeout: 2s}}
-{admin}
-clusters:
-  - name: llama
-    endpoints: [{{address: "{a}"}}, {{address: "{b}"}}]
-"""
-
 
 @dataclass
-class Running:
+class Admin:
     runtime: Runtime
     stub: Any
     channel: grpc.aio.Channel
@@ -62,49 +53,35 @@ class Running:
 
 @pytest.fixture(scope="module")
 def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SimProcess, SimProcess]]:
-    workdir = tmp_path_factory.mktemp("sims")
-    pair = (SimProcess(workdir, "a", "--ttft", "20ms"), SimProcess(workdir, "b", "--ttft", "20ms"))
-    try:
-        for process in pair:
-            process.wait_up()
-        yield pair
-    finally:
-        for process in pair:
-            process.stop()
+    with running_sims(tmp_path_factory.mktemp("sims"), "", 2, "--ttft", "20ms") as (a, b):
+        yield a, b
 
 
-async def start(
-    sims: tuple[SimProcess, SimProcess], admin: str = "", interval: str = "60s"
-) -> tuple[Runtime, asyncio.Task[None], asyncio.Event]:
-    text = CONFIG.format(
-        grpc=free_port(), http=free_port(), interval=interval, admin=admin,
-        a=sims[0].address, b=sims[1].address,
-    )  # fmt: skip
-    runtime = build_runtime(parse_config(text, "admin-test.yaml", {}))
-    stop = asyncio.Event()
-    task = asyncio.create_task(runtime.run(stop))
-    await wait_until_async(lambda: not runtime.ready_problems(), 15, "the runtime to be ready")
-    assert not runtime.ready_problems(), runtime.ready_problems()
-    return runtime, task, stop
+def started(sims: tuple[SimProcess, SimProcess], admin: dict[str, str] | None = None) -> Running:
+    """The runtime probing both simulators once a minute; ``admin``: its ``admin:`` section."""
+    text = plugin_yaml(
+        sims,
+        probe={"model": "sim-model", "interval": "60s", "healthy_after": 1},
+        xds={"warm_start_timeout": "2s"},
+        admin=admin,
+    )
+    return Running.from_config(text, "admin-test.yaml")
 
 
 @pytest.fixture
-async def running(sims: tuple[SimProcess, SimProcess]) -> AsyncIterator[Running]:
-    runtime, task, stop = await start(sims)
-    try:
+async def running(sims: tuple[SimProcess, SimProcess]) -> AsyncIterator[Admin]:
+    async with started(sims) as run:
+        runtime = (await run.ready()).runtime
         async with grpc.aio.insecure_channel(f"127.0.0.1:{runtime.grpc_port}") as channel:
             a, b = (t.address for t in runtime.targets)
-            yield Running(runtime, pb_grpc.AdminStub(channel), channel, a, b)
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 5)
+            yield Admin(runtime, pb_grpc.AdminStub(channel), channel, a, b)
 
 
 def key(address: str) -> dict[str, str]:
     return {"cluster": CLUSTER, "address": address}
 
 
-async def test_list_matches_status(running: Running) -> None:
+async def test_list_matches_status(running: Admin) -> None:
     answer = await running.stub.ListEndpoints(pb.ListEndpointsRequest())
     status = running.runtime.status()
     rebuilt = status_document(snapshot_from_pb(answer))
@@ -114,7 +91,7 @@ async def test_list_matches_status(running: Running) -> None:
     assert states == {running.a: pb.STATE_HEALTHY, running.b: pb.STATE_HEALTHY}
 
 
-async def test_drain_and_undrain(running: Running) -> None:
+async def test_drain_and_undrain(running: Admin) -> None:
     drained = await running.stub.Drain(
         pb.DrainRequest(**key(running.a), reason="kernel  upgrade\n now")
     )
@@ -132,7 +109,7 @@ async def test_drain_and_undrain(running: Running) -> None:
     assert not noop.changed and noop.endpoint.state == pb.STATE_HEALTHY
 
 
-async def test_force_and_clear(running: Running) -> None:
+async def test_force_and_clear(running: Admin) -> None:
     request = pb.ForceStateRequest(
         **key(running.b),
         state=pb.STATE_UNHEALTHY,
@@ -161,7 +138,7 @@ async def test_force_and_clear(running: Running) -> None:
     ],
 )
 async def test_force_rejects_bad_arguments(
-    running: Running, state: int, seconds: int, needle: str
+    running: Admin, state: int, seconds: int, needle: str
 ) -> None:
     request = pb.ForceStateRequest(
         **key(running.a), state=state, duration=Duration(seconds=seconds)
@@ -238,7 +215,7 @@ async def test_force_rejects_invalid_protobuf_durations(
 
 
 @pytest.mark.parametrize("method", ["Drain", "Undrain", "ClearOverride", "ProbeNow"])
-async def test_unknown_endpoint_is_not_found(running: Running, method: str) -> None:
+async def test_unknown_endpoint_is_not_found(running: Admin, method: str) -> None:
     request_type = pb.DrainRequest if method == "Drain" else pb.EndpointRequest
     for cluster, address in [(CLUSTER, "127.0.0.1:1"), ("nope", running.a)]:
         with pytest.raises(grpc.aio.AioRpcError) as caught:
@@ -246,7 +223,7 @@ async def test_unknown_endpoint_is_not_found(running: Running, method: str) -> N
         assert caught.value.code() is grpc.StatusCode.NOT_FOUND
 
 
-async def test_probe_now_folds_in_and_never_overlaps(running: Running) -> None:
+async def test_probe_now_folds_in_and_never_overlaps(running: Admin) -> None:
     before = running.runtime.stats.probes_total
     answers = await asyncio.gather(
         *(running.stub.ProbeNow(pb.EndpointRequest(**key(running.a))) for _ in range(4))
@@ -264,7 +241,7 @@ async def test_probe_now_folds_in_and_never_overlaps(running: Running) -> None:
     assert newest is not None and newest.started_at == results[-1].started_at
 
 
-async def test_watch_streams_changes_within_a_second(running: Running) -> None:
+async def test_watch_streams_changes_within_a_second(running: Admin) -> None:
     call = running.stub.WatchEndpoints(pb.WatchEndpointsRequest(cluster=CLUSTER))
     try:
         first = await asyncio.wait_for(call.read(), 5)
@@ -284,7 +261,7 @@ async def test_watch_streams_changes_within_a_second(running: Running) -> None:
         call.cancel()
 
 
-async def test_watch_unknown_cluster(running: Running) -> None:
+async def test_watch_unknown_cluster(running: Admin) -> None:
     call = running.stub.WatchEndpoints(pb.WatchEndpointsRequest(cluster="nope"))
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await call.read()
@@ -297,8 +274,8 @@ async def test_watch_unknown_cluster(running: Running) -> None:
 async def test_token_required_for_every_method_but_not_for_xds(
     sims: tuple[SimProcess, SimProcess],
 ) -> None:
-    runtime, task, stop = await start(sims, admin=f"admin: {{token: {TOKEN}}}")
-    try:
+    async with started(sims, admin={"token": TOKEN}) as run:
+        runtime = (await run.ready()).runtime
         async with grpc.aio.insecure_channel(f"127.0.0.1:{runtime.grpc_port}") as channel:
             stub = pb_grpc.AdminStub(channel)
             for metadata in [
@@ -336,9 +313,6 @@ async def test_token_required_for_every_method_but_not_for_xds(
         status = runtime.status()["admin"]
         assert status["auth"] == "bearer token" and status["unauthenticated_total"] == 7
         assert TOKEN not in repr(runtime.status())
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 5)
 
 
 async def test_a_flood_of_wrong_tokens_is_counted_and_logged_once_per_peer_host(
@@ -373,8 +347,8 @@ async def test_own_bind_moves_the_api_off_the_xds_server(
     sims: tuple[SimProcess, SimProcess],
 ) -> None:
     port = free_port()
-    runtime, task, stop = await start(sims, admin=f'admin: {{grpc: "127.0.0.1:{port}"}}')
-    try:
+    async with started(sims, admin={"grpc": f"127.0.0.1:{port}"}) as run:
+        runtime = (await run.ready()).runtime
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             answer = await pb_grpc.AdminStub(channel).ListEndpoints(pb.ListEndpointsRequest())
             assert len(answer.clusters[0].endpoints) == 2
@@ -383,9 +357,6 @@ async def test_own_bind_moves_the_api_off_the_xds_server(
                 await pb_grpc.AdminStub(channel).ListEndpoints(pb.ListEndpointsRequest())
             assert caught.value.code() is grpc.StatusCode.UNIMPLEMENTED
         assert runtime.status()["admin"]["grpc"] == f"127.0.0.1:{port}"
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 5)
 
 
 class _RecordingServer:

@@ -23,8 +23,8 @@ from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.policy import Policy
 from llm_health.model.states import State
 from tests.alerts_receiver import Receiver
-from tests.envoy_harness import free_port
 from tests.polling import wait_until_async
+from tests.ports import free_port
 
 SECRET = "s3cr3t-token-value"
 POLICY = Policy(healthy_after=1, unhealthy_after=1)

@@ -10,40 +10,33 @@ import itertools
 import time
 from pathlib import Path
 
+import pytest
+
 from llm_health.alerts.component import AlertsComponent
-from llm_health.app.assemble import build_runtime
-from llm_health.config import parse_config
 from llm_health.model.outcome import ProbeResult
 from tests.alerts_receiver import Receiver
-from tests.envoy_harness import free_port
+from tests.configs import plugin_yaml
 from tests.polling import wait_until_async
+from tests.ports import free_port
 from tests.processes import SimProcess
+from tests.runtime import Running
 
+# alone: the gaps between probe starts are measured against 0.4 s.
+pytestmark = pytest.mark.alone
 INTERVAL_S = 0.1
 RUN_S = 4.0
 # A probe may start late by scheduling noise on a busy 2-core machine, never by a
 # webhook: a blocked prober would show gaps of the webhook timeout (10 s) or more.
 MAX_GAP_S = INTERVAL_S + 0.3
 
-CONFIG = """
-server: {{grpc: "127.0.0.1:{grpc}", http: "127.0.0.1:{http}"}}
-probe:
-  model: sim-model
-  interval: 100ms
-  timeout: 500ms
-  healthy_ttft: 300ms
-  healthy_after: 1
-  unhealthy_after: 1
-xds: {{warm_start_timeout: 1s}}
-alerts:
-  retry_backoff: 50ms
-  webhooks:
-    - {{url: "{hanging}", timeout: 10s}}
-    - {{url: "http://127.0.0.1:{dead}/hook", timeout: 1s}}
-clusters:
-  - name: llama-70b
-    endpoints: [{{address: "{sim}"}}]
-"""
+PROBE = {
+    "model": "sim-model",
+    "interval": "100ms",
+    "timeout": "500ms",
+    "healthy_ttft": "300ms",
+    "healthy_after": 1,
+    "unhealthy_after": 1,
+}
 
 
 async def test_slow_and_unreachable_webhooks_never_delay_probing(tmp_path: Path) -> None:
@@ -54,29 +47,34 @@ async def test_slow_and_unreachable_webhooks_never_delay_probing(tmp_path: Path)
     )  # fmt: skip
     try:
         await asyncio.to_thread(sim.wait_up)
-        text = CONFIG.format(
-            grpc=free_port(), http=free_port(), hanging=hanging.url, dead=free_port(),
-            sim=sim.address,
-        )  # fmt: skip
-        runtime = build_runtime(parse_config(text, "alerts.yaml", {}))
+        webhooks = [
+            {"url": hanging.url, "timeout": "10s"},
+            {"url": f"http://127.0.0.1:{free_port()}/hook", "timeout": "1s"},  # nobody listens
+        ]
+        text = plugin_yaml(
+            [sim],
+            cluster="llama-70b",
+            probe=PROBE,
+            xds={"warm_start_timeout": "1s"},
+            alerts={"retry_backoff": "50ms", "webhooks": webhooks},
+        )
+        running = Running.from_config(text, "alerts.yaml")
+        runtime = running.runtime
         starts: list[float] = []
 
         def on_probe(_cluster: str, _address: str, result: ProbeResult) -> None:
             starts.append(result.started_at)
 
         runtime.control.on_probe(on_probe)
-        stop = asyncio.Event()
-        run = asyncio.create_task(runtime.run(stop))
-        await asyncio.sleep(RUN_S)  # let the webhooks hang, fail and retry meanwhile
-        # the probe count is about events, not about how fast this machine ran RUN_S
-        await wait_until_async(
-            lambda: len(starts) >= 0.8 * RUN_S / INTERVAL_S, RUN_S, "the probes of RUN_S"
-        )
-        alerts = next(c for c in runtime.components if isinstance(c, AlertsComponent))
-        status = alerts.status()
-        stop.set()
-        stopping = time.monotonic()
-        await asyncio.wait_for(run, 5.0)
+        async with running:
+            await asyncio.sleep(RUN_S)  # let the webhooks hang, fail and retry meanwhile
+            # the probe count is about events, not about how fast this machine ran RUN_S
+            await wait_until_async(
+                lambda: len(starts) >= 0.8 * RUN_S / INTERVAL_S, RUN_S, "the probes of RUN_S"
+            )
+            alerts = next(c for c in runtime.components if isinstance(c, AlertsComponent))
+            status = alerts.status()
+            stopping = time.monotonic()  # the block's end stops the runtime
         stop_s = time.monotonic() - stopping
     finally:
         sim.stop()

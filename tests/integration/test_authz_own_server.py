@@ -14,9 +14,8 @@ import asyncio
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -25,28 +24,15 @@ from envoy.service.auth.v3 import external_auth_pb2, external_auth_pb2_grpc
 
 from llm_health.app.runtime import Runtime
 from llm_health.model.states import State
-from tests.envoy_harness import free_port
+from tests.configs import plugin_yaml
 from tests.polling import wait_until_async
+from tests.ports import free_port
 from tests.processes import SimProcess
 from tests.runtime import Running
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.sim_args("--ttft", "20ms")]
 
 TOKEN = "own-authz-token-0123456789"
-CONFIG = """
-server:
-  grpc: "127.0.0.1:{grpc}"
-  http: "127.0.0.1:{http}"
-  authz: "127.0.0.1:{authz}"
-  token: "{token}"
-probe:
-  interval: 200ms
-  timeout: 800ms
-  model: sim-model
-clusters:
-  - name: llama
-    endpoints: [{{address: "{address}"}}]
-"""
 OK, PERMISSION_DENIED = 0, 7
 BLOCK_S = 1.5
 
@@ -68,21 +54,19 @@ class Own:
             return stub.Check(request, timeout=5, metadata=metadata)
 
 
-@pytest.fixture
-def sim(tmp_path: Path) -> Iterator[SimProcess]:
-    process = SimProcess(tmp_path, "own-authz", "--ttft", "20ms")
-    try:
-        yield process.wait_up()
-    finally:
-        process.stop()
-
-
-@pytest.fixture
-async def running(sim: SimProcess) -> AsyncIterator[Own]:
-    authz, grpc_port = free_port(), free_port()
-    text = CONFIG.format(
-        grpc=grpc_port, http=free_port(), authz=authz, token=TOKEN, address=sim.address
+def config_text(sim: SimProcess, authz: int) -> str:
+    """Probing ``sim``; ext_authz on its own port ``authz``, behind ``server.token``."""
+    return plugin_yaml(
+        [sim],
+        server={"authz": f"127.0.0.1:{authz}", "token": TOKEN},
+        probe={"interval": "200ms", "timeout": "800ms", "model": "sim-model"},
     )
+
+
+@pytest.fixture
+async def running(sim_process: SimProcess) -> AsyncIterator[Own]:
+    authz = free_port()
+    text = config_text(sim_process, authz)
     async with Running.from_config(text, "own-authz.yaml") as started:
         runtime = started.runtime
 
@@ -91,9 +75,10 @@ async def running(sim: SimProcess) -> AsyncIterator[Own]:
             return all(e.state is State.HEALTHY for e in cluster.endpoints)
 
         await wait_until_async(healthy, 20, "the endpoint healthy")
-        yield Own(runtime, sim, authz, grpc_port)
+        yield Own(runtime, sim_process, authz, runtime.grpc_port)
 
 
+@pytest.mark.alone  # it blocks its own loop for 1.5 s; the answer must come meanwhile
 async def test_a_check_is_answered_while_the_runtime_loop_is_blocked(running: Own) -> None:
     answered: list[tuple[float, Any]] = []
 
@@ -159,15 +144,14 @@ async def test_the_main_port_no_longer_serves_check(running: Own) -> None:
     assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
-async def test_a_taken_authz_port_is_reported_and_the_service_goes_on(sim: SimProcess) -> None:
+async def test_a_taken_authz_port_is_reported_and_the_service_goes_on(
+    sim_process: SimProcess,
+) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        text = CONFIG.format(
-            grpc=free_port(), http=free_port(), authz=port, token=TOKEN, address=sim.address
-        )
-        async with Running.from_config(text, "taken.yaml") as started:
+        async with Running.from_config(config_text(sim_process, port), "taken.yaml") as started:
             runtime = started.runtime
 
             def reported() -> bool:

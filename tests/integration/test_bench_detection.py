@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from tests.envoy_harness import EnvoyProcess, free_port, render_config, validate_config
+from tests.envoy_harness import EnvoyProcess, render_config, validate_config
+from tests.ports import free_port
 from tests.processes import SimProcess
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,57 +6,51 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from llm_health.app.assemble import build_runtime
 from llm_health.app.runtime import Runtime
-from llm_health.config import parse_config
 from llm_health.model.causes import Cause
 from llm_health.model.states import State
-from tests.envoy_harness import free_port
+from tests.configs import plugin_yaml
 from tests.polling import wait_until_async
-from tests.processes import SimProcess
+from tests.processes import SimProcess, running_sims
 from tests.runtime import Running as RunningRuntime
+from tests.runtime import runtime_from
 
-CONFIG = """
-server: {{grpc: "127.0.0.1:{grpc}", http: "127.0.0.1:{http}"}}
-probe:
-  interval: 500ms
-  timeout: 800ms
-  healthy_ttft: 200ms
-  healthy_after: 2
-  verify: {{every: {every}, expect: {expect}}}
-  engine_metrics: {{interval: 300ms}}
-clusters:
-  - name: llama
-    model: sim-model
-    endpoints: [{endpoints}]
-"""
+
+@pytest.fixture(scope="module")
+def started_sims(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[list[SimProcess]]:
+    """Three simulators for the module's tests (``request.param``: more arguments)."""
+    extra: tuple[str, ...] = getattr(request, "param", ())
+    workdir = tmp_path_factory.mktemp("engines")
+    with running_sims(workdir, "engine", 3, "--ttft", "20ms", *extra) as started:
+        yield started
 
 
 @pytest.fixture
-def sims(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[list[SimProcess]]:
-    extra: tuple[str, ...] = getattr(request, "param", ())
-    started: list[SimProcess] = []
-    try:
-        for index in range(3):
-            started.append(SimProcess(tmp_path, f"engine{index}", "--ttft", "20ms", *extra))
-        yield [sim.wait_up() for sim in started]
-    finally:
-        for sim in started:
-            sim.stop()
+def sims(started_sims: list[SimProcess]) -> list[SimProcess]:
+    """The module's simulators, each as it came up (faults of the last test undone)."""
+    for sim in started_sims:
+        sim.reset()
+    return started_sims
 
 
-def runtime_for(sims: list[SimProcess], every: str = "3s", expect: str = "null") -> Runtime:
-    endpoints = ", ".join(f'{{address: "{s.address}"}}' for s in sims)
-    text = CONFIG.format(
-        grpc=free_port(), http=free_port(), endpoints=endpoints, every=every, expect=expect
-    )
-    return build_runtime(parse_config(text, "engines.yaml", {}))
+def runtime_for(sims: list[SimProcess], every: str = "3s", expect: str | None = None) -> Runtime:
+    probe = {
+        "interval": "500ms",
+        "timeout": "800ms",
+        "healthy_ttft": "200ms",
+        "healthy_after": 2,
+        "verify": {"every": every, "expect": expect},
+        "engine_metrics": {"interval": "300ms"},
+    }
+    text = plugin_yaml(sims, cluster_keys={"model": "sim-model"}, probe=probe)
+    return runtime_from(text, "engines.yaml")
 
 
 def endpoint(runtime: Runtime, sim: SimProcess) -> Any:
@@ -90,6 +84,22 @@ async def set_fault(sim: SimProcess, **knobs: Any) -> None:
     await asyncio.to_thread(sim.set_fault, **knobs)
 
 
+def is_known_answer(request: dict[str, Any]) -> bool:
+    return "capital of France" in str(request["prompt"])  # the default verify prompt
+
+
+async def wait_probes(
+    sim: SimProcess, count: int, since: float, kind: Callable[[dict[str, Any]], bool]
+) -> None:
+    """Until ``sim`` has had ``count`` probes of ``kind`` since ``since`` (wall time)."""
+
+    async def seen() -> bool:
+        recent = (await asyncio.to_thread(sim.stats))["recent"]
+        return sum(1 for r in recent if r["probe"] and r["time"] >= since and kind(r)) >= count
+
+    await wait_until_async(seen, 15, f"{count} more probes of {sim.address}")
+
+
 async def test_garbage_output_takes_one_endpoint_out_within_every_plus_2s(
     sims: list[SimProcess],
 ) -> None:
@@ -104,8 +114,9 @@ async def test_garbage_output_takes_one_endpoint_out_within_every_plus_2s(
         assert out.signals == {"verify": out.reason}
         for sim in sims[1:]:
             assert endpoint(running.runtime, sim).state is State.HEALTHY
-        # The plain probes stay FAST (a TTFT-only prober sees nothing): still held.
-        await asyncio.sleep(1.5)
+        # The plain probes stay FAST (a TTFT-only prober sees nothing): after three of
+        # them (healthy_after is 2) it is still held.
+        await wait_probes(sims[0], 3, time.time(), lambda r: not is_known_answer(r))
         assert endpoint(running.runtime, sims[0]).state is State.UNHEALTHY
         # Fixed: the next known-answer probe passes, the usual hysteresis brings it back.
         await set_fault(sims[0], fault="none")
@@ -115,7 +126,7 @@ async def test_garbage_output_takes_one_endpoint_out_within_every_plus_2s(
 async def test_expect_misses_take_it_out_after_the_confirming_check(
     sims: list[SimProcess],
 ) -> None:
-    async with Running(runtime_for(sims, every="3s", expect='"Paris"')) as running:
+    async with Running(runtime_for(sims, every="3s", expect="Paris")) as running:
         await running.all_healthy(sims)
         await set_fault(sims[1], answer=" London is big")
         out = await running.wait_state(sims[1], State.UNHEALTHY, 3 + 3, Cause.WRONG_ANSWER)
@@ -144,8 +155,9 @@ async def test_a_different_answer_whose_alternatives_hold_the_majority_is_no_mis
 ) -> None:
     async with Running(runtime_for(sims, every="1s")) as running:
         await running.all_healthy(sims)
+        faulted = time.time()
         await set_fault(sims[2], answer=" Lyon is near", top_alternatives=[" Paris", " the"])
-        await asyncio.sleep(3.5)  # three known-answer rounds
+        await wait_probes(sims[2], 3, faulted, is_known_answer)  # three known-answer rounds
         status = running.runtime.component_status()["engines"]
         assert status["endpoints"][f"llama/{sims[2].address}"]["last_answer"] == "Lyon is near"
         assert endpoint(running.runtime, sims[2]).state is State.HEALTHY
@@ -183,20 +195,23 @@ async def test_unreadable_metrics_change_nothing(sims: list[SimProcess], mode: s
     async with Running(runtime_for(sims, every="30s")) as running:
         await running.all_healthy(sims)
         await set_fault(sims[0], metrics=mode)
-        await asyncio.sleep(2.0)
+
+        def failures() -> int:
+            status = running.runtime.component_status()["engines"]["endpoints"]
+            return int(status[f"llama/{sims[0].address}"]["metrics_failures"])
+
+        await wait_until_async(lambda: failures() >= 3, 10, "three failed /metrics reads")
         found = endpoint(running.runtime, sims[0])
         assert found.state is State.HEALTHY and found.limits == {}
-        status = running.runtime.component_status()["engines"]["endpoints"]
-        assert status[f"llama/{sims[0].address}"]["metrics_failures"] >= 3
 
 
-@pytest.mark.parametrize("sims", [("--engine", "llamacpp")], indirect=True)
+@pytest.mark.parametrize("started_sims", [("--engine", "llamacpp")], indirect=True)
 async def test_detected_llamacpp_gets_cache_prompt_false(sims: list[SimProcess]) -> None:
     async with Running(runtime_for(sims, every="30s")) as running:
         await running.all_healthy(sims)
         checks = running.runtime.component_status()["engines"]["endpoints"]
         assert checks[f"llama/{sims[0].address}"]["engine"] == "llamacpp", checks
-        await asyncio.sleep(1.2)  # probes sent after the detection
+        await wait_probes(sims[0], 2, time.time(), lambda _: True)  # sent after the detection
         last = await asyncio.to_thread(sims[0].stats)
         request = last["last_request"]
         assert request.get("cache_prompt") is False and request.get("cache_salt") is None

@@ -40,7 +40,6 @@ from tests.envoy_harness import (
     EnvoyProcess,
     eds_clusters,
     envoy_version,
-    free_port,
     grpc_cluster_names,
     http_request,
     listeners,
@@ -52,6 +51,7 @@ from tests.envoy_harness import (
     validate_config,
 )
 from tests.polling import wait_until, wait_until_async
+from tests.ports import free_port
 
 pytestmark = pytest.mark.envoy
 

@@ -13,8 +13,6 @@ from pathlib import Path
 import pytest
 import redis as sync_redis
 
-from llm_health.app.assemble import build_runtime
-from llm_health.config import parse_config
 from llm_health.core.settings import MERGING
 from llm_health.fleet.component import FleetComponent
 from llm_health.fleet.ownership import endpoint_key, owner_of
@@ -23,8 +21,11 @@ from llm_health.fleet.store import FleetStore
 from llm_health.fleet.wire import Action, Verdict, decode_stored, verdict_body
 from llm_health.model.causes import Cause
 from llm_health.model.states import State
+from tests.configs import plugin_yaml
 from tests.polling import wait_until_async
-from tests.redis_server import RedisServer, free_port
+from tests.ports import free_port
+from tests.redis_server import RedisServer
+from tests.runtime import runtime_from
 
 KEY = endpoint_key("c", "127.0.0.1:8000")
 
@@ -43,6 +44,7 @@ def settings(url: str, ttl: float = 3.0) -> FleetConfig:
     return FleetConfig.model_validate(fields, context=MERGING)
 
 
+# The tests on ``stores`` run alone: members there live 0.6 s without a heartbeat.
 @pytest.fixture
 async def stores(redis_url: str) -> AsyncIterator[dict[str, FleetStore]]:
     made = {m: FleetStore(settings(redis_url, ttl=0.6), m) for m in ("a", "b", "c")}
@@ -60,6 +62,7 @@ def body(
     )
 
 
+@pytest.mark.alone
 async def test_epochs_grow_and_heartbeat_lists_live_members(stores: dict[str, FleetStore]) -> None:
     epochs = [await stores[m].join() for m in ("a", "b", "c")]
     assert epochs == sorted(epochs) and len(set(epochs)) == 3
@@ -73,6 +76,7 @@ async def test_epochs_grow_and_heartbeat_lists_live_members(stores: dict[str, Fl
     assert await stores["a"].heartbeat(epochs[0]) is None  # the old incarnation is gone
 
 
+@pytest.mark.alone
 async def test_only_the_owner_publishes_and_the_hash_matches_python(
     stores: dict[str, FleetStore],
 ) -> None:
@@ -93,6 +97,7 @@ async def test_only_the_owner_publishes_and_the_hash_matches_python(
     }
 
 
+@pytest.mark.alone
 async def test_a_paused_member_is_fenced_until_it_joins_again(
     stores: dict[str, FleetStore],
 ) -> None:
@@ -125,6 +130,7 @@ async def test_a_paused_member_is_fenced_until_it_joins_again(
     assert (second.owner, second.epoch) == ("a", new_a) and second.seq > first.seq
 
 
+@pytest.mark.alone
 async def test_leave_hands_over_at_once_and_overrides_are_kept(
     stores: dict[str, FleetStore],
 ) -> None:
@@ -200,13 +206,15 @@ async def test_a_member_that_stops_vouching_is_evicted_after_fresh(
 
 
 def runtime_for(url: str, member: str) -> tuple[object, FleetComponent]:
-    text = f"""
-fleet: {{redis: "{url}", name: it, member_id: {member}, heartbeat: 200ms, member_ttl: 600ms}}
-clusters:
-  - name: c
-    endpoints: [{{address: "127.0.0.1:8000"}}, {{address: "127.0.0.2:8000"}}]
-"""
-    runtime = build_runtime(parse_config(text, "t.yaml", {}))
+    fleet = {
+        "redis": url,
+        "name": "it",
+        "member_id": member,
+        "heartbeat": "200ms",
+        "member_ttl": "600ms",
+    }
+    text = plugin_yaml(["127.0.0.1:8000", "127.0.0.2:8000"], cluster="c", listen=False, fleet=fleet)
+    runtime = runtime_from(text, "t.yaml")
     component = next(c for c in runtime.components if isinstance(c, FleetComponent))
     return runtime, component
 
@@ -241,10 +249,20 @@ async def test_hostile_redis_contents_are_refused_not_applied(
         assert len(lines) == 1
         assert fleet.mode == "sharing" and not any(t.done() for t in tasks)
     finally:
+        await cancel_all(tasks)
+        client.close()
+
+
+async def cancel_all(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel the fleet component's tasks and reap them. Its heartbeat loop can lose a
+    cancellation that lands just as one of its own ``asyncio.timeout`` budgets expires
+    (the CancelledError comes out as the TimeoutError it tolerates, and it beats on), so
+    a task still running after a second is cancelled again."""
+    while tasks:
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        client.close()
+        _, pending = await asyncio.wait(tasks, timeout=1.0)
+        tasks = list(pending)
 
 
 async def test_unreachable_redis_at_start_is_a_clear_fallback(

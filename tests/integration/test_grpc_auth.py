@@ -38,7 +38,6 @@ from envoy.service.health.v3 import hds_pb2, hds_pb2_grpc
 
 from llm_health.adminpb import admin_pb2 as pb
 from llm_health.adminpb import admin_pb2_grpc as pb_grpc
-from llm_health.app.assemble import build_runtime
 from llm_health.app.runtime import Runtime
 from llm_health.config import parse_config
 from llm_health.core.tokens import REFUSED_LOG_EVERY_S, REFUSING_PEERS
@@ -46,9 +45,11 @@ from llm_health.errors import ConfigError
 from llm_health.model.states import State
 from llm_health.servers.grpc import BearerTokenInterceptor, GrpcAuthStats, start_grpc_server
 from llm_health.xds.resources import TYPE_URL
-from tests.envoy_harness import free_port
+from tests.configs import Endpoints, plugin_yaml
 from tests.polling import wait_until_async
-from tests.processes import SimProcess, http_json
+from tests.ports import free_port
+from tests.processes import SimProcess, http_json, running_sims
+from tests.runtime import Running
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -61,33 +62,30 @@ BEARER: Metadata = (("authorization", f"Bearer {TOKEN}"),)
 NO_TOKEN: Metadata = ()
 WRONG_TOKEN: Metadata = (("authorization", f"Bearer {WRONG}"),)
 UNAUTH = grpc.StatusCode.UNAUTHENTICATED
+FAKE_REPORT_EVERY_S = 0.25
+# An UNHEALTHY report within this long of an assignment does not count yet: the check
+# timeout (200 ms in config_text) plus the hds module's FIRST_CHECK_MARGIN_S (1 s).
+FIRST_CHECK_GRACE_S = 0.2 + 1.0
 
 
-def config_text(addresses: list[str], *, server: str = "", admin: str = "") -> str:
-    endpoints = ", ".join(f'{{address: "{a}"}}' for a in addresses)
-    return f"""
-server: {{grpc: "127.0.0.1:{free_port()}", http: "127.0.0.1:{free_port()}"{server}}}
-probe: {{model: sim-model, interval: 60s, healthy_after: 1}}
-xds: {{warm_start_timeout: 2s}}
-hds: {{timeout: 200ms, interval: 500ms, report_interval: 500ms}}
-{admin}
-clusters:
-  - name: {CLUSTER}
-    endpoints: [{endpoints}]
-"""
+def config_text(endpoints: Endpoints, *, server: Any = None, admin: Any = None) -> str:
+    """Probes once a minute; fast HDS; ``server``: more keys of that section."""
+    return plugin_yaml(
+        endpoints,
+        cluster=CLUSTER,
+        server=server,
+        probe={"model": "sim-model", "interval": "60s", "healthy_after": 1},
+        xds={"warm_start_timeout": "2s"},
+        hds={"timeout": "200ms", "interval": "500ms", "report_interval": "500ms"},
+        admin=admin,
+    )
 
 
 @contextlib.asynccontextmanager
 async def running(text: str) -> AsyncIterator[Runtime]:
-    runtime = build_runtime(parse_config(text, "auth-test.yaml", {}))
-    stop = asyncio.Event()
-    task = asyncio.create_task(runtime.run(stop))
-    try:
-        await wait_until_async(lambda: not runtime.ready_problems(), 15, "the runtime ready")
-        yield runtime
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 5)
+    """The runtime of ``text``, ready, for the length of the block."""
+    async with Running.from_config(text, "auth-test.yaml") as started:
+        yield (await started.ready()).runtime
 
 
 def dead_addresses(count: int = 2) -> list[str]:
@@ -201,7 +199,7 @@ async def _first_watch(channel: grpc.aio.Channel, md: Metadata) -> Any:
 
 @pytest.fixture
 async def guarded() -> AsyncIterator[Runtime]:
-    async with running(config_text(dead_addresses(), server=f", token: {TOKEN}")) as runtime:
+    async with running(config_text(dead_addresses(), server={"token": TOKEN})) as runtime:
         yield runtime
 
 
@@ -248,9 +246,7 @@ async def test_status_counts_refusals_and_never_shows_or_logs_the_token(
 
 
 async def test_admin_token_keeps_its_own_check_next_to_the_server_token() -> None:
-    text = config_text(
-        dead_addresses(), server=f", token: {TOKEN}", admin=f"admin: {{token: {ADMIN_TOKEN}}}"
-    )
+    text = config_text(dead_addresses(), server={"token": TOKEN}, admin={"token": ADMIN_TOKEN})
     admin_bearer = (("authorization", f"Bearer {ADMIN_TOKEN}"),)
     admin, ads = SERVICES["admin_unary"], SERVICES["ads"]
     async with (
@@ -404,10 +400,8 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 async def test_mutual_tls_requires_a_client_certificate(pki: dict[str, Path]) -> None:
-    tls = (
-        f', tls: {{cert: "{pki["server_pem"]}", key: "{pki["server_key"]}", '
-        f'client_ca: "{pki["ca_pem"]}"}}'
-    )
+    files = {"cert": pki["server_pem"], "key": pki["server_key"], "client_ca": pki["ca_pem"]}
+    tls = {"tls": {name: str(path) for name, path in files.items()}}
     ca = pki["ca_pem"].read_bytes()
     async with running(config_text(dead_addresses(), server=tls)) as runtime:
         assert runtime.status()["grpc_auth"] == {"mode": "mtls", "rejected_total": 0, "tls": True}
@@ -436,15 +430,8 @@ async def test_mutual_tls_requires_a_client_certificate(pki: dict[str, Path]) ->
 
 @pytest.fixture(scope="module")
 def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[SimProcess]]:
-    workdir = tmp_path_factory.mktemp("sims")
-    started = [SimProcess(workdir, f"s{i}", "--ttft", "20ms") for i in range(3)]
-    try:
-        for process in started:
-            process.wait_up()
+    with running_sims(tmp_path_factory.mktemp("sims"), "s", 3, "--ttft", "20ms") as started:
         yield started
-    finally:
-        for process in started:
-            process.stop()
 
 
 class FakeGateways:
@@ -460,27 +447,34 @@ class FakeGateways:
         self.codes: list[grpc.StatusCode] = []
         self.tasks: list[asyncio.Task[None]] = []
 
-    async def start(self, *, with_xds: bool) -> FakeGateways:
-        for i in range(self.count):
-            node = f"fake-gw-{i}"
-            if with_xds:
-                self._spawn(
-                    ads_pb2_grpc.AggregatedDiscoveryServiceStub(
-                        self.channel
-                    ).StreamAggregatedResources,
-                    self._xds(node),
-                )
-        if with_xds:
-            await asyncio.sleep(0.5)  # the xDS streams are open before the HDS reports
-        for i in range(self.count):
-            self._spawn(
-                hds_pb2_grpc.HealthDiscoveryServiceStub(self.channel).StreamHealthCheck,
-                self._hds(f"fake-gw-{i}"),
+    def nodes(self) -> list[str]:
+        return [f"fake-gw-{i}" for i in range(self.count)]
+
+    async def start(self, *, xds_open: Callable[[str], bool] | None) -> FakeGateways:
+        """With ``xds_open`` (the plugin's "has this node an xDS stream"), every fake
+        opens its xDS stream first and reports once the plugin holds it (or refused it)."""
+        if xds_open is not None:
+            ads = ads_pb2_grpc.AggregatedDiscoveryServiceStub(self.channel)
+            streams = {
+                node: self._spawn(ads.StreamAggregatedResources, self._xds(node))
+                for node in self.nodes()
+            }
+            await wait_until_async(
+                lambda: all(xds_open(node) or streams[node].done() for node in streams),
+                10,
+                "the fakes' xDS streams open (or refused)",
             )
+        hds = hds_pb2_grpc.HealthDiscoveryServiceStub(self.channel)
+        for node in self.nodes():
+            self._spawn(hds.StreamHealthCheck, self._hds(node))
         return self
 
-    def _spawn(self, method: Callable[..., Any], requests: AsyncIterator[Any]) -> None:
-        self.tasks.append(asyncio.create_task(self._drain(method(requests, metadata=self.md))))
+    def _spawn(
+        self, method: Callable[..., Any], requests: AsyncIterator[Any]
+    ) -> asyncio.Task[None]:
+        task = asyncio.create_task(self._drain(method(requests, metadata=self.md)))
+        self.tasks.append(task)
+        return task
 
     async def _drain(self, call: Any) -> None:
         try:
@@ -502,7 +496,7 @@ class FakeGateways:
         while not self.stop.is_set():
             yield all_unhealthy(self.addresses)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stop.wait(), 0.25)
+                await asyncio.wait_for(self.stop.wait(), FAKE_REPORT_EVERY_S)
 
     async def close(self) -> None:
         self.stop.set()
@@ -523,7 +517,8 @@ async def attack(
     addresses = [t.address for t in runtime.targets]
     assert unhealthy(runtime) == []
     async with grpc.aio.insecure_channel(f"127.0.0.1:{runtime.grpc_port}") as channel:
-        fakes = await FakeGateways(channel, count, addresses, md).start(with_xds=with_xds)
+        fakes = FakeGateways(channel, count, addresses, md)
+        await fakes.start(xds_open=runtime.xds_nodes.is_open if with_xds else None)
         try:
             yield fakes
         finally:
@@ -531,10 +526,11 @@ async def attack(
 
 
 async def test_fake_gateways_without_the_token_eject_nothing(sims: list[SimProcess]) -> None:
-    text = config_text([s.address for s in sims], server=f", token: {TOKEN}")
+    text = config_text(sims, server={"token": TOKEN})
     async with running(text) as runtime:
         async with attack(runtime, 8, NO_TOKEN, with_xds=True) as fakes:
-            await asyncio.sleep(3.0)  # > first-check grace (1.2 s) + several reports
+            # Every call refused and ended: no report of theirs can come in any more.
+            await wait_until_async(lambda: len(fakes.codes) == 16, 10, "all 16 calls refused")
             assert unhealthy(runtime) == []
             # The server refused all 16 calls. A client still writing its next message
             # when the refusal arrives may see grpcio's client-side INTERNAL instead.
@@ -548,9 +544,11 @@ async def test_fake_gateways_without_the_token_eject_nothing(sims: list[SimProce
 async def test_fake_gateways_without_an_xds_stream_eject_nothing(
     sims: list[SimProcess], caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with running(config_text([s.address for s in sims])) as runtime:
+    async with running(config_text(sims)) as runtime:
         async with attack(runtime, 8, NO_TOKEN, with_xds=False):
-            await asyncio.sleep(3.0)
+            # Nothing may happen: past the first-check grace, two more rounds of reports
+            # would have taken the endpoints out, had they counted.
+            await asyncio.sleep(FIRST_CHECK_GRACE_S + 2 * FAKE_REPORT_EVERY_S)
             assert unhealthy(runtime) == []
         stats = runtime.status()["hds"]["stats"]
         assert stats["reports_without_xds"] >= 8
@@ -565,10 +563,14 @@ async def test_fake_gateways_with_xds_streams_eject_at_most_max_ejection_percent
 ) -> None:
     """3 endpoints, max_ejection_percent 50: at most 1 may go out by HDS (the finding:
     1 of 3 with 8 fake gateways, 2 of 3 with 40)."""
-    text = config_text([s.address for s in sims])
+    text = config_text(sims)
     async with running(text) as runtime, attack(runtime, count, NO_TOKEN, with_xds=True):
         await wait_until_async(lambda: len(unhealthy(runtime)) == 1, 10, "one ejection")
-        await asyncio.sleep(2.0)  # more reports come in: nothing more goes out
+        await wait_until_async(
+            lambda: runtime.status()["hds"]["held_now"] == 2, 10, "the other two verdicts held"
+        )
+        # Nothing more may go out: two more rounds of every fake's reports stay held.
+        await asyncio.sleep(2 * FAKE_REPORT_EVERY_S)
         assert len(unhealthy(runtime)) == 1
         hds = runtime.status()["hds"]
         assert hds["stats"]["held_verdicts"] == 2 and hds["held_now"] == 2
@@ -576,7 +578,7 @@ async def test_fake_gateways_with_xds_streams_eject_at_most_max_ejection_percent
 
 
 async def test_authenticated_reporters_are_not_capped(sims: list[SimProcess]) -> None:
-    text = config_text([s.address for s in sims], server=f", token: {TOKEN}")
+    text = config_text(sims, server={"token": TOKEN})
     async with running(text) as runtime:
         async with attack(runtime, 4, BEARER, with_xds=True):
             await wait_until_async(lambda: len(unhealthy(runtime)) == 3, 10, "all three out")

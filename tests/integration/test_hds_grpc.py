@@ -30,6 +30,7 @@ from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.states import State
 from llm_health.servers.grpc import start_grpc_server
 from llm_health.servers.hds import add_hds_servicer
+from tests.configs import plugin_yaml
 from tests.grpc_stream import ScriptedStream
 from tests.polling import wait_until_async
 
@@ -379,12 +380,9 @@ async def test_disabled_hds_refuses_streams() -> None:
 
 # --------------------------------------------------------------------------- component
 
-CONFIG = """\
-hds: {checkers_per_endpoint: 1}
-clusters:
-  - name: llama
-    endpoints: [{address: 10.0.0.1:8000}, {address: 10.0.0.2:8000}]
-"""
+CONFIG = plugin_yaml(
+    ["10.0.0.1:8000", "10.0.0.2:8000"], listen=False, hds={"checkers_per_endpoint": 1}
+)
 
 
 async def test_component_sets_and_clears_the_boards_hds_signal() -> None:

@@ -170,6 +170,7 @@ def unknown_names() -> list[str]:
     return [f"u{i:05x}" for i in range(UNKNOWN)]
 
 
+@pytest.mark.alone  # /livez answered within 100 ms meanwhile
 async def test_sotw_request_naming_300000_unknown_clusters(
     server: Server, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import AsyncIterator
 
@@ -16,9 +15,12 @@ from llm_health.probe.target import ProbeTarget
 from llm_health.sim.faults import FaultSpec
 from llm_health.sim.server import SimHandle, SimSettings, running_sim
 from tests.polling import wait_until_async
+from tests.ports import free_port
 
 TIMEOUT_S = 0.8
 HANG_SLACK_S = 0.05  # acceptance: every hang is reported within timeout + 50 ms
+# alone: every hang reported within the timeout + 50 ms, TTFTs timed to tens of ms.
+pytestmark = [pytest.mark.sim_settings(seed=7), pytest.mark.alone]
 
 
 def make_target(sim: SimHandle | str, **probe: object) -> ProbeTarget:
@@ -33,12 +35,6 @@ def make_target(sim: SimHandle | str, **probe: object) -> ProbeTarget:
 async def prober() -> AsyncIterator[MicroProbe]:
     async with new_session() as session:
         yield MicroProbe(session)
-
-
-@pytest.fixture
-async def sim() -> AsyncIterator[SimHandle]:
-    async with running_sim(SimSettings(seed=7)) as handle:
-        yield handle
 
 
 def set_fault(sim: SimHandle, **knobs: object) -> None:
@@ -96,10 +92,7 @@ async def test_role_chunk_alone_is_never_a_token(sim: SimHandle, prober: MicroPr
 
 
 async def test_closed_port_is_error(prober: MicroProbe) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    result = await prober.probe(make_target(f"127.0.0.1:{port}"))
+    result = await prober.probe(make_target(f"127.0.0.1:{free_port()}"))  # nobody listens
     assert result.outcome is Outcome.ERROR
     assert "connect" in result.detail
 
@@ -130,7 +123,7 @@ async def test_fast_probe_aborts_generation(sim: SimHandle, prober: MicroProbe) 
     result = await prober.probe(make_target(sim))
     assert result.outcome is Outcome.FAST
     await wait_until_async(
-        lambda: sim.state.stats()["aborted"] != before["aborted"], 1.0, "the sim to see the abort"
+        lambda: sim.state.stats()["aborted"] != before["aborted"], 5, "the sim to see the abort"
     )
     after = sim.state.stats()
     assert after["aborted"] == before["aborted"] + 1

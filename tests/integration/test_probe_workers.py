@@ -17,28 +17,21 @@ from typing import Any
 
 import pytest
 
-from llm_health.app.assemble import build_runtime
 from llm_health.app.runtime import Runtime
-from llm_health.config import parse_config
 from llm_health.model.causes import Cause
 from llm_health.model.states import State
-from tests.envoy_harness import free_port
+from tests.configs import plugin_yaml
 from tests.polling import wait_until_async
 from tests.processes import SimProcess, running_sims
+from tests.runtime import Running, runtime_from
 
-CONFIG = """
-server: {{grpc: "127.0.0.1:{grpc}", http: "127.0.0.1:{http}", probe_workers: 2}}
-probe:
-  interval: 300ms
-  timeout: 800ms
-  healthy_ttft: 200ms
-  healthy_after: 2
-  verify: {{every: 2s}}
-clusters:
-  - name: llama
-    model: sim-model
-    endpoints: [{endpoints}]
-"""
+PROBE = {
+    "interval": "300ms",
+    "timeout": "800ms",
+    "healthy_ttft": "200ms",
+    "healthy_after": 2,
+    "verify": {"every": "2s"},
+}
 
 
 @pytest.fixture
@@ -48,9 +41,10 @@ def sims(tmp_path: Path) -> Iterator[list[SimProcess]]:
 
 
 def runtime_for(sims: list[SimProcess]) -> Runtime:
-    endpoints = ", ".join(f'{{address: "{s.address}"}}' for s in sims)
-    text = CONFIG.format(grpc=free_port(), http=free_port(), endpoints=endpoints)
-    return build_runtime(parse_config(text, "workers.yaml", {}))
+    text = plugin_yaml(
+        sims, cluster_keys={"model": "sim-model"}, server={"probe_workers": 2}, probe=PROBE
+    )
+    return runtime_from(text, "workers.yaml")
 
 
 def state_of(runtime: Runtime, sim: SimProcess) -> Any:
@@ -86,10 +80,8 @@ async def test_workers_give_the_same_verdicts(sims: list[SimProcess]) -> None:
             changes.append((a, t.after.state.value, t.cause.value)) if t.changed else None
         )
     )
-    stop = asyncio.Event()
-    run = asyncio.create_task(runtime.run(stop))
     pids: list[int] = []
-    try:
+    async with Running(runtime):
         for sim in sims:
             await until(runtime, sim, State.HEALTHY, 10)
         changes.clear()
@@ -112,9 +104,6 @@ async def test_workers_give_the_same_verdicts(sims: list[SimProcess]) -> None:
         assert runtime.stats.overlapping_confirms >= 1
         assert state_of(runtime, fine).state is State.HEALTHY
         assert all(c[0] != fine.address for c in changes)
-    finally:
-        stop.set()
-        await asyncio.wait_for(run, 10)
     assert pids and not any(alive(p) for p in pids), "a worker outlived the runtime"
 
 
@@ -128,9 +117,7 @@ async def test_a_killed_worker_is_replaced_without_a_verdict(sims: list[SimProce
             else None
         )
     )
-    stop = asyncio.Event()
-    run = asyncio.create_task(runtime.run(stop))
-    try:
+    async with Running(runtime):
         for sim in sims:
             await until(runtime, sim, State.HEALTHY, 10)
         changes.clear()
@@ -143,11 +130,10 @@ async def test_a_killed_worker_is_replaced_without_a_verdict(sims: list[SimProce
             5,
             "the worker to be started again",
         )
-        await asyncio.sleep(2.0)
+        # Probing goes on (12 probes: 3 endpoints for 4 intervals of 300 ms, longer than a
+        # lost probe's timeout) and no probe lost with the worker became a verdict.
+        await wait_until_async(
+            lambda: runtime.stats.probes_total - probes_before >= 12, 10, "12 more probes"
+        )
         assert runtime.workers.pids[0] != victim and alive(runtime.workers.pids[0])
-        # Probing went on for every endpoint: about 3 endpoints x 2 s / 300 ms.
-        assert runtime.stats.probes_total - probes_before >= 12
         assert changes == [], changes
-    finally:
-        stop.set()
-        await asyncio.wait_for(run, 10)

@@ -14,42 +14,27 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from llm_health.app.assemble import build_runtime
-from llm_health.config import ProbeSettings, parse_config
+from llm_health.config import ProbeSettings
 from llm_health.model.outcome import Outcome
 from llm_health.model.redact import REDACTED, printable_line, redact_secrets, secret_forms
 from llm_health.model.states import State
 from llm_health.probe.client import MicroProbe, new_session
 from llm_health.probe.lag import LoopLagMonitor
-from tests.envoy_harness import free_port
+from tests.configs import plugin_yaml
 from tests.polling import wait_until_async
 from tests.processes import SimProcess
+from tests.runtime import Running
 
 SECRET = "SECRET123"
-CONFIG = """
-server: {{grpc: "127.0.0.1:{grpc}", http: "127.0.0.1:{http}"}}
-probe:
-  interval: 300ms
-  timeout: 800ms
-  headers: {{Authorization: "Bearer ${{VLLM_API_KEY}}"}}
-clusters:
-  - name: llama
-    endpoints: [{{address: "{sim}"}}]
-"""
-
-
-@pytest.fixture
-def sim(tmp_path: Path) -> Iterator[SimProcess]:
-    process = SimProcess(tmp_path, "echo", "--ttft", "20ms")
-    try:
-        yield process.wait_up()
-    finally:
-        process.stop()
+PROBE = {
+    "interval": "300ms",
+    "timeout": "800ms",
+    "headers": {"Authorization": "Bearer ${VLLM_API_KEY}"},
+}
 
 
 def test_redaction_rules() -> None:
@@ -61,25 +46,22 @@ def test_redaction_rules() -> None:
     assert printable_line("drain\x1b[31m now\n\u202eok", 100) == "drain [31m now ok"
 
 
+@pytest.mark.sim_args("--ttft", "20ms")
 async def test_echoed_token_never_leaves_the_plugin(
-    sim: SimProcess, caplog: pytest.LogCaptureFixture
+    sim_process: SimProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
-    sim.set_fault(fault="http_500_echo")
-    text = CONFIG.format(grpc=free_port(), http=free_port(), sim=sim.address)
-    runtime = build_runtime(parse_config(text, "secrets.yaml", {"VLLM_API_KEY": SECRET}))
-    stop = asyncio.Event()
+    sim_process.set_fault(fault="http_500_echo")
+    text = plugin_yaml([sim_process], probe=PROBE)
+    running = Running.from_config(text, "secrets.yaml", {"VLLM_API_KEY": SECRET})
+    runtime = running.runtime
     caplog.set_level(logging.DEBUG)
-    run = asyncio.create_task(runtime.run(stop))
-    try:
+    async with running:
 
         def unhealthy() -> bool:
             (endpoint,) = runtime.control.snapshot().clusters["llama"].endpoints
             return endpoint.state is State.UNHEALTHY
 
         await wait_until_async(unhealthy, 10, "the echoing backend to be taken out")
-    finally:
-        stop.set()
-        await asyncio.wait_for(run, 5)
     (endpoint,) = runtime.control.snapshot().clusters["llama"].endpoints
     assert endpoint.last is not None and "upstream rejected" in endpoint.last.detail
     assert REDACTED in endpoint.last.detail  # the echo was there, and was scrubbed
@@ -118,6 +100,7 @@ async def _probe_with_blocked_loop(ttft: str, healthy_ttft: str, tmp_path: Path)
         process.stop()
 
 
+@pytest.mark.alone  # it blocks its own loop for 100 ms and times the probe around it
 async def test_lag_during_the_read_does_not_make_a_fast_endpoint_slow(tmp_path: Path) -> None:
     result = await _probe_with_blocked_loop("60ms", "120ms", tmp_path)
     assert result.ttft_ms is not None and result.ttft_ms > 120, result  # raw: would be SLOW
@@ -125,6 +108,7 @@ async def test_lag_during_the_read_does_not_make_a_fast_endpoint_slow(tmp_path: 
     assert result.outcome is Outcome.FAST, result
 
 
+@pytest.mark.alone  # as above
 async def test_a_really_slow_endpoint_stays_slow_under_lag(tmp_path: Path) -> None:
     result = await _probe_with_blocked_loop("350ms", "120ms", tmp_path)
     assert result.loop_lag_ms >= 60, result

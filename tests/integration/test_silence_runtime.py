@@ -7,38 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 
 import pytest
 
-from llm_health.app.assemble import build_runtime
 from llm_health.app.runtime import Runtime
-from llm_health.config import parse_config
 from llm_health.model.causes import Cause
 from llm_health.model.machine import Transition
 from llm_health.model.outcome import ProbeResult
 from llm_health.model.states import State
-from tests.envoy_harness import free_port
+from tests.configs import plugin_yaml
 from tests.polling import wait_until_async
 from tests.processes import SimProcess
+from tests.runtime import Running, runtime_from
 
-CONFIG = """
-server: {{grpc: "127.0.0.1:{grpc}", http: "127.0.0.1:{http}"}}
-probe: {{interval: 1s, timeout: 800ms, healthy_ttft: 200ms, model: sim-model{extra}}}
-clusters:
-  - name: llama
-    endpoints: [{{address: "{sim}"}}]
-"""
-
-
-@pytest.fixture
-def sim(tmp_path: Path) -> Iterator[SimProcess]:
-    process = SimProcess(tmp_path, "silence", "--ttft", "30ms")
-    try:
-        yield process.wait_up()
-    finally:
-        process.stop()
+# alone: the silent endpoint must be out 0.8-1.3 s after it went silent.
+pytestmark = [pytest.mark.sim_args("--ttft", "30ms"), pytest.mark.alone]
+PROBE = {"interval": "1s", "timeout": "800ms", "healthy_ttft": "200ms", "model": "sim-model"}
 
 
 class Recorder:
@@ -63,8 +48,6 @@ async def run_until(
     runtime: Runtime, recorder: Recorder, done: Callable[[], Awaitable[bool]], what: str
 ) -> None:
     """Run the runtime until ``done()``; watch how many probes are ever in flight."""
-    stop = asyncio.Event()
-    task = asyncio.create_task(runtime.run(stop))
 
     async def watch_in_flight() -> None:
         while True:
@@ -73,18 +56,16 @@ async def run_until(
                 recorder.most_in_flight = max(recorder.most_in_flight, most)
             await asyncio.sleep(0.005)
 
-    watcher = asyncio.create_task(watch_in_flight())
-    try:
-        await wait_until_async(done, 20, what)
-    finally:
-        watcher.cancel()
-        stop.set()
-        await asyncio.wait_for(task, 5)
+    async with Running(runtime):
+        watcher = asyncio.create_task(watch_in_flight())
+        try:
+            await wait_until_async(done, 20, what)
+        finally:
+            watcher.cancel()
 
 
-def runtime_for(sim: SimProcess, extra: str = "") -> Runtime:
-    text = CONFIG.format(grpc=free_port(), http=free_port(), sim=sim.address, extra=extra)
-    return build_runtime(parse_config(text, "silence.yaml", {}))
+def runtime_for(sim: SimProcess, **probe: object) -> Runtime:
+    return runtime_from(plugin_yaml([sim], probe={**PROBE, **probe}), "silence.yaml")
 
 
 class Once:
@@ -99,10 +80,12 @@ class Once:
             await asyncio.to_thread(self.sim.set_fault, **self.fault)
 
 
-async def test_a_hang_degrades_at_silence_and_is_out_one_timeout_later(sim: SimProcess) -> None:
-    runtime = runtime_for(sim)
+async def test_a_hang_degrades_at_silence_and_is_out_one_timeout_later(
+    sim_process: SimProcess,
+) -> None:
+    runtime = runtime_for(sim_process)
     recorder = Recorder(runtime)
-    hang = Once(sim, fault="hang_after_headers")
+    hang = Once(sim_process, fault="hang_after_headers")
 
     async def out() -> bool:
         await hang(bool(recorder.states()) and recorder.states()[-1][0] is State.HEALTHY)
@@ -125,12 +108,12 @@ async def test_a_hang_degrades_at_silence_and_is_out_one_timeout_later(sim: SimP
     assert recorder.most_in_flight == 2
 
 
-async def test_a_late_token_that_counts_fast_restores_the_endpoint(sim: SimProcess) -> None:
+async def test_a_late_token_that_counts_fast_restores_the_endpoint(sim_process: SimProcess) -> None:
     """silence_degrade 2: silent at twice the recent TTFT (30 ms -> 60 ms); a token at
     150 ms is late for that but FAST by healthy_ttft: the early verdict is undone."""
-    runtime = runtime_for(sim, ", silence_degrade: 2")
+    runtime = runtime_for(sim_process, silence_degrade=2)
     recorder = Recorder(runtime)
-    slower = Once(sim, fault="none", ttft="150ms")
+    slower = Once(sim_process, fault="none", ttft="150ms")
 
     async def restored() -> bool:
         await slower(len(recorder.results) >= 4)  # a recent TTFT of ~30 ms is known

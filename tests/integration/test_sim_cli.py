@@ -16,29 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.ports import free_port, free_port_block
+from tests.processes import START_WITHIN_S
+
 PLUGIN_DIR = Path(__file__).resolve().parents[2] / "plugin"
-START_TIMEOUT_S = 15.0
-
-
-def free_port_block(count: int) -> int:
-    """A port P such that P..P+count-1 were all free a moment ago."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            first: int = probe.getsockname()[1]
-        if first + count > 65535:
-            continue
-        sockets = [socket.socket() for _ in range(count)]
-        try:
-            for offset, sock in enumerate(sockets):
-                sock.bind(("127.0.0.1", first + offset))
-            return first
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
-    raise RuntimeError("no free port block found")
+START_TIMEOUT_S = START_WITHIN_S
 
 
 @contextmanager
@@ -61,7 +43,7 @@ def sim_process(*args: str) -> Iterator[subprocess.Popen[str]]:
 
 
 def wait_for_line(process: subprocess.Popen[str]) -> str:
-    """The first stdout line (the start-up announcement), waited for at most 15 s."""
+    """The first stdout line (the start-up announcement), waited for at most START_TIMEOUT_S."""
     assert process.stdout is not None
     readable, _, _ = select.select([process.stdout], [], [], START_TIMEOUT_S)
     assert readable, "sim printed nothing in time"
@@ -76,9 +58,10 @@ def get(url: str, data: bytes | None = None) -> tuple[int, bytes]:
         return response.status, response.read()
 
 
+@pytest.mark.alone  # a Python process exiting within 2 s of the signal
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_sim_serves_and_exits_cleanly_on_signal(signum: signal.Signals) -> None:
-    port = free_port_block(1)
+    port = free_port()
     with sim_process("--port", str(port), "--model", "m1", "--fault", "hang_after_headers") as sim:
         line = wait_for_line(sim)
         url = f"http://127.0.0.1:{port}"

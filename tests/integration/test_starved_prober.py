@@ -15,22 +15,14 @@ from pathlib import Path
 import pytest
 
 from llm_health.model.states import State
-from tests.envoy_harness import free_port
+from tests.configs import plugin_yaml
 from tests.polling import wait_until_async
 from tests.processes import SimProcess, running_sims
 from tests.runtime import Running
 
-CONFIG = """
-server: {{grpc: "127.0.0.1:{grpc}", http: "127.0.0.1:{http}"}}
-probe:
-  interval: 200ms
-  timeout: 500ms
-  healthy_ttft: 150ms
-  model: sim-model
-clusters:
-  - name: llama
-    endpoints: [{endpoints}]
-"""
+PROBE = {"interval": "200ms", "timeout": "500ms", "healthy_ttft": "150ms", "model": "sim-model"}
+# alone: it starves its own event loop on purpose; a loaded machine would add to it.
+pytestmark = pytest.mark.alone
 BLOCK_S = 0.7  # longer than the timeout: probes in flight then read TIMEOUT
 BLOCKS = 8
 
@@ -50,9 +42,7 @@ async def _burn(blocks: int, block_s: float) -> None:
 
 
 async def test_a_starved_loop_gives_no_verdict(sims: list[SimProcess]) -> None:
-    endpoints = ", ".join(f'{{address: "{s.address}"}}' for s in sims)
-    text = CONFIG.format(grpc=free_port(), http=free_port(), endpoints=endpoints)
-    async with Running.from_config(text, "starved.yaml") as running:
+    async with Running.from_config(plugin_yaml(sims, probe=PROBE), "starved.yaml") as running:
         runtime = running.runtime
         changes: list[tuple[str, str]] = []
         runtime.control.on_transition(

@@ -337,8 +337,9 @@ async def test_client_going_away_cleans_up(plugin: Plugin) -> None:
         await stream.close()
     await all_closed(plugin.stats.ads_sotw)
     assert plugin.stats.ads_sotw.streams_total == 3
-    await asyncio.sleep(0.05)
-    assert len(asyncio.all_tasks()) <= tasks_before
+    await wait_until_async(
+        lambda: len(asyncio.all_tasks()) <= tasks_before, 5, "the streams' tasks to end"
+    )
 
 
 # --------------------------------------------------------------------------- delta

@@ -8,7 +8,7 @@ import json
 import random
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -28,6 +28,7 @@ from llm_health.sim.server import (
 )
 from llm_health.sim.state import SimState
 from tests.polling import wait_until_async
+from tests.ports import free_port
 
 HANG_TIMEOUT = aiohttp.ClientTimeout(total=0.4)
 PROBE_HEADERS = {"X-LLM-Probe": "true"}
@@ -37,10 +38,7 @@ FAST = FaultSpec(ttft=0.0, tpot=0.0)
 # ---------------------------------------------------------------- helpers
 
 
-@pytest.fixture
-async def sim() -> AsyncIterator[SimHandle]:
-    async with running_sim(SimSettings(fault=FaultSpec(ttft=0.01, tpot=0.005))) as handle:
-        yield handle
+pytestmark = pytest.mark.sim_settings(fault=FaultSpec(ttft=0.01, tpot=0.005))
 
 
 def completion(**extra: Any) -> dict[str, Any]:
@@ -257,7 +255,7 @@ async def test_hangs_keep_health_green_and_release_on_disconnect(
             await resp.content.readany()
 
     task = asyncio.create_task(hung_request())
-    await wait_until_async(lambda: sim.state.in_flight == 1, 1.0, "sim.state.in_flight == 1")
+    await wait_until_async(lambda: sim.state.in_flight == 1, 5, "sim.state.in_flight == 1")
     async with session.get(f"{sim.base_url}/health") as resp:
         assert resp.status == 200
     async with session.get(f"{sim.base_url}/metrics") as resp:
@@ -268,7 +266,7 @@ async def test_hangs_keep_health_green_and_release_on_disconnect(
     with pytest.raises(asyncio.TimeoutError):
         await task
     await wait_until_async(
-        lambda: sim.state.counters.aborted == 1, 1.0, "sim.state.counters.aborted == 1"
+        lambda: sim.state.counters.aborted == 1, 5, "sim.state.counters.aborted == 1"
     )
     assert sim.state.in_flight == 0
     assert invariant_holds(sim.state)
@@ -294,7 +292,7 @@ async def test_hang_after_role_chunk(sim: SimHandle, session: aiohttp.ClientSess
             assert resp.status == 200
             await resp.read()
     await wait_until_async(
-        lambda: sim.state.counters.aborted == 2, 1.0, "sim.state.counters.aborted == 2"
+        lambda: sim.state.counters.aborted == 2, 5, "sim.state.counters.aborted == 2"
     )
 
 
@@ -427,7 +425,7 @@ async def test_slow_under_load_adds_ttft_per_in_flight_request(
 
         assert await ttft() < 0.15
         background = [asyncio.create_task(full_stream()) for _ in range(2)]
-        await wait_until_async(lambda: sim.state.in_flight == 2, 1.0, "sim.state.in_flight == 2")
+        await wait_until_async(lambda: sim.state.in_flight == 2, 5, "sim.state.in_flight == 2")
         assert await ttft() >= 0.39  # two others in flight: 2 x 200 ms
         await asyncio.gather(*background)
 
@@ -467,7 +465,7 @@ async def test_closing_after_first_token_counts_as_aborted(
                 break
         resp.close()
     await wait_until_async(
-        lambda: sim.state.counters.aborted == 1, 0.3, "sim.state.counters.aborted == 1"
+        lambda: sim.state.counters.aborted == 1, 5, "sim.state.counters.aborted == 1"
     )
     assert sim.state.counters.completed == 0
     assert sim.state.counters.probe_requests == 1
@@ -483,7 +481,7 @@ async def test_disconnect_during_ttft_wait_counts_as_aborted(
             async with session.post(url, json=completion(), timeout=HANG_TIMEOUT) as resp:
                 await resp.read()
         await wait_until_async(
-            lambda: sim.state.counters.aborted == 1, 0.5, "sim.state.counters.aborted == 1"
+            lambda: sim.state.counters.aborted == 1, 5, "sim.state.counters.aborted == 1"
         )
         assert sim.state.in_flight == 0
 
@@ -505,14 +503,14 @@ async def test_aborts_are_seen_without_handler_cancellation(
             async with session.post(url, json=completion(), timeout=HANG_TIMEOUT) as resp:
                 await resp.read()
         await wait_until_async(
-            lambda: state.counters.aborted == 1, 1.0, "state.counters.aborted == 1"
+            lambda: state.counters.aborted == 1, 5, "state.counters.aborted == 1"
         )
         state.set_fault(FaultSpec(ttft=0.0, tpot=0.005))
         async with session.post(url, json=completion(max_tokens=1)) as resp:
             await resp.content.readline()  # the token event
             resp.close()
         await wait_until_async(
-            lambda: state.counters.aborted == 2, 0.3, "state.counters.aborted == 2"
+            lambda: state.counters.aborted == 2, 5, "state.counters.aborted == 2"
         )
     finally:
         await runner.cleanup()
@@ -605,21 +603,10 @@ async def test_many_ports_share_one_state(session: aiohttp.ClientSession) -> Non
     assert (stats["requests"], stats["completed"], stats["failed"]) == (6, 5, 1)
 
 
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 async def test_serve_runs_until_cancelled_even_with_a_hang(
     session: aiohttp.ClientSession,
 ) -> None:
-    ports = free_ports(3)
+    ports = [free_port() for _ in range(3)]
     ready: asyncio.Future[SimHandle] = asyncio.get_running_loop().create_future()
     settings = SimSettings(fault=FaultSpec(fault="hang_before_headers"))
     server = asyncio.create_task(serve("127.0.0.1", ports, settings, on_ready=ready.set_result))
@@ -628,7 +615,7 @@ async def test_serve_runs_until_cancelled_even_with_a_hang(
     hung = asyncio.create_task(
         session.post(f"http://127.0.0.1:{ports[1]}/v1/completions", json=completion())
     )
-    await wait_until_async(lambda: handle.state.in_flight == 1, 1.0, "handle.state.in_flight == 1")
+    await wait_until_async(lambda: handle.state.in_flight == 1, 5, "handle.state.in_flight == 1")
     started = time.monotonic()
     server.cancel()
     with pytest.raises(asyncio.CancelledError):

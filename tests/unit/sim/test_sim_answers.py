@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -19,12 +18,6 @@ from tests.unit.sim.test_sim import chat, completion, read_events, set_fault
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
-
-
-@pytest.fixture
-async def sim() -> AsyncIterator[SimHandle]:
-    async with running_sim(SimSettings(fault=FaultSpec(ttft=0.0, tpot=0.0))) as handle:
-        yield handle
 
 
 async def stream_choices(

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
 
 from llm_health.sim.faults import FAULTS, FaultSpec
-from llm_health.sim.server import SimHandle, SimSettings, running_sim
+from llm_health.sim.server import SimHandle, SimSettings
 from llm_health.sim.wire import BadRequest, parse_params
 from tests.unit.sim.test_sim import chat, completion, parse, set_fault
 
@@ -21,12 +20,6 @@ NEW_KNOB_DEFAULTS = {
     "metrics_waiting": None,
     "metrics_kv_cache": None,
 }
-
-
-@pytest.fixture
-async def sim() -> AsyncIterator[SimHandle]:
-    async with running_sim(SimSettings(fault=FaultSpec(ttft=0.0, tpot=0.0))) as handle:
-        yield handle
 
 
 # ---------------------------------------------------------------- FaultSpec knobs
