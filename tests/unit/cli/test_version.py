@@ -12,7 +12,7 @@ import pytest
 import llm_health
 from llm_health.cli import build_parser
 
-PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+PYPROJECT = Path(__file__).resolve().parents[3] / "pyproject.toml"
 
 
 def pyproject_version() -> str:
