@@ -13,6 +13,7 @@ Pure functions; no I/O.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import heapq
 from collections.abc import Iterable, Mapping
@@ -24,11 +25,25 @@ from llm_health.model.states import EndpointKey
 """(cluster name, endpoint address as written in the config)."""
 
 
+MAX_PLAIN_NODE_ID = 256  # longer node ids are scored by their digest (see node_part)
+
+
 def score(endpoint: EndpointKey, node: str) -> int:
     """The pair's weight: 64 bits of BLAKE2b over cluster, address and node id."""
     cluster, address = endpoint
-    data = f"{cluster}\x00{address}\x00{node}".encode()
+    data = f"{cluster}\x00{address}\x00".encode() + node_part(node)
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
+@functools.lru_cache(maxsize=4096)
+def node_part(node: str) -> bytes:
+    """What of a node id goes into its scores: the id itself, or for an id longer than
+    MAX_PLAIN_NODE_ID (the peer's text: it may send a megabyte) its digest, computed once.
+    Every (endpoint, node) pair is scored on each reassignment: hashing a 1 MB id per pair
+    took minutes for 1,000 endpoints and 30 such nodes, on the event loop."""
+    if len(node) <= MAX_PLAIN_NODE_ID:
+        return node.encode()
+    return b"#" + hashlib.blake2b(node.encode(), digest_size=32).digest()
 
 
 def checkers(endpoint: EndpointKey, nodes: Iterable[str], count: int) -> tuple[str, ...]:

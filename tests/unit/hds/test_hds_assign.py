@@ -99,3 +99,19 @@ def test_a_node_joining_takes_over_only_slots_it_wins(nodes: set[str], count: in
             assert len(set(old) - set(new)) <= 1  # at most one node displaced
             changed += 1
     assert changed == len(after.endpoints_of("gw-new"))
+
+
+def test_a_huge_node_id_is_scored_by_its_digest_computed_once() -> None:
+    """A peer's node id may be a megabyte: each pair's score must not hash all of it
+    (1,000 endpoints x 30 such nodes took minutes on the event loop)."""
+    from llm_health.hds.assign import MAX_PLAIN_NODE_ID, node_part, score
+
+    short = "gateway-1"
+    assert node_part(short) == short.encode()  # ordinary ids: scores as before
+    huge = "x" * 1_000_000
+    part = node_part(huge)
+    assert len(part) < 64 and part != node_part("x" * (MAX_PLAIN_NODE_ID + 1))
+    before = node_part.cache_info().hits
+    scores = {score(("pool", f"10.0.0.{n}:8000"), huge) for n in range(100)}
+    assert len(scores) > 90  # still spread over endpoints
+    assert node_part.cache_info().hits - before == 100  # the digest was computed once
