@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.engine.llama import StartServer
-from tests.envoy_harness import free_port
+from tests.ports import free_port
 from tests.processes import AgentProcess
 
 INTERVAL_S, TIMEOUT_S = 0.5, 0.8

@@ -16,9 +16,9 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from tests.deploy.manifests import ROOT, arg_after, configmap_file, container
-from tests.envoy_harness import free_port
 from tests.image.runner import Image, Started
 from tests.polling import wait_until
+from tests.ports import free_port
 
 UID = "10001"
 MAX_SIZE_MB = 400  # measured 278 MB on the debootstrapped Debian 12 base (docs/kubernetes.md)

@@ -24,10 +24,11 @@ from typing import Any
 
 import pytest
 
-from tests.envoy_harness import free_port
+from tests.ports import free_port
 from tests.processes import ROOT, AgentProcess, SimProcess, _env, http_json
 
-pytestmark = pytest.mark.timeout(300)
+# alone: /livez (or the agent's answers) timed against tight bounds while the attack runs
+pytestmark = [pytest.mark.timeout(300), pytest.mark.alone]
 
 INTERVAL_S, TIMEOUT_S, HEALTHY_TTFT_S = 0.5, 0.5, 0.15
 RESTART_AFTER_S = 2.0

@@ -40,13 +40,14 @@ from llm_health.fleet.wire import Verdict, verdict_body
 from llm_health.model.causes import Cause
 from llm_health.model.outcome import Outcome
 from llm_health.model.states import State
-from tests.envoy_harness import free_port
 from tests.polling import wait_until_async
+from tests.ports import free_port
 from tests.processes import SimProcess, running_sims
 from tests.redis_server import RedisServer
 from tests.runtime import Running
 
-pytestmark = pytest.mark.timeout(90)
+# alone: /livez (or the agent's answers) timed against tight bounds while the attack runs
+pytestmark = [pytest.mark.timeout(90), pytest.mark.alone]
 
 SECRET = "hostile-fleet-redis-secret"
 PREFIX = "llmh:{hostile}"

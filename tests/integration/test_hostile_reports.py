@@ -39,7 +39,6 @@ from envoy.service.discovery.v3 import ads_pb2_grpc
 
 from llm_health.app.runtime import Runtime
 from llm_health.model.states import State
-from tests.envoy_harness import free_port
 from tests.integration.test_grpc_auth import (
     BEARER,
     NO_TOKEN,
@@ -50,9 +49,11 @@ from tests.integration.test_grpc_auth import (
     xds_request,
 )
 from tests.polling import wait_until_async
+from tests.ports import free_port
 from tests.processes import SimProcess
 
-pytestmark = pytest.mark.timeout(90)
+# alone: /livez (or the agent's answers) timed against tight bounds while the attack runs
+pytestmark = [pytest.mark.timeout(90), pytest.mark.alone]
 
 SECRET = "probe-secret-5f0c2a9e7d31"
 SOLO, TRIO = "solo", "llama"  # "llama": the cluster FakeGateways' ADS streams ask for

@@ -24,12 +24,13 @@ from llm_health.app.assemble import build_runtime
 from llm_health.config import parse_config
 from llm_health.model.states import State
 from llm_health.ops.http_server import MAX_CONNECTIONS
-from tests.envoy_harness import free_port
 from tests.polling import wait_until_async
+from tests.ports import free_port
 from tests.processes import SimProcess
 from tests.runtime import Running
 
-pytestmark = pytest.mark.timeout(90)
+# alone: /livez (or the agent's answers) timed against tight bounds while the attack runs
+pytestmark = [pytest.mark.timeout(90), pytest.mark.alone]
 
 IDLE_CLIENTS = 300  # above the cap of 256
 ATTACK_S = 15.0

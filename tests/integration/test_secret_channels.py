@@ -36,11 +36,12 @@ from llm_health.config import parse_config
 from llm_health.model.states import State
 from llm_health.probe.client import MAX_ERROR_BODY
 from tests.alerts_receiver import Receiver
-from tests.envoy_harness import free_port
 from tests.polling import wait_until_async
+from tests.ports import free_port
 from tests.runtime import Running
 
-pytestmark = pytest.mark.timeout(90)
+# alone: /livez (or the agent's answers) timed against tight bounds while the attack runs
+pytestmark = [pytest.mark.timeout(90), pytest.mark.alone]
 
 KEY = "Zq8TmV3xRb7NpK2wYc5HdF9jLs4GtE6uAo1iWkXyPv0Mn3Qr"  # 48 characters, mixed case
 SHOWN_BEFORE_LIMIT = 44  # of the key's characters that fall before the read limit

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.envoy_harness import free_port
 from tests.polling import wait_until
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE_ASSETS = ("index.html", "page.css", "page.js")  # plugin/llm_health/ops/page
