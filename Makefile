@@ -49,15 +49,16 @@ tools:
 # tests/engine needs a llama.cpp build (test-engine), tests/image and tests/wheel a built
 # image and PyPI (test-image); everything else runs here. First on
 # TEST_WORKERS xdist workers: most tests wait on real processes (simulators, Envoy, Redis,
-# DNS), so several workers per core keep a 2-core machine busy. Then the tests timed
-# against tight bounds (@pytest.mark.alone, tests/alone.py), one at a time with nothing
-# beside them. Both runs always run; the target fails if either failed.
+# DNS), so several workers per core keep a 2-core machine busy; worksteal hands a worker
+# that ran out the tests another one has queued (a few e2e tests take 20-40 s). Then the
+# tests timed against tight bounds (@pytest.mark.alone, tests/alone.py), one at a time with
+# nothing beside them. Both runs always run; the target fails if either failed.
 TEST_WORKERS ?= 4
 PYTEST_ALL := $(BIN)/pytest -q -p no:cacheprovider --ignore=tests/engine --ignore=tests/image \
 	--ignore=tests/wheel
 test: $(STAMP) tools
 	@status=0; \
-	$(PYTEST_ALL) -n $(TEST_WORKERS) -m "not alone" || status=$$?; \
+	$(PYTEST_ALL) -n $(TEST_WORKERS) --dist worksteal -m "not alone" || status=$$?; \
 	$(PYTEST_ALL) -m alone || status=$$?; \
 	exit $$status
 

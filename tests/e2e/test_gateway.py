@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.configs import plugin_settings
 from tests.envoy_harness import EnvoyProcess, eds_clusters, render_config
 from tests.polling import wait_until
 from tests.ports import free_port
@@ -43,11 +44,13 @@ def stack(tmp_path: Path) -> Iterator[Callable[..., Any]]:
         return process
 
     def plugin(sims: list[SimProcess], **probe: Any) -> PluginProcess:
-        settings = {
-            "probe": {"model": "sim-model", **probe},
-            "xds": {"warm_start_timeout": "5s"},
-            "clusters": [{"name": CLUSTER, "endpoints": [{"address": s.address} for s in sims]}],
-        }
+        settings = plugin_settings(
+            sims,
+            cluster=CLUSTER,
+            listen=False,  # PluginProcess puts the servers on free ports
+            probe={"model": "sim-model", **probe},
+            xds={"warm_start_timeout": "5s"},
+        )
         process = PluginProcess(tmp_path / f"plugin-{len(started)}", settings)
         started.append(process)
         return process

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.configs import plugin_settings
 from tests.e2e.test_gateway import CLUSTER, CONFIGS, FAST, envoy_view
 from tests.envoy_harness import EnvoyProcess, render_config
 from tests.polling import wait_until
@@ -102,12 +103,9 @@ class Procs:
 
     def plugin(self, sims: list[SimProcess], **top: Any) -> PluginProcess:
         probe = {"model": "sim-model", "headers": {"Authorization": f"Bearer {SECRET}"}}
-        settings = {
-            "probe": {**probe, **top.pop("probe", {})},
-            "xds": {"warm_start_timeout": "5s"},
-            **top,
-            "clusters": [{"name": CLUSTER, "endpoints": [{"address": s.address} for s in sims]}],
-        }
+        sections = {"xds": {"warm_start_timeout": "5s"}, **top}
+        probe = {**probe, **sections.pop("probe", {})}
+        settings = plugin_settings(sims, cluster=CLUSTER, listen=False, probe=probe, **sections)
         process = PluginProcess(self.tmp_path / f"plugin-{len(self.started)}", settings)
         self.started.append(process)
         return process

@@ -203,13 +203,20 @@ async def guarded() -> AsyncIterator[Runtime]:
         yield runtime
 
 
+# Streams the client writes into at once (bidirectional): a client still writing when the
+# server's refusal arrives may see grpcio's client-side INTERNAL instead of the refusal.
+# The server's own count of refusals is what proves every call was refused.
+WRITING_STREAMS = {"ads", "eds", "hds"}
+
+
 @pytest.mark.parametrize("service", sorted(SERVICES))
 async def test_every_service_needs_the_token(guarded: Runtime, service: str) -> None:
     call = SERVICES[service]
+    refused = {UNAUTH, grpc.StatusCode.INTERNAL} if service in WRITING_STREAMS else {UNAUTH}
     async with grpc.aio.insecure_channel(f"127.0.0.1:{guarded.grpc_port}") as channel:
-        assert await code_of(lambda: call(channel, NO_TOKEN)) == UNAUTH
-        assert await code_of(lambda: call(channel, WRONG_TOKEN)) == UNAUTH
-        assert await code_of(lambda: call(channel, (("authorization", TOKEN),))) == UNAUTH
+        assert await code_of(lambda: call(channel, NO_TOKEN)) in refused
+        assert await code_of(lambda: call(channel, WRONG_TOKEN)) in refused
+        assert await code_of(lambda: call(channel, (("authorization", TOKEN),))) in refused
         assert await code_of(lambda: call(channel, BEARER)) == grpc.StatusCode.OK
     assert guarded.status()["grpc_auth"]["rejected_total"] == 3
 
