@@ -259,7 +259,9 @@ async def test_forged_hds_verdicts_leave_a_small_cluster_in(
 ) -> None:
     async with attacked(sims, caplog) as (runtime, channel, livez):
         addresses = [s.address for s in sims]
-        fakes = await FakeGateways(channel, 8, addresses, NO_TOKEN).start(xds_open=runtime.xds_nodes.is_open)
+        fakes = await FakeGateways(channel, 8, addresses, NO_TOKEN).start(
+            xds_open=runtime.xds_nodes.is_open
+        )
         try:
             await wait_until_async(lambda: out(runtime, TRIO) == 1, 10, "one llama endpoint out")
             await asyncio.sleep(2.0)  # reports go on four times a second: nothing more
@@ -312,7 +314,9 @@ async def test_both_kinds_share_one_cap(
 ) -> None:
     async with attacked(sims, caplog) as (runtime, channel, _livez):
         addresses = [s.address for s in sims]
-        fakes = await FakeGateways(channel, 4, addresses, NO_TOKEN).start(xds_open=runtime.xds_nodes.is_open)
+        fakes = await FakeGateways(channel, 4, addresses, NO_TOKEN).start(
+            xds_open=runtime.xds_nodes.is_open
+        )
         try:
             await wait_until_async(lambda: out(runtime, TRIO) == 1, 10, "one llama endpoint out")
             await forge_access_logs(channel, "fake-gw-0", sims)  # holds an ADS stream
