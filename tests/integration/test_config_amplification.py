@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from llm_health.config.loader import MAX_FILE_BYTES
@@ -27,6 +28,8 @@ from tests.processes import ROOT, PluginProcess, SimProcess, _env
 VALIDATE_CPU_SECONDS = 5.0
 VALIDATE_RSS_GROWTH_MB = 100
 RELOAD_RSS_KEPT_MB = 64  # what the process may keep after two refused reloads
+# alone: a CPU-time bound and /livez within 100 ms while a 4 MiB reload is parsed
+pytestmark = pytest.mark.alone
 LIVEZ_MS = 100
 POLL_S = 0.05
 
@@ -36,8 +39,6 @@ import resource, sys
 from pathlib import Path
 from llm_health.cli import main
 
-# alone: a CPU-time bound and /livez within 100 ms while a 4 MiB reload is parsed
-pytestmark = pytest.mark.alone
 status = Path("/proc/self/status").read_text().split("VmRSS:")[1]
 before = int(status.split()[0])
 try:
