@@ -195,6 +195,7 @@ async def test_sotw_request_naming_300000_unknown_clusters(
     assert livez.answers > 0 and livez.worst < MAX_LIVEZ_S, livez.worst
 
 
+@pytest.mark.alone  # /livez answered within 100 ms meanwhile
 async def test_delta_request_subscribing_300000_unknown_clusters(
     server: Server, caplog: pytest.LogCaptureFixture
 ) -> None:
