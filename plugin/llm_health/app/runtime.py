@@ -33,7 +33,8 @@ from llm_health.app.heap import settle_heap
 from llm_health.app.keeper import BoardKeeper
 from llm_health.app.live import LiveConfig
 from llm_health.app.probing import ProbeSlots, bound_port, probe_scheduler
-from llm_health.config import Config, load_config
+from llm_health.config import Config
+from llm_health.config.apart import load_config_apart
 from llm_health.config.loader import MAX_FILE_BYTES, open_regular
 from llm_health.core.component import Component, Preparing, SkipRule
 from llm_health.core.control import ProberStats
@@ -280,9 +281,9 @@ class Runtime:
         if self.live.path is None:
             return False
         try:
-            # Off the loop: parsing and validating a large file must not stall the probes'
-            # timing (the loader bounds size, depth and aliases: docs/design.md §6.3).
-            new = await asyncio.to_thread(load_config, self.live.path)
+            # In a child process: parsing and validating a large file must not stall the
+            # probes' timing or /livez (config/apart.py, docs/design.md §6.4).
+            new = await load_config_apart(self.live.path)
         except ConfigError as exc:
             return self._reject(exc.messages)
         except Exception as exc:  # a loader bug must not take the service down

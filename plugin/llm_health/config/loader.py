@@ -28,7 +28,6 @@ import ipaddress
 import os
 import re
 import stat
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,7 +59,6 @@ MAX_ALIAS_VALUES = 100_000  # values the aliases (*name) add, in all
 MAX_STRING_CHARS = 65_536  # one string, ${ENV} expanded
 MAX_KEY_CHARS = 1_024
 MAX_NUMBER_CHARS = 100  # a YAML number/date: longer ones cost quadratic time (1:2:3:...)
-YIELD_EVERY_S = 0.002  # reading a file lets other threads run at least this often
 
 # libyaml's parser when PyYAML has it (about 20x faster on a big file); events only, so
 # both behave the same here.
@@ -376,7 +374,7 @@ class _Document:
         documents = 0
         events: Any = yaml.parse(text, Loader=_LOADER)  # a generator: closed below
         try:
-            for event in _yielding(events):
+            for event in events:
                 kind = type(event)
                 if kind is yaml.DocumentStartEvent:
                     documents += 1
@@ -627,19 +625,6 @@ class _Document:
         else:
             self.unlisted += 1
         self.lines.setdefault(path, line)
-
-
-def _yielding(events: Iterator[Any]) -> Iterator[Any]:
-    """The events, the GIL let go every YIELD_EVERY_S of reading. A reload reads the file
-    on a worker thread (docs/design.md §6.4): without this the event loop's thread, which
-    answers /livez and times the probes, waits a whole switch interval for the GIL at each
-    turn while a 4 MiB file is read."""
-    due = time.monotonic() + YIELD_EVERY_S
-    for count, event in enumerate(events):
-        if not count % 256 and time.monotonic() >= due:
-            time.sleep(0)
-            due = time.monotonic() + YIELD_EVERY_S
-        yield event
 
 
 def _line(event: yaml.Event) -> int:
