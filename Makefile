@@ -47,19 +47,24 @@ tools:
 	promtool --version 2>&1 | head -1; /usr/bin/chromedriver --version
 
 # tests/engine needs a llama.cpp build (test-engine), tests/image and tests/wheel a built
-# image and PyPI (test-image); everything else runs here. First on
-# TEST_WORKERS xdist workers: most tests wait on real processes (simulators, Envoy, Redis,
-# DNS), so several workers per core keep a 2-core machine busy; worksteal hands a worker
-# that ran out the tests another one has queued (a few e2e tests take 20-40 s). Then the
-# tests timed against tight bounds (@pytest.mark.alone, tests/alone.py), one at a time with
-# nothing beside them. Both runs always run; the target fails if either failed.
+# image and PyPI (test-image); everything else runs here, in two pytest runs side by side:
+# - the pool: TEST_WORKERS xdist workers at nice 10 (most tests wait on real processes:
+#   simulators, Envoy, Redis, DNS; several workers per core keep a 2-core machine busy;
+#   worksteal hands a worker that ran out the tests another one has queued);
+# - the tests timed against tight bounds (@pytest.mark.alone, tests/alone.py), one at a
+#   time at normal priority: the CPU is theirs whenever they want it, the pool gets the
+#   rest. Its output is printed after the pool's. Each run picks ports from a range of
+#   its own (tests/ports.py).
+# Both always run to the end; the target fails if either failed.
 TEST_WORKERS ?= 4
 PYTEST_ALL := $(BIN)/pytest -q -p no:cacheprovider --ignore=tests/engine --ignore=tests/image \
 	--ignore=tests/wheel
 test: $(STAMP) tools
-	@status=0; \
-	$(PYTEST_ALL) -n $(TEST_WORKERS) --dist worksteal -m "not alone" || status=$$?; \
-	$(PYTEST_ALL) -m alone || status=$$?; \
+	@status=0; alone=$$(mktemp); \
+	LLM_HEALTH_TEST_PORTS=30000-32000 $(PYTEST_ALL) -m alone >"$$alone" 2>&1 & timed=$$!; \
+	LLM_HEALTH_TEST_PORTS=20000-30000 nice -n 10 $(PYTEST_ALL) -n $(TEST_WORKERS) --dist worksteal -m "not alone" || status=$$?; \
+	wait $$timed || status=$$?; \
+	echo "--- the tests timed alone (beside the pool at nice 10):"; cat "$$alone"; rm -f "$$alone"; \
 	exit $$status
 
 # A real inference engine (tests/engine, docs/engines/llama-cpp.md): llama.cpp's

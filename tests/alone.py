@@ -5,7 +5,9 @@ several xdist workers). A few measure time against tight bounds (a hang reported
 timeout + 50 ms, a change seen within one second, a prober's schedule) or load the
 machine on purpose (a starved event loop); beside other tests on a 2-core machine they
 would measure the neighbours. Those carry ``@pytest.mark.alone``, and ``make test`` runs
-them after the others, in a second pytest run without xdist (``-m alone``).
+them one at a time in a pytest run of their own (``-m alone``, no xdist, normal CPU
+priority) beside the xdist pool of the others, which runs at nice 10: the timed tests get
+the CPU whenever they want it, the pool the rest.
 
 Should they run under xdist all the same (``pytest -n 4`` by hand), the workers of the run
 share a readers-writer lock (an ``flock`` file in a directory the controller makes and

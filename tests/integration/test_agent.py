@@ -19,6 +19,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +29,11 @@ import pytest
 from tests.ports import free_port
 from tests.processes import ROOT, AgentProcess, SimProcess, _env, http_json
 
-# alone: /livez (or the agent's answers) timed against tight bounds while the attack runs
-pytestmark = [pytest.mark.timeout(300), pytest.mark.alone]
+pytestmark = pytest.mark.timeout(300)
+# The tests that time the agent's answers (bounds of interval + slack, answers from memory
+# in milliseconds) run alone; the fault tables run their cases side by side, one engine
+# and agent each (``pairs``), since each case mostly waits.
+alone = pytest.mark.alone
 
 INTERVAL_S, TIMEOUT_S, HEALTHY_TTFT_S = 0.5, 0.5, 0.15
 RESTART_AFTER_S = 2.0
@@ -85,20 +90,56 @@ def hold(agent: AgentProcess, seconds: float, expected: dict[str, int]) -> None:
         time.sleep(0.05)
 
 
+PAIRS = 5  # the widest fault table
+
+
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SimProcess, AgentProcess]]:
-    """A sim and an agent probing it over the chat API (its role chunk can hang)."""
-    workdir = tmp_path_factory.mktemp("agent-pair")
-    sim = SimProcess(workdir, "engine", "--ttft", "20ms")
-    agent = AgentProcess(workdir, f"http://{sim.address}", settings())
+def pairs(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[list[tuple[SimProcess, AgentProcess]]]:
+    """PAIRS sims, each with an agent probing it over the chat API (its role chunk can
+    hang); all started before any is waited on."""
+    workdir = tmp_path_factory.mktemp("agent-pairs")
+    sims = [SimProcess(workdir, f"engine{n}", "--ttft", "20ms") for n in range(PAIRS)]
+    agents: list[AgentProcess] = []
     try:
-        sim.wait_up()
-        agent.start().wait_up()
-        yield sim, agent
+        for sim in sims:
+            sim.wait_up()
+        agents = [
+            AgentProcess(workdir / f"agent{n}", f"http://{sim.address}", settings())
+            for n, sim in enumerate(sims)
+        ]
+        for agent in agents:
+            agent.start()
+        for agent in agents:
+            agent.wait_up()
+        yield list(zip(sims, agents, strict=True))
     finally:
-        code, took = agent.stop()
-        sim.stop()
-        assert code == 0 and took < 2.0, f"SIGTERM: exit {code} after {took:.2f} s"
+        stopped = [agent.stop() for agent in agents]
+        for sim in sims:
+            sim.stop()
+        for code, took in stopped:
+            assert code == 0 and took < 2.0, f"SIGTERM: exit {code} after {took:.2f} s"
+
+
+@pytest.fixture
+def pair(pairs: list[tuple[SimProcess, AgentProcess]]) -> tuple[SimProcess, AgentProcess]:
+    return pairs[0]
+
+
+def side_by_side(
+    pairs: list[tuple[SimProcess, AgentProcess]],
+    cases: dict[str, Callable[[SimProcess, AgentProcess], None]],
+) -> None:
+    """Run each case on a pair of its own, all at once; every case's failure reported."""
+    assert len(cases) <= len(pairs)
+    with ThreadPoolExecutor(len(cases)) as pool:
+        futures = {
+            name: pool.submit(case, *both)
+            for (name, case), both in zip(cases.items(), pairs, strict=False)
+        }
+    failed = {name: future.exception() for name, future in futures.items() if future.exception()}
+    assert not failed, "; ".join(f"{name}: {exc}" for name, exc in failed.items())
 
 
 def healthy(sim: SimProcess, agent: AgentProcess) -> None:
@@ -117,11 +158,16 @@ def healthy(sim: SimProcess, agent: AgentProcess) -> None:
 HANGS = ["hang_before_headers", "hang_after_headers", "hang_after_role_chunk"]
 
 
-@pytest.mark.parametrize("fault", [*HANGS, "cuda_error"])
+@alone
 def test_a_hang_or_a_fatal_error_is_out_in_time_and_restarted_after_restart_after(
-    pair: tuple[SimProcess, AgentProcess], fault: str
+    pairs: list[tuple[SimProcess, AgentProcess]],
 ) -> None:
-    sim, agent = pair
+    side_by_side(
+        pairs, {fault: partial(hang_or_fatal_error, fault) for fault in [*HANGS, "cuda_error"]}
+    )
+
+
+def hang_or_fatal_error(fault: str, sim: SimProcess, agent: AgentProcess) -> None:
     healthy(sim, agent)
     sim.set_fault(fault=fault)
     out_s = wait_for(lambda: status_of(agent, "/readyz") == 503, 10.0, f"{fault}: /readyz 503")
@@ -147,28 +193,42 @@ def test_a_hang_or_a_fatal_error_is_out_in_time_and_restarted_after_restart_afte
     healthy(sim, agent)  # the fault clears: /livez withdraws the restart
 
 
-@pytest.mark.parametrize(
-    ("knobs", "ready", "says", "within"),
-    [
-        # the next known-answer probe (verify.every), then its slot
-        ({"fault": "garbage_tokens"}, 503, "unhealthy: garbage output", VERIFY_S + INTERVAL_S),
-        # the next /v1/models check (every verify.every)
-        ({"served_model": "org/other-weights"}, 503, "unhealthy: wrong model", VERIFY_S),
-        # the next /metrics read
-        ({"metrics_waiting": 12}, 200, "degraded: 12 waiting ≥ 5", METRICS_S),
-        ({"ttft": "300ms"}, 200, "degraded: ", INTERVAL_S),  # the next probe: slow, or silent
-        ({"fault": "overloaded"}, 200, "degraded: overloaded", INTERVAL_S),
-    ],
-    ids=["garbage_tokens", "wrong_model", "saturation", "slow", "overloaded"],
-)
+NO_RESTART_CASES = {
+    name: case
+    for name, case in zip(
+        ["garbage_tokens", "wrong_model", "saturation", "slow", "overloaded"],
+        [
+            # the next known-answer probe (verify.every), then its slot
+            ({"fault": "garbage_tokens"}, 503, "unhealthy: garbage output", VERIFY_S + INTERVAL_S),
+            # the next /v1/models check (every verify.every)
+            ({"served_model": "org/other-weights"}, 503, "unhealthy: wrong model", VERIFY_S),
+            # the next /metrics read
+            ({"metrics_waiting": 12}, 200, "degraded: 12 waiting ≥ 5", METRICS_S),
+            ({"ttft": "300ms"}, 200, "degraded: ", INTERVAL_S),  # the next probe: slow, or silent
+            ({"fault": "overloaded"}, 200, "degraded: overloaded", INTERVAL_S),
+        ],
+        strict=True,
+    )
+}
+
+
+@alone
 def test_faults_a_restart_would_not_cure_never_restart(
-    pair: tuple[SimProcess, AgentProcess],
+    pairs: list[tuple[SimProcess, AgentProcess]],
+) -> None:
+    side_by_side(
+        pairs, {name: partial(no_restart, *case) for name, case in NO_RESTART_CASES.items()}
+    )
+
+
+def no_restart(
     knobs: dict[str, Any],
     ready: int,
     says: str,
     within: float,
+    sim: SimProcess,
+    agent: AgentProcess,
 ) -> None:
-    sim, agent = pair
     healthy(sim, agent)
     sim.set_fault(**knobs)
 
@@ -186,6 +246,7 @@ def test_faults_a_restart_would_not_cure_never_restart(
     healthy(sim, agent)
 
 
+@alone
 def test_timeouts_while_requests_complete_are_busy_not_hung(
     pair: tuple[SimProcess, AgentProcess],
 ) -> None:
@@ -218,6 +279,7 @@ def test_timeouts_while_requests_complete_are_busy_not_hung(
     healthy(sim, agent)
 
 
+@alone
 def test_every_answer_comes_from_memory_while_the_engine_hangs(
     pair: tuple[SimProcess, AgentProcess],
 ) -> None:
@@ -247,6 +309,7 @@ def test_every_answer_comes_from_memory_while_the_engine_hangs(
 # --- the engine's process -----------------------------------------------------------------
 
 
+@alone
 def test_startup_follows_the_engine_process(tmp_path: Path) -> None:
     """The agent starts before the engine; the engine is killed and a new one (serving
     another model) starts on the same port."""
@@ -400,6 +463,7 @@ def test_garbage_and_huge_requests_get_an_answer(lone_agent: AgentProcess) -> No
     assert lone_agent.process is not None and lone_agent.process.poll() is None
 
 
+@alone
 def test_idle_connections_do_not_starve_the_kubelet(lone_agent: AgentProcess) -> None:
     port = lone_agent.http_port
     idle = []

@@ -26,8 +26,9 @@ import pytest
 from tests.polling import wait_until
 from tests.processes import ROOT, PluginProcess, SimProcess, _env
 
-# alone: /livez (or the agent's answers) timed against tight bounds while the attack runs
-pytestmark = [pytest.mark.timeout(90), pytest.mark.alone]
+pytestmark = pytest.mark.timeout(90)
+# alone: /livez timed against tight bounds while the attack runs
+alone = pytest.mark.alone
 
 STOP_WITHIN_S = 5.0  # design §7.9: "well under 2 s"; a margin for a loaded machine
 LIVEZ_EVERY_S = 0.05
@@ -130,6 +131,7 @@ def test_start_refuses_a_config_that_is_not_a_file(tmp_path: Path, command: str,
     assert done.stderr.strip().splitlines() == [f"{path}: cannot read: {MESSAGES[kind]}"]
 
 
+@alone
 @pytest.mark.parametrize("kind", KINDS)
 def test_reload_refuses_it_and_sigterm_still_ends_the_process(
     tmp_path: Path, sim: SimProcess, kind: str
@@ -192,6 +194,7 @@ STUCK_WORKER = textwrap.dedent(
 )
 
 
+@alone
 def test_sigterm_ends_the_process_whatever_a_worker_thread_is_blocked_on(
     tmp_path: Path, sim: SimProcess
 ) -> None:

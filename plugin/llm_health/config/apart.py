@@ -6,7 +6,7 @@ thread of the service it shares the interpreter lock with the event loop that an
 loaded 2-core machine one answer took 157 ms. In a child process, at a lower CPU priority,
 the loop only waits for a pipe, and what the read allocated is freed with the child.
 
-The child runs this module: it loads the file with the same ``load_config`` as ``serve``
+The child runs this module's ``main`` (niced first): it loads the file with the same ``load_config`` as ``serve``
 and ``validate`` (``${ENV}`` from the environment it inherits) and writes one pickled
 answer, ``("config", Config)`` or ``("problems", [message, ...])``, to its stdout. Only
 our own child writes that pipe; its answer is still bounded in size and time.
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import pickle
 import sys
 from pathlib import Path
@@ -30,6 +29,11 @@ LOAD_TIMEOUT_S = 60.0  # a file at the limits validates in 3-5 s on 2 cores
 ANSWER_LIMIT = 64 * 1024 * 1024  # a config at every limit pickles to far less
 CHILD_NICENESS = 10  # a reload yields the CPU to the probes and the answers
 KILL_WAIT_S = 2.0  # SIGKILL ends the child at once
+# The child lowers its priority before anything else: its imports are most of its CPU.
+_CHILD = (
+    f"import os; os.nice({CHILD_NICENESS}); import sys; "
+    f"from {__name__} import main; sys.exit(main(sys.argv[1:]))"
+)
 
 
 async def load_config_apart(path: str | Path, within_s: float = LOAD_TIMEOUT_S) -> Config:
@@ -37,8 +41,8 @@ async def load_config_apart(path: str | Path, within_s: float = LOAD_TIMEOUT_S) 
     problems, or with one line saying why the child gave no answer."""
     child = await asyncio.create_subprocess_exec(
         sys.executable,
-        "-m",
-        __name__,
+        "-c",
+        _CHILD,
         str(path),
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
@@ -102,12 +106,6 @@ def _answer(path: str) -> tuple[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    with contextlib.suppress(OSError):
-        os.nice(CHILD_NICENESS)
     sys.stdout.buffer.write(pickle.dumps(_answer(argv[0]), protocol=pickle.HIGHEST_PROTOCOL))
     sys.stdout.buffer.flush()
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
