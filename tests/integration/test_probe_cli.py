@@ -67,3 +67,26 @@ def test_bad_arguments_exit_two(args: list[str], capsys: pytest.CaptureFixture[s
         main(args)
     assert exc.value.code == 2
     assert "error" in capsys.readouterr().err
+
+
+async def test_the_cache_bypass_follows_the_detected_engine(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """As in ``serve``: llama.cpp ignores ``cache_salt``; its bypass is ``cache_prompt``."""
+    async with running_sim(SimSettings(engine="llamacpp")) as sim:
+        code = await run_cli("probe", sim.base_url, "--count", "1")
+        request = sim.state.last_request
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "engine llamacpp, cache bypass cache_prompt" in out
+    assert request is not None
+    assert request.get("cache_prompt") is False and request.get("cache_salt") is None
+
+
+async def test_a_cache_bypass_given_is_the_one_sent(capsys: pytest.CaptureFixture[str]) -> None:
+    async with running_sim(SimSettings(engine="llamacpp")) as sim:
+        code = await run_cli("probe", sim.base_url, "--count", "1", "--cache-bust", "salt")
+        request = sim.state.last_request
+    assert code == 0
+    assert "engine unknown, cache bypass salt" in capsys.readouterr().out
+    assert request is not None and request.get("cache_salt") and request.get("cache_prompt") is None

@@ -17,9 +17,10 @@ import aiohttp
 
 from llm_health.cli.argtypes import duration, positive_int
 from llm_health.cli.text import ms
+from llm_health.engines.side_reads import SideReads, open_session
 from llm_health.model.outcome import SUCCESSES, ProbeResult
 from llm_health.model.redact import redact_secrets, secret_forms
-from llm_health.probe.client import MicroProbe, new_session
+from llm_health.probe.client import MicroProbe, cache_bust_for, new_session
 from llm_health.probe.target import (
     API_PATHS,
     DEFAULT_FATAL_PATTERNS,
@@ -43,7 +44,13 @@ def register(commands: Any) -> None:
     parser.add_argument("--healthy-ttft", type=duration, default=0.2, help="e.g. 200ms")
     parser.add_argument("--interval", type=duration, default=1.0, help="pause between probes")
     parser.add_argument("--prompt", default="hi")
-    parser.add_argument("--cache-bust", choices=["salt", "prefix", "none"], default="salt")
+    parser.add_argument(
+        "--cache-bust",
+        choices=["auto", "salt", "cache_prompt", "prefix", "none"],
+        default="auto",
+        help="how the probe bypasses the prefix cache; auto (default): by the engine "
+        "detected from its info endpoints, as serve does (docs/engines.md)",
+    )
     parser.add_argument(
         "--header",
         action="append",
@@ -67,10 +74,15 @@ async def _probe_all(args: argparse.Namespace) -> int:
     async with new_session() as session:
         model = args.model or await _discover_model(session, url)
         target = _target(args, url, model)
-        prober = MicroProbe(session)
+        engine = await _detect_engine(target) if args.cache_bust == "auto" else None
+        prober = MicroProbe(session, engines={target.key: engine} if engine else None)
         limit = f"{args.timeout * 1000:g} ms"
         shown = redact_secrets(model, target.secrets) if model else "-"
-        print(f"probing {url} (api {args.api}, model {shown}, timeout {limit})")
+        bust = cache_bust_for(target, engine)
+        print(
+            f"probing {url} (api {args.api}, model {shown}, engine {engine or 'unknown'}, "
+            f"cache bypass {bust}, timeout {limit})"
+        )
         results = []
         for index in range(args.count):
             if index:
@@ -109,6 +121,13 @@ def _probe_url(raw: str, api: str) -> str:
         raise SystemExit(2)
     path = parts.path if parts.path not in ("", "/") else API_PATHS[api]
     return f"{parts.scheme}://{parts.netloc}{path}"
+
+
+async def _detect_engine(target: ProbeTarget) -> str | None:
+    """The engine serving ``target``, from its info endpoints (``engines.detect``): the
+    cache bypass ``serve`` uses for it (llama.cpp ignores vLLM's ``cache_salt``)."""
+    async with open_session() as session:
+        return await SideReads(session).engine(target)
 
 
 async def _discover_model(session: aiohttp.ClientSession, url: str) -> str | None:
