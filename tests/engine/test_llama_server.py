@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import subprocess
+import sys
 import time
 import urllib.request
 from typing import Any
@@ -170,6 +172,24 @@ async def test_probes_never_hit_the_prompt_cache(llama_server: StartServer) -> N
     before = server.metrics()[CACHED]
     assert set(await probe_times(busting, 20)) == {Outcome.FAST}
     assert server.metrics()[CACHED] == before
+
+
+def test_the_probe_command_never_hits_the_prompt_cache(llama_server: StartServer) -> None:
+    """``llm-health probe`` detects llama.cpp (its /props) and sends ``cache_prompt: false``
+    by default, as ``serve`` does: 5 probes add nothing to the cached prompt tokens."""
+    server = llama_server()
+    before = server.metrics()[CACHED]
+    probe = ["probe", f"http://127.0.0.1:{server.port}", "--count", "5", "--timeout", "5s"]
+    done = subprocess.run(
+        [sys.executable, "-m", "llm_health.cli", *probe],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "engine llamacpp, cache bypass cache_prompt" in done.stdout
+    assert server.metrics()[CACHED] == before, done.stdout
 
 
 def test_streamed_response_closes_the_connection(llama_server: StartServer) -> None:
