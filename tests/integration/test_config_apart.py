@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llm_health.config import load_config
+from llm_health.config import Config, apart, load_config
 from llm_health.config.apart import load_config_apart
 from llm_health.errors import ConfigError
 
@@ -83,3 +83,24 @@ def loading_children() -> list[int]:
         if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"config.apart" in command:
             found.append(int(entry.name))
     return found
+
+
+def test_a_small_file_is_read_on_a_thread_a_large_one_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    children: list[object] = []
+    real = apart.load_config_apart
+
+    async def counted(path: str | Path) -> Config:
+        children.append(path)
+        return await real(path)
+
+    monkeypatch.setattr(apart, "load_config_apart", counted)
+    example = ROOT / "examples" / "llm-health.yaml"
+    assert asyncio.run(apart.load_config_off_loop(example)) == load_config(example)
+    assert children == []
+    large = tmp_path / "large.yaml"
+    padding = "#" * 100 + "\n"
+    large.write_text(example.read_text() + padding * (apart.APART_FROM_BYTES // len(padding)))
+    assert asyncio.run(apart.load_config_off_loop(large)) == load_config(large)
+    assert children == [large]

@@ -34,7 +34,7 @@ from llm_health.app.keeper import BoardKeeper
 from llm_health.app.live import LiveConfig
 from llm_health.app.probing import ProbeSlots, bound_port, probe_scheduler
 from llm_health.config import Config
-from llm_health.config.apart import load_config_apart
+from llm_health.config.apart import load_config_off_loop
 from llm_health.config.loader import MAX_FILE_BYTES, open_regular
 from llm_health.core.component import Component, Preparing, SkipRule
 from llm_health.core.control import ProberStats
@@ -281,9 +281,9 @@ class Runtime:
         if self.live.path is None:
             return False
         try:
-            # In a child process: parsing and validating a large file must not stall the
-            # probes' timing or /livez (config/apart.py, docs/design.md §6.4).
-            new = await load_config_apart(self.live.path)
+            # Off the loop, a large file in a child process: parsing and validating it must
+            # not stall the probes' timing or /livez (config/apart.py, docs/design.md §6.4).
+            new = await load_config_off_loop(self.live.path)
         except ConfigError as exc:
             return self._reject(exc.messages)
         except Exception as exc:  # a loader bug must not take the service down

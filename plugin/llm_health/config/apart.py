@@ -1,10 +1,13 @@
-"""A reload's file read and validated in a process of its own (docs/design.md §6.4).
+"""A reload's file read and validated off the event loop (docs/design.md §6.4): on a
+thread when it is small, in a process of its own when it is large.
 
 Reading a file at the loader's limits (4 MiB, 500,000 values) is seconds of Python. On a
 thread of the service it shares the interpreter lock with the event loop that answers
 ``/livez`` and times the probes, and every turn of that loop then waits for the lock; on a
 loaded 2-core machine one answer took 157 ms. In a child process, at a lower CPU priority,
 the loop only waits for a pipe, and what the read allocated is freed with the child.
+Starting that interpreter costs about a second of CPU, so a file of at most
+APART_FROM_BYTES (tens of milliseconds to read) is still read on a thread.
 
 The child runs this module's ``main`` (niced first): it loads the file with the same ``load_config`` as ``serve``
 and ``validate`` (``${ENV}`` from the environment it inherits) and writes one pickled
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import pickle
 import sys
 from pathlib import Path
@@ -25,6 +29,7 @@ from llm_health.config.loader import load_config
 from llm_health.config.schema import Config
 from llm_health.errors import ConfigError
 
+APART_FROM_BYTES = 256 * 1024  # larger files are read in a child process
 LOAD_TIMEOUT_S = 60.0  # a file at the limits validates in 3-5 s on 2 cores
 ANSWER_LIMIT = 64 * 1024 * 1024  # a config at every limit pickles to far less
 CHILD_NICENESS = 10  # a reload yields the CPU to the probes and the answers
@@ -34,6 +39,18 @@ _CHILD = (
     f"import os; os.nice({CHILD_NICENESS}); import sys; "
     f"from {__name__} import main; sys.exit(main(sys.argv[1:]))"
 )
+
+
+async def load_config_off_loop(path: str | Path) -> Config:
+    """``load_config(path)`` without holding the event loop: on a thread for a small file
+    (or one that is not a regular file: the loader refuses it at once), else in a child."""
+    try:
+        size = (await asyncio.to_thread(os.stat, path)).st_size
+    except OSError:
+        size = 0  # the loader says why it cannot read it
+    if size <= APART_FROM_BYTES:
+        return await asyncio.to_thread(load_config, path)
+    return await load_config_apart(path)
 
 
 async def load_config_apart(path: str | Path, within_s: float = LOAD_TIMEOUT_S) -> Config:
