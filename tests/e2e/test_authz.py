@@ -196,6 +196,9 @@ def test_client_probe_header_is_stripped_before_the_backend(
 def test_client_probe_header_gets_403_in_deny_mode(gateway: Callable[..., Gateway]) -> None:
     gw = gateway([FAST], ["HEALTHY"], authz={"probe_header": "deny"})
     (sim,) = gw.sims
+    # The first check opens Envoy's gRPC stream to the plugin; on a loaded machine it can
+    # miss the filter's 100 ms timeout and be let through unchecked (failure_mode_allow).
+    assert call(gw.url, prompt="warm-1").status == 200
     denied = call(gw.url, {"X-LLM-Probe": "true"}, prompt="disguised-1")
     assert denied.status == 403
     assert denied.json()["error"]["type"] == "probe_denied"
