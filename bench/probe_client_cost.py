@@ -158,8 +158,7 @@ class _Llhttp(asyncio.Protocol):
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -223,13 +222,16 @@ def httptools_protocol(target: ProbeTarget, port: int, *, reuse: bool) -> Exchan
 
     async def exchange() -> bool:
         loop = asyncio.get_running_loop()
+        while idle and idle[-1].lost:
+            idle.pop()  # closed by the server while idle
         if idle:
             protocol = idle.pop()
         else:
             OPENED[name] = OPENED.get(name, 0) + 1
-            _, protocol = await loop.create_connection(
+            transport, protocol = await loop.create_connection(
                 lambda: _Llhttp(target.api), "127.0.0.1", port
             )
+            protocol.transport = transport  # uvloop may call connection_made after this
         protocol.start(_request(target, port))
         assert protocol.first is not None and protocol.ended is not None
         token = await protocol.first
