@@ -121,14 +121,8 @@ def asyncio_protocol(target: ProbeTarget, port: int) -> Exchange:
     async def exchange() -> bool:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[bool] = loop.create_future()
-        body = json.dumps(probe_body(target, "vllm")).encode()
-        head = (
-            f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-            "Content-Type: application/json\r\nAccept: text/event-stream\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        ).encode()
         transport, _ = await loop.create_connection(lambda: _FirstData(done), "127.0.0.1", port)
-        transport.write(head + body)  # type: ignore[attr-defined]
+        transport.write(_request(target, port))  # type: ignore[attr-defined]
         return await done
 
     return exchange
