@@ -47,25 +47,19 @@ tools:
 	promtool --version 2>&1 | head -1; /usr/bin/chromedriver --version
 
 # tests/engine needs a llama.cpp build (test-engine), tests/image and tests/wheel a built
-# image and PyPI (test-image); everything else runs here, in two pytest runs side by side:
-# - the pool: TEST_WORKERS xdist workers at nice 10 (most tests wait on real processes:
-#   simulators, Envoy, Redis, DNS; several workers per core keep a 2-core machine busy;
-#   worksteal hands a worker that ran out the tests another one has queued);
-# - the tests timed against tight bounds (@pytest.mark.alone, tests/alone.py), one at a
-#   time at normal priority: the CPU is theirs whenever they want it, the pool gets the
-#   rest; it starts its first test once the pool's workers have collected the suite
-#   (LLM_HEALTH_TEST_POOL_READY, tests/alone.py). Its output is printed after the pool's. Each run picks ports from a range of
-#   its own (tests/ports.py).
-# Both always run to the end; the target fails if either failed.
+# image and PyPI (test-image); everything else runs here. First on
+# TEST_WORKERS xdist workers: most tests wait on real processes (simulators, Envoy, Redis,
+# DNS), so several workers per core keep a 2-core machine busy; worksteal hands a worker
+# that ran out the tests another one has queued (a few e2e tests take 20-40 s). Then the
+# tests timed against tight bounds (@pytest.mark.alone, tests/alone.py), one at a time with
+# nothing beside them. Both runs always run; the target fails if either failed.
 TEST_WORKERS ?= 4
 PYTEST_ALL := $(BIN)/pytest -q -p no:cacheprovider --ignore=tests/engine --ignore=tests/image \
 	--ignore=tests/wheel
 test: $(STAMP) tools
-	@status=0; run=$$(mktemp -d); export LLM_HEALTH_TEST_POOL_READY="$$run/pool-ready"; \
-	LLM_HEALTH_TEST_PORTS=30000-32000 $(PYTEST_ALL) -m alone >"$$run/alone.log" 2>&1 & timed=$$!; \
-	LLM_HEALTH_TEST_PORTS=20000-30000 nice -n 10 $(PYTEST_ALL) -n $(TEST_WORKERS) --dist worksteal -m "not alone" || status=$$?; \
-	wait $$timed || status=$$?; \
-	echo "--- the tests timed alone (beside the pool at nice 10):"; cat "$$run/alone.log"; rm -rf "$$run"; \
+	@status=0; \
+	$(PYTEST_ALL) -n $(TEST_WORKERS) --dist worksteal -m "not alone" || status=$$?; \
+	$(PYTEST_ALL) -m alone || status=$$?; \
 	exit $$status
 
 # A real inference engine (tests/engine, docs/engines/llama-cpp.md): llama.cpp's

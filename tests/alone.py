@@ -5,13 +5,7 @@ several xdist workers). A few measure time against tight bounds (a hang reported
 timeout + 50 ms, a change seen within one second, a prober's schedule) or load the
 machine on purpose (a starved event loop); beside other tests on a 2-core machine they
 would measure the neighbours. Those carry ``@pytest.mark.alone``, and ``make test`` runs
-them one at a time in a pytest run of their own (``-m alone``, no xdist, normal CPU
-priority) beside the xdist pool of the others, which runs at nice 10: the timed tests get
-the CPU whenever they want it, the pool the rest. Priority does not cover what starting
-the pool costs (four workers importing and collecting the whole suite at once), so the
-timed run waits for the pool's workers to have collected before its first test: the
-pool's controller creates the file ``LLM_HEALTH_TEST_POOL_READY`` names, the timed run
-waits for it (at most POOL_READY_WAIT_S).
+them after the others, in a second pytest run without xdist (``-m alone``).
 
 Should they run under xdist all the same (``pytest -n 4`` by hand), the workers of the run
 share a readers-writer lock (an ``flock`` file in a directory the controller makes and
@@ -25,18 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import os
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 MARKER = "alone"
-POOL_READY = "LLM_HEALTH_TEST_POOL_READY"
-POOL_READY_WAIT_S = 90.0
 
 
 def is_alone(item: pytest.Item) -> bool:
@@ -70,25 +60,3 @@ def make_lock_directory() -> Path:
 
 def remove_lock_directory(directory: Path) -> None:
     shutil.rmtree(directory, ignore_errors=True)
-
-
-def pool_ready_file() -> Path | None:
-    value = os.environ.get(POOL_READY, "")
-    return Path(value) if value else None
-
-
-def pool_collected(collected: int, workers: int) -> None:
-    """On the pool's controller: ``collected`` of ``workers`` have collected the suite."""
-    ready = pool_ready_file()
-    if ready is not None and collected >= workers:
-        ready.touch()
-
-
-def wait_for_the_pool() -> None:
-    """In the timed run: until the pool's workers have collected (or POOL_READY_WAIT_S)."""
-    ready = pool_ready_file()
-    if ready is None:
-        return
-    deadline = time.monotonic() + POOL_READY_WAIT_S
-    while not ready.exists() and time.monotonic() < deadline:
-        time.sleep(0.2)

@@ -45,28 +45,6 @@ def pytest_configure_node(node: Any) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     if LOCKS in config.stash:
         alone.remove_lock_directory(config.stash[LOCKS])
-    if not hasattr(config, "workerinput"):
-        alone.pool_collected(1, 1)  # a pool that ended early never holds the timed run
-
-
-_collected_nodes = 0
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
-    """xdist's controller: one more worker has collected the suite."""
-    global _collected_nodes
-    _collected_nodes += 1
-    alone.pool_collected(_collected_nodes, int(node.config.option.numprocesses or 1))
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtestloop(session: pytest.Session) -> None:
-    """The timed run (no xdist) starts its first test once the pool has collected."""
-    if not hasattr(session.config, "workerinput") and not getattr(
-        session.config.option, "numprocesses", None
-    ):
-        alone.wait_for_the_pool()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -9,8 +9,6 @@ out the same number meanwhile, so:
 - Each pytest-xdist worker (``PYTEST_XDIST_WORKER`` = ``gw<N>``, of
   ``PYTEST_XDIST_WORKER_COUNT``) has a slice of that range to itself; outside xdist the
   whole range is this process's.
-- Two pytest runs side by side (``make test``: the xdist pool and the ``alone`` tests)
-  are given ranges of their own in ``LLM_HEALTH_TEST_PORTS`` (``FIRST-END``).
 - Within a slice ports are handed out in turn (from a random start, so that two runs
   side by side rarely meet), not at random: one worker never gives out a number twice
   before it has gone round its whole slice. A port that does not bind now is passed over.
@@ -28,27 +26,12 @@ import socket
 LOOPBACK = "127.0.0.1"
 #: Where ports are picked (the first is included, the last is not).
 RANGE = (20000, 32000)
-RANGE_VARIABLE = "LLM_HEALTH_TEST_PORTS"
-
-
-def run_range(value: str | None = None) -> tuple[int, int]:
-    """This run's range: ``LLM_HEALTH_TEST_PORTS`` (``FIRST-END``, within RANGE), else RANGE."""
-    value = os.environ.get(RANGE_VARIABLE, "") if value is None else value
-    if not value:
-        return RANGE
-    first, _, end = value.partition("-")
-    span = int(first), int(end)
-    if not RANGE[0] <= span[0] < span[1] <= RANGE[1]:
-        raise ValueError(f"{RANGE_VARIABLE}={value}: not a range within {RANGE[0]}-{RANGE[1]}")
-    return span
 
 
 def worker_slice(
-    worker: str | None = None, count: str | None = None, span: tuple[int, int] | None = None
+    worker: str | None = None, count: str | None = None, span: tuple[int, int] = RANGE
 ) -> tuple[int, int]:
-    """The part of ``span`` (this run's range) that belongs to this xdist worker (all of it
-    outside xdist)."""
-    span = run_range() if span is None else span
+    """The part of ``span`` that belongs to this xdist worker (all of it outside xdist)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "") if worker is None else worker
     count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "") if count is None else count
     if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit()):
