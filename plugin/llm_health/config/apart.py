@@ -9,9 +9,9 @@ the loop only waits for a pipe, and what the read allocated is freed with the ch
 Starting that interpreter costs about a second of CPU, so a file of at most
 APART_FROM_BYTES (tens of milliseconds to read) is still read on a thread.
 
-The child runs this module's ``main`` (niced first): it loads the file with the same ``load_config`` as ``serve``
-and ``validate`` (``${ENV}`` from the environment it inherits) and writes one pickled
-answer, ``("config", Config)`` or ``("problems", [message, ...])``, to its stdout. Only
+The child runs this module's ``main`` (niced first): it loads the file with the same
+``load_config`` as ``serve`` and ``validate`` (``${ENV}`` from the environment it
+inherits) and writes one pickled answer, ``("config", Config)`` or ``("problems", [message, ...])``, to its stdout. Only
 our own child writes that pipe; its answer is still bounded in size and time.
 """
 
