@@ -13,7 +13,7 @@ from hypothesis import settings
 
 from llm_health.sim.faults import FaultSpec
 from llm_health.sim.server import SimHandle, SimSettings, running_sim
-from tests import alone, envoy_harness
+from tests import alone, envoy_harness, hangs
 from tests.processes import SimProcess, running_sims
 
 # CI runs hypothesis derandomized: the same examples every run, so a red CI is always
@@ -77,6 +77,25 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
             return (yield)
         finally:
             envoy_harness.set_current_test(None)
+
+
+WATCH = pytest.StashKey[Any]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> None:
+    """pytest-timeout arms its timer; ours prints the asyncio tasks just before it fires
+    (tests/hangs.py). Returning None lets pytest-timeout arm its own."""
+    timer = hangs.start_watch(item.nodeid, float(settings.timeout or 0))
+    if timer is not None:
+        item.stash[WATCH] = timer
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_timeout_cancel_timer(item: pytest.Item) -> None:
+    timer = item.stash.get(WATCH, None)
+    if timer is not None:
+        timer.cancel()
 
 
 # --- simulators ------------------------------------------------------------------------------

@@ -16,9 +16,11 @@ from typing import Self
 from llm_health.app.assemble import build_runtime
 from llm_health.app.runtime import Runtime
 from llm_health.config import parse_config
+from tests.hangs import task_stacks
 from tests.polling import wait_until_async
 
 STOP_WITHIN_S = 15.0
+CANCEL_WITHIN_S = 5.0
 READY_WITHIN_S = 30.0
 
 
@@ -46,9 +48,19 @@ class Running:
         return self
 
     async def __aexit__(self, *_exc: object) -> None:
+        """Stop and wait; a runtime that does not end within STOP_WITHIN_S is cancelled
+        and the test fails with every task's stack, never waits on without bound (a
+        cancellation the runtime does not finish would hang ``asyncio.wait_for``)."""
         self.stop.set()
         assert self.task is not None
-        await asyncio.wait_for(self.task, STOP_WITHIN_S)
+        done, _ = await asyncio.wait({self.task}, timeout=STOP_WITHIN_S)
+        if done:
+            self.task.result()
+            return
+        stacks = task_stacks(asyncio.get_running_loop())
+        self.task.cancel()
+        await asyncio.wait({self.task}, timeout=CANCEL_WITHIN_S)
+        raise AssertionError(f"the runtime did not stop within {STOP_WITHIN_S} s:\n{stacks}")
 
     async def ready(self, within: float = READY_WITHIN_S) -> Self:
         """Wait until the runtime reports no readiness problem (what /readyz answers)."""
