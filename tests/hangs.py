@@ -31,8 +31,9 @@ def task_stacks(loop: asyncio.AbstractEventLoop) -> str:
 
 def dump_tasks(nodeid: str) -> None:
     text = "".join(task_stacks(loop) for loop in running_loops())
-    sys.__stderr__.write(f"\n+++ asyncio tasks of {nodeid} before its timeout +++\n{text}")
-    sys.__stderr__.flush()
+    stream = sys.__stderr__ or sys.stderr
+    stream.write(f"\n+++ asyncio tasks of {nodeid} before its timeout +++\n{text}")
+    stream.flush()
 
 
 def start_watch(nodeid: str, timeout_s: float) -> threading.Timer | None:
