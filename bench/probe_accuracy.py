@@ -20,7 +20,7 @@ from pathlib import Path
 
 from llm_health.config import ProbeSettings
 from llm_health.model.outcome import ProbeResult
-from llm_health.probe.client import MicroProbe, new_session
+from llm_health.probe.client import MicroProbe, new_connections
 from llm_health.probe.lag import LoopLagMonitor
 from llm_health.probe.scheduler import Scheduler
 from llm_health.probe.target import ProbeTarget
@@ -73,8 +73,8 @@ async def _probe_for(base: int, count: int, duration_s: float) -> dict[str, floa
             errors.append(result.ttft_ms - TTFT_MS)
             lags.append(result.loop_lag_ms)
 
-    async with new_session() as session:
-        scheduler = Scheduler(targets, MicroProbe(session, lag).probe, on_result)
+    async with new_connections() as connections:
+        scheduler = Scheduler(targets, MicroProbe(connections, lag).probe, on_result)
         lag_task = asyncio.create_task(lag.run())
         await asyncio.sleep(0.2)
         cpu0, wall0 = _cpu_s(), time.perf_counter()

@@ -33,7 +33,7 @@ from procs import Sim  # noqa: E402
 from common import write_result  # noqa: E402
 from llm_health.config import ProbeSettings  # noqa: E402
 from llm_health.model.outcome import ProbeResult  # noqa: E402
-from llm_health.probe.client import MicroProbe, new_session, probe_body  # noqa: E402
+from llm_health.probe.client import MicroProbe, new_connections, probe_body  # noqa: E402
 from llm_health.probe.scheduler import Scheduler  # noqa: E402
 from llm_health.probe.target import ProbeTarget  # noqa: E402
 from tests.ports import free_port  # noqa: E402
@@ -78,14 +78,14 @@ def text_of(record: dict[str, Any]) -> str:
 
 async def per_probe(sim: Sim) -> list[dict[str, Any]]:
     rows = []
-    async with aiohttp.ClientSession(trust_env=False) as control, new_session() as session:
+    async with aiohttp.ClientSession(trust_env=False) as control, new_connections() as connections:
         for api, bust in MODES:
             settings = ProbeSettings.model_validate(
                 {"model": "sim-model", "api": api, "cache_bust": bust}
             )
             target = settings.to_target("cost", sim.address)
             await reset(control, sim)
-            results = [await MicroProbe(session).probe(target) for _ in range(PROBES_PER_MODE)]
+            results = [await MicroProbe(connections).probe(target) for _ in range(PROBES_PER_MODE)]
             await asyncio.sleep(0.2)  # the simulator notices the closed streams
             seen = await stats(control, sim)
             probes = [r for r in seen["recent"] if r["probe"]]
@@ -118,7 +118,7 @@ async def fleet(sim: Sim, replicas: int, seconds: float) -> float:
         return None
 
     async with aiohttp.ClientSession(trust_env=False) as control:
-        sessions = [new_session() for _ in range(replicas)]
+        sessions = [new_connections() for _ in range(replicas)]
         try:
             schedulers = [Scheduler([target], MicroProbe(s).probe, ignore) for s in sessions]
             tasks = [asyncio.create_task(s.run()) for s in schedulers]
@@ -131,7 +131,7 @@ async def fleet(sim: Sim, replicas: int, seconds: float) -> float:
             await asyncio.gather(*tasks, return_exceptions=True)
         finally:
             for s in sessions:
-                await s.close()
+                s.close()
     return float(after - before) / seconds
 
 

@@ -26,7 +26,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "plugin"), str(Path(__file__).resolve().pa
 from common import write_result  # noqa: E402
 from llm_health.config.schema import ProbeSettings  # noqa: E402
 from llm_health.engines.settings import VerifyConfig  # noqa: E402
-from llm_health.probe.client import MicroProbe, new_session  # noqa: E402
+from llm_health.probe.client import MicroProbe, new_connections  # noqa: E402
 from llm_health.probe.target import ProbeTarget  # noqa: E402
 from tests.engine.llama import ENGINE_ENV, LlamaServer, server_binary  # noqa: E402
 from tests.engine.make_model import ensure_model  # noqa: E402
@@ -41,8 +41,8 @@ async def measure(
     target: ProbeTarget, server: LlamaServer, count: int, verify: bool
 ) -> dict[str, float]:
     before = server.metrics()
-    async with new_session() as session:
-        prober = MicroProbe(session, engines={target.key: "llamacpp"})
+    async with new_connections() as connections:
+        prober = MicroProbe(connections, engines={target.key: "llamacpp"})
         for _ in range(count):
             result = await (
                 prober.verify(target, VerifyConfig()) if verify else prober.probe(target)

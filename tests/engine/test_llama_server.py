@@ -20,7 +20,7 @@ import pytest
 
 from llm_health.config.schema import ProbeSettings
 from llm_health.model.outcome import Outcome
-from llm_health.probe.client import MicroProbe, new_session, probe_body
+from llm_health.probe.client import MicroProbe, new_connections, probe_body
 from llm_health.probe.target import ProbeTarget
 from tests.engine.llama import DEFAULT_ALIAS, LlamaServer, StartServer, http_get
 
@@ -66,8 +66,8 @@ async def probe_times(target: ProbeTarget, count: int) -> list[Outcome]:
     shortest spacing): back to back, a probe can be handed the pooled connection of the
     previous one that llama-server has just closed (docs/engines/llama-cpp.md)."""
     outcomes = []
-    async with new_session() as session:
-        prober = MicroProbe(session)
+    async with new_connections() as connections:
+        prober = MicroProbe(connections)
         for _ in range(count):
             outcomes.append((await prober.probe(target)).outcome)
             await asyncio.sleep(SPACING_S)
@@ -97,8 +97,8 @@ def test_greedy_answers_are_deterministic_and_differ_by_seed(llama_server: Start
 @pytest.mark.parametrize("api", ["openai-completions", "openai-chat"])
 async def test_probe_is_fast(llama_server: StartServer, api: str) -> None:
     server = llama_server()
-    async with new_session() as session:
-        prober = MicroProbe(session)
+    async with new_connections() as connections:
+        prober = MicroProbe(connections)
         for probe_target in (
             target(server, api=api),
             target(server, api=api, model=DEFAULT_ALIAS),
@@ -217,8 +217,8 @@ def test_streamed_response_closes_the_connection(llama_server: StartServer) -> N
 async def test_sigstop_times_out_and_sigcont_recovers(llama_server: StartServer) -> None:
     server = llama_server()
     probe_target = target(server, healthy_ttft="1s", timeout="2s")
-    async with new_session() as session:
-        prober = MicroProbe(session)
+    async with new_connections() as connections:
+        prober = MicroProbe(connections)
         assert (await prober.probe(probe_target)).outcome is Outcome.FAST
         await asyncio.sleep(SPACING_S)
 
@@ -253,8 +253,8 @@ async def test_back_to_back_probes_survive_the_closed_keep_alive_connection(
     server = llama_server()
     probe = target(server, cache_bust="cache_prompt")
     outcomes = []
-    async with new_session() as session:
-        prober = MicroProbe(session)
+    async with new_connections() as connections:
+        prober = MicroProbe(connections)
         while len(outcomes) < MAX_BACK_TO_BACK and (len(outcomes) < 12 or not prober.stale_resends):
             outcomes.append((await prober.probe(probe)).outcome)
     assert outcomes == [Outcome.FAST] * len(outcomes), outcomes

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from llm_health.config import ProbeSettings
 from llm_health.model.outcome import Outcome
-from llm_health.probe.client import MAX_BYTES_BEFORE_TOKEN, MicroProbe, new_session
+from llm_health.probe.client import MAX_BYTES_BEFORE_TOKEN, MicroProbe, new_connections
 
 Body = Callable[[web.StreamResponse], object]
 
@@ -44,8 +44,8 @@ async def raw() -> AsyncIterator[tuple[RawServer, MicroProbe, str]]:
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = runner.addresses[0][1]
-    async with new_session() as session:
-        yield server, MicroProbe(session), f"127.0.0.1:{port}"
+    async with new_connections() as connections:
+        yield server, MicroProbe(connections), f"127.0.0.1:{port}"
     await runner.cleanup()
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from llm_health.config import ProbeSettings
 from llm_health.model.outcome import Outcome
-from llm_health.probe.client import MicroProbe, new_session
+from llm_health.probe.client import MicroProbe, new_connections
 from llm_health.probe.target import ProbeTarget
 from llm_health.sim.faults import FaultSpec
 from llm_health.sim.server import SimHandle, SimSettings, running_sim
@@ -33,8 +33,8 @@ def make_target(sim: SimHandle | str, **probe: object) -> ProbeTarget:
 
 @pytest.fixture
 async def prober() -> AsyncIterator[MicroProbe]:
-    async with new_session() as session:
-        yield MicroProbe(session)
+    async with new_connections() as connections:
+        yield MicroProbe(connections)
 
 
 def set_fault(sim: SimHandle, **knobs: object) -> None:
@@ -116,9 +116,9 @@ async def test_timings_are_ordered(sim: SimHandle, prober: MicroProbe) -> None:
 
 
 async def test_fast_probe_aborts_generation(sim: SimHandle, prober: MicroProbe) -> None:
-    """The probe closes the stream after the first token: the engine sees an abort and
-    never a completed request (the body was not read to its end)."""
-    set_fault(sim, fault="none", ttft="20ms", tpot="50ms")
+    """The rest of the stream does not follow the first token within the grace: the
+    probe closes the stream, the engine sees an abort and never a completed request."""
+    set_fault(sim, fault="none", ttft="20ms", tpot="300ms")
     before = sim.state.stats()
     result = await prober.probe(make_target(sim))
     assert result.outcome is Outcome.FAST
@@ -129,6 +129,23 @@ async def test_fast_probe_aborts_generation(sim: SimHandle, prober: MicroProbe) 
     assert after["aborted"] == before["aborted"] + 1
     assert after["completed"] == before["completed"]
     assert after["probe_requests"] == before["probe_requests"] + 1
+
+
+async def test_a_one_token_stream_ending_at_once_is_read_whole_and_its_connection_kept(
+    sim: SimHandle,
+) -> None:
+    """``max_tokens`` 1 and the end right after the token: the engine completes the
+    request (nothing decoded past the token), and the next probe reuses the connection."""
+    set_fault(sim, fault="none", ttft="20ms", tpot="0ms")
+    before = sim.state.stats()
+    async with new_connections() as connections:
+        prober = MicroProbe(connections)
+        results = [await prober.probe(make_target(sim)) for _ in range(3)]
+    assert [r.outcome for r in results] == [Outcome.FAST] * 3
+    after = sim.state.stats()
+    assert after["completed"] == before["completed"] + 3
+    assert after["aborted"] == before["aborted"]
+    assert connections.opened == 1 and connections.reused == 2
 
 
 @pytest.mark.parametrize("mode", ["salt", "prefix"])

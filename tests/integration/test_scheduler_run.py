@@ -21,7 +21,7 @@ import pytest
 
 from llm_health.config import ProbeSettings
 from llm_health.model.outcome import Outcome, ProbeResult
-from llm_health.probe.client import MicroProbe, new_session
+from llm_health.probe.client import MicroProbe, new_connections
 from llm_health.probe.scheduler import Scheduler
 from llm_health.probe.target import ProbeTarget
 from llm_health.sim.faults import FaultSpec
@@ -88,8 +88,8 @@ async def test_fifty_endpoints_never_overlap_and_are_spread_evenly() -> None:
         starts: dict[str, list[float]] = defaultdict(list)  # time.monotonic() of each probe
         first_done: dict[str, float] = {}  # ... when the first result was handed over
         results: dict[str, list[ProbeResult]] = defaultdict(list)
-        async with new_session() as session:
-            prober = MicroProbe(session)
+        async with new_connections() as connections:
+            prober = MicroProbe(connections)
 
             async def probe(target: ProbeTarget) -> ProbeResult:
                 starts[target.key].append(time.monotonic())

@@ -22,7 +22,7 @@ from llm_health.config import ProbeSettings
 from llm_health.model.outcome import Outcome
 from llm_health.model.redact import REDACTED, printable_line, redact_secrets, secret_forms
 from llm_health.model.states import State
-from llm_health.probe.client import MicroProbe, new_session
+from llm_health.probe.client import MicroProbe, new_connections
 from llm_health.probe.lag import LoopLagMonitor
 from tests.configs import plugin_yaml
 from tests.polling import wait_until_async
@@ -87,8 +87,8 @@ async def _probe_with_blocked_loop(ttft: str, healthy_ttft: str, tmp_path: Path)
         lag = LoopLagMonitor(tick_s=0.005)
         ticker = asyncio.create_task(lag.run())
         try:
-            async with new_session() as session:
-                prober = MicroProbe(session, lag)
+            async with new_connections() as connections:
+                prober = MicroProbe(connections, lag)
                 await prober.probe(target)  # connection and engine warm
                 await asyncio.sleep(0.05)
                 loop = asyncio.get_running_loop()

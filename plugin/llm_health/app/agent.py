@@ -31,7 +31,7 @@ from llm_health.model.board import Board
 from llm_health.model.engine_load import EngineLoad
 from llm_health.ops.http_server import start_http
 from llm_health.ops.secret_scrubbing import Secrets, scrubbed_logs
-from llm_health.probe.client import MicroProbe, new_session
+from llm_health.probe.client import MicroProbe, new_connections
 from llm_health.probe.lag import LoopLagMonitor
 from llm_health.probe.scheduler import Scheduler
 from llm_health.probe.target import ProbeTarget
@@ -89,8 +89,8 @@ class Agent:
             await self._run(stop)
 
     async def _run(self, stop: asyncio.Event) -> None:
-        async with new_session() as session:
-            prober = MicroProbe(session, self.lag, engines=self.checks.engines)
+        async with new_connections() as connections:
+            prober = MicroProbe(connections, self.lag, engines=self.checks.engines)
             slots = ProbeSlots(self.checks.wrap(prober))
             http = await start_http(self.surface.http_app(), self.http)
             self.http_port = bound_port(http)

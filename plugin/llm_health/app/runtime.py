@@ -24,7 +24,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import grpc
 from aiohttp import web
 
@@ -45,7 +44,8 @@ from llm_health.ops.http_server import build_http_app, start_http
 from llm_health.ops.metrics import RuntimeMetrics
 from llm_health.ops.secret_scrubbing import Secrets, scrubbed_logs
 from llm_health.ops.status_document import status_document
-from llm_health.probe.client import MicroProbe, ProbeFn, Prober, ProbeWrapper, new_session
+from llm_health.probe.client import MicroProbe, ProbeFn, Prober, ProbeWrapper, new_connections
+from llm_health.probe.http1 import Connections
 from llm_health.probe.lag import LoopLagMonitor
 from llm_health.probe.pool import WorkerPool
 from llm_health.probe.scheduler import Scheduler
@@ -128,7 +128,7 @@ class Runtime:
             await self._run(stop)
 
     async def _run(self, stop: asyncio.Event) -> None:
-        async with new_session() as session, self._probers(session) as probe_fn:
+        async with new_connections() as connections, self._probers(connections) as probe_fn:
             slots = ProbeSlots(probe_fn)
             self.control.attach_prober(
                 lambda cluster, address: slots.probe(self._target(cluster, address))
@@ -157,13 +157,13 @@ class Runtime:
                 await http.cleanup()
 
     @contextlib.asynccontextmanager
-    async def _probers(self, session: aiohttp.ClientSession) -> AsyncIterator[ProbeFn]:
+    async def _probers(self, connections: Connections) -> AsyncIterator[ProbeFn]:
         """The micro-probe (in-process, or in ``server.probe_workers`` processes: docs/
         design.md §16.2), through the engine checks when they run (known-answer probes in
         some slots; the request body by detected engine)."""
         wrapper = self.probe_wrapper
         engines = wrapper.engines if wrapper is not None else None
-        local = MicroProbe(session, self.lag, engines=engines)
+        local = MicroProbe(connections, self.lag, engines=engines)
         prober: Prober = local
         count = self.config.server.probe_worker_count()
         if count > 0:

@@ -20,7 +20,7 @@ from llm_health.cli.text import ms
 from llm_health.engines.side_reads import SideReads, open_session
 from llm_health.model.outcome import SUCCESSES, ProbeResult
 from llm_health.model.redact import redact_secrets, secret_forms
-from llm_health.probe.client import MicroProbe, cache_bust_for, new_session
+from llm_health.probe.client import MicroProbe, cache_bust_for, new_connections
 from llm_health.probe.target import (
     API_PATHS,
     DEFAULT_FATAL_PATTERNS,
@@ -71,11 +71,11 @@ def run(args: argparse.Namespace) -> int:
 
 async def _probe_all(args: argparse.Namespace) -> int:
     url = _probe_url(args.url, args.api)
-    async with new_session() as session:
+    async with open_session() as session, new_connections() as connections:
         model = args.model or await _discover_model(session, url)
         target = _target(args, url, model)
         engine = await _detect_engine(target) if args.cache_bust == "auto" else None
-        prober = MicroProbe(session, engines={target.key: engine} if engine else None)
+        prober = MicroProbe(connections, engines={target.key: engine} if engine else None)
         limit = f"{args.timeout * 1000:g} ms"
         shown = redact_secrets(model, target.secrets) if model else "-"
         bust = cache_bust_for(target, engine)

@@ -22,10 +22,7 @@ import secrets
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any, NamedTuple, Protocol
-
-import aiohttp
 
 from llm_health.errors import ProtocolError
 from llm_health.model.answer import Answer
@@ -33,6 +30,15 @@ from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.redact import printable_line, redact_secrets
 from llm_health.probe.answer import AnswerReader, answer_request
 from llm_health.probe.events import EventKind, error_message_from_body, interpret
+from llm_health.probe.http1 import (
+    ConnectFailed,
+    Connection,
+    ConnectionBroken,
+    Connections,
+    ResponseError,
+    request_head,
+    route_of,
+)
 from llm_health.probe.lag import LoopLagMonitor
 from llm_health.probe.signals import first_token_seen
 from llm_health.probe.sse import SseDecoder
@@ -43,31 +49,22 @@ MAX_DETAIL = 500  # characters of a result's detail (one printable line: logs, /
 MAX_BYTES_BEFORE_TOKEN = 1024 * 1024
 MAX_ANSWER_BYTES = 256 * 1024  # of a known-answer probe's stream after its first token
 OVERLOAD_WORDS = ("overload", "too many", "capacity", "busy", "queue", "rate limit", "throttl")
+MAX_TAIL_BYTES = 64 * 1024  # read after the first token while waiting for the answer's end
+REUSE_GRACE_S = 0.05  # how soon the rest of a one-token stream must follow its token
 PROBE_HEADER = "X-LLM-Probe"
 
 
-def new_session(limit: int = 0) -> aiohttp.ClientSession:
-    """The prober's HTTP client. ``limit=0``: no pool cap (one probe per endpoint anyway).
-    The trace hook records when the TCP connection was made (connect timing)."""
-    trace = aiohttp.TraceConfig()
-    trace.on_connection_create_end.append(_on_connected)
-    trace.on_connection_reuseconn.append(_on_reused)
-    connector = aiohttp.TCPConnector(limit=limit, ttl_dns_cache=30, enable_cleanup_closed=True)
-    return aiohttp.ClientSession(
-        connector=connector, trace_configs=[trace], auto_decompress=False, trust_env=False
-    )
+def new_connections() -> Connections:
+    """The prober's connections (``probe.http1``): ``async with new_connections() as c``."""
+    return Connections()
 
 
-async def _on_connected(_session: Any, ctx: SimpleNamespace, _params: Any) -> None:
-    timing = ctx.trace_request_ctx
-    if isinstance(timing, _Timing) and timing.connected is None:
-        timing.connected = time.perf_counter()
+@dataclass(slots=True)
+class _Held:
+    """The connection of an attempt, released (kept or closed) whatever happens."""
 
-
-async def _on_reused(session: Any, ctx: SimpleNamespace, params: Any) -> None:
-    await _on_connected(session, ctx, params)
-    if isinstance(ctx.trace_request_ctx, _Timing):
-        ctx.trace_request_ctx.reused = True
+    connection: Connection | None = None
+    reuse: bool = False
 
 
 @dataclass(slots=True)
@@ -130,7 +127,12 @@ class ProbeWrapper(Protocol):
 
 
 class MicroProbe:
-    """Sends micro-probes over one shared aiohttp session. Task-safe: each call is independent.
+    """Sends micro-probes over the prober's own HTTP/1.1 exchange (``probe.http1``).
+    Task-safe: each call is independent.
+
+    A connection is kept for the next probe only when the whole answer followed its first
+    token within ``REUSE_GRACE_S`` (``max_tokens`` 1: the engine ends the stream at once);
+    otherwise it is closed, so the engine aborts the request (docs/design.md §2).
 
     ``engines``: the engine detected per endpoint key (``ProbeTarget.key``), read when a
     target says ``engine: auto`` (the request body bypasses the prefix cache by engine).
@@ -138,11 +140,11 @@ class MicroProbe:
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        connections: Connections,
         lag: LoopLagMonitor | None = None,
         engines: Mapping[str, str] | None = None,
     ) -> None:
-        self._session = session
+        self._connections = connections
         self._lag = lag
         self._engines: Mapping[str, str] = engines if engines is not None else {}
         self.stale_resends = 0  # requests sent again after a dead pooled connection
@@ -161,11 +163,10 @@ class MicroProbe:
         return self._engines.get(target.key) if target.engine == "auto" else target.engine
 
     async def _run(self, target: ProbeTarget, question: Question | None) -> ProbeResult:
-        """One probe. A request that fails before any answer on a *reused* keep-alive
-        connection the server had already closed (llama.cpp closes the connection after
-        every streamed answer despite ``Keep-Alive``; aiohttp cannot know) is sent once
-        more on a new connection: the engine never saw it, so that is no retry of a failed
-        probe. Its timing starts with the resend."""
+        """One probe. A request that fails before any answer on a *kept* connection the
+        server had closed meanwhile (an idle timeout, a restart) is sent once more on a new
+        connection: the engine never saw it, so that is no retry of a failed probe; it is
+        counted (``stale_resends``). Its timing starts with the resend."""
         result = await self._attempt(target, question)
         if result is None:
             self.stale_resends += 1
@@ -180,48 +181,59 @@ class MicroProbe:
         wall = time.time()
         answer: Answer | None = None
         reader = AnswerReader(target.api, target.secrets) if question is not None else None
+        held = _Held()
         try:
-            async with asyncio.timeout(target.timeout_s) as limit:
-                outcome, status, detail = await self._exchange(
-                    target, timing, question, reader, limit
-                )
-        except TimeoutError:
-            outcome, status, detail = Outcome.TIMEOUT, None, _timeout_detail(target, timing)
+            try:
+                async with asyncio.timeout(target.timeout_s) as limit:
+                    outcome, status, detail = await self._exchange(
+                        target, timing, held, question, reader, limit
+                    )
+            except TimeoutError:
+                outcome, status, detail = Outcome.TIMEOUT, None, _timeout_detail(target, timing)
+                if reader is not None and timing.first_token is not None:
+                    outcome, status, detail = Outcome.FAST, 200, ""  # the answer ran late
+            except (OSError, ProtocolError, UnicodeError, ValueError) as exc:
+                if not resend and _stale_connection(exc, timing):
+                    return None
+                outcome, status, detail = Outcome.ERROR, None, _error_detail(exc)
+                if reader is not None and timing.first_token is not None:
+                    outcome, status, detail = Outcome.FAST, 200, f"answer cut: {_error_detail(exc)}"
             if reader is not None and timing.first_token is not None:
-                outcome, status, detail = Outcome.FAST, 200, ""  # the answer ran late
-        except (aiohttp.ClientError, OSError, ProtocolError, UnicodeError, ValueError) as exc:
-            if not resend and _stale_connection(exc, timing):
-                return None
-            outcome, status, detail = Outcome.ERROR, None, _error_detail(exc)
-            if reader is not None and timing.first_token is not None:
-                outcome, status, detail = Outcome.FAST, 200, f"answer cut: {_error_detail(exc)}"
-        if reader is not None and timing.first_token is not None:
-            answer = reader.answer(complete=reader.finished)
-        return self._result(target, timing, wall, outcome, status, detail, answer)
+                answer = reader.answer(complete=reader.finished)
+            result = self._result(target, timing, wall, outcome, status, detail, answer)
+            held.reuse = status is not None and await _rest_follows(held.connection)
+            return result
+        finally:
+            if held.connection is not None:
+                self._connections.release(held.connection, reuse=held.reuse)
 
     async def _exchange(
         self,
         target: ProbeTarget,
         timing: _Timing,
+        held: _Held,
         question: Question | None = None,
         reader: AnswerReader | None = None,
         limit: asyncio.Timeout | None = None,
     ) -> tuple[Outcome, int | None, str]:
-        body = probe_body(target, self.engine_of(target), question)
+        body = json.dumps(probe_body(target, self.engine_of(target), question)).encode()
+        route = route_of(target.url)
         headers = {**target.headers, PROBE_HEADER: "true", "Accept": "text/event-stream"}
-        async with self._session.post(
-            target.url, json=body, headers=headers, trace_request_ctx=timing
-        ) as response:
-            timing.headers = time.perf_counter()
-            if response.status != 200:
-                return await _classify_status(response, target)
-            decoder = SseDecoder()
-            outcome, detail = await _read_first_token(response, target, timing, decoder, reader)
-            if reader is not None and outcome is Outcome.FAST and limit is not None:
-                limit.reschedule(asyncio.get_running_loop().time() + target.timeout_s)
-                await _read_answer(response, decoder, reader)
-            response.close()  # abort the stream: the engine stops decoding (docs/design.md §2)
-            return outcome, 200, detail
+        request = request_head(route, headers, len(body)) + body
+        connection, timing.reused = await self._connections.take(route)
+        held.connection = connection
+        timing.connected = time.perf_counter()
+        connection.send(request)
+        status = await connection.head()
+        timing.headers = time.perf_counter()
+        if status != 200:
+            return await _classify_status(connection, status, target)
+        decoder = SseDecoder()
+        outcome, detail = await _read_first_token(connection, target, timing, decoder, reader)
+        if reader is not None and outcome is Outcome.FAST and limit is not None:
+            limit.reschedule(asyncio.get_running_loop().time() + target.timeout_s)
+            await _read_answer(connection, decoder, reader)
+        return outcome, 200, detail
 
     def _result(
         self,
@@ -313,7 +325,7 @@ def probe_body(
 
 
 async def _read_first_token(
-    response: aiohttp.ClientResponse,
+    response: Connection,
     target: ProbeTarget,
     timing: _Timing,
     decoder: SseDecoder,
@@ -323,7 +335,7 @@ async def _read_first_token(
     splits FAST/SLOW by TTFT). ``reader``: also fed every event from the first token on,
     including the rest of the chunk that carried it."""
     received = 0
-    async for chunk in response.content.iter_any():
+    while chunk := await response.read():
         received += len(chunk)
         payloads = decoder.feed(chunk)
         for index, payload in enumerate(payloads):
@@ -339,14 +351,12 @@ async def _read_first_token(
     return verdict or (Outcome.ERROR, "stream ended before the first token")
 
 
-async def _read_answer(
-    response: aiohttp.ClientResponse, decoder: SseDecoder, reader: AnswerReader
-) -> None:
+async def _read_answer(response: Connection, decoder: SseDecoder, reader: AnswerReader) -> None:
     """After the first token: the rest of a known-answer stream, until a finish reason,
     [DONE], the end of the body or MAX_ANSWER_BYTES."""
     received = 0
     while not reader.finished:
-        chunk = await response.content.readany()
+        chunk = await response.read()
         if not chunk:
             break
         received += len(chunk)
@@ -385,15 +395,14 @@ def _verdict(payload: str, target: ProbeTarget, timing: _Timing) -> tuple[Outcom
 
 
 async def _classify_status(
-    response: aiohttp.ClientResponse, target: ProbeTarget
+    response: Connection, status: int, target: ProbeTarget
 ) -> tuple[Outcome, int, str]:
     """Non-200: FATAL on a fatal pattern, OVERLOADED on 429 or an overloaded 503, else ERROR."""
-    raw = await response.content.read(MAX_ERROR_BODY)
+    raw = await _read_upto(response, MAX_ERROR_BODY)
     # Redact before anything clips the text: a clipped secret is a partial leak. The read
     # itself may have cut one: its start is redacted too (model.redact.MIN_PREFIX).
     text = redact_secrets(raw.decode("utf-8", "replace"), target.secrets)
     message = error_message_from_body(text)
-    status = response.status
     outcome, detail = _classify_error_text(message, target, f"HTTP {status}")
     if outcome is Outcome.FATAL:
         return outcome, status, detail
@@ -414,11 +423,39 @@ def _mentions_overload(message: str) -> bool:
     return any(word in lowered for word in OVERLOAD_WORDS)
 
 
+async def _read_upto(response: Connection, limit: int) -> bytes:
+    """At most ``limit`` bytes of the body (fewer if it ends first)."""
+    parts: list[bytes] = []
+    size = 0
+    while size < limit and (chunk := await response.read()):
+        parts.append(chunk)
+        size += len(chunk)
+    return b"".join(parts)[:limit]
+
+
+async def _rest_follows(connection: Connection | None) -> bool:
+    """After the verdict: does the rest of the answer (a one-token stream's finish,
+    usage and ``[DONE]``; an error body) arrive whole within REUSE_GRACE_S, at most
+    MAX_TAIL_BYTES? Then the connection can be kept. Never raises: a connection that
+    breaks or dawdles is closed, which ends the engine's request (docs/design.md §2)."""
+    if connection is None or connection.lost:
+        return False
+    received = 0
+    try:
+        async with asyncio.timeout(REUSE_GRACE_S):
+            while chunk := await connection.read():
+                received += len(chunk)
+                if received > MAX_TAIL_BYTES:
+                    return False
+    except (TimeoutError, OSError, ProtocolError):
+        return False
+    return connection.reusable
+
+
 def _stale_connection(exc: BaseException, timing: _Timing) -> bool:
-    """The request died on a pooled connection before any response: the server had closed
-    it (writing the request failed, or it disconnected before a status line)."""
-    broken = isinstance(exc, aiohttp.ClientOSError | aiohttp.ServerDisconnectedError)
-    return broken and timing.reused and timing.headers is None
+    """The request died on a kept connection before any response: the server had closed
+    it (it disconnected before a status line)."""
+    return isinstance(exc, ConnectionBroken) and timing.reused and timing.headers is None
 
 
 def _timeout_detail(target: ProbeTarget, timing: _Timing) -> str:
@@ -432,12 +469,10 @@ def _timeout_detail(target: ProbeTarget, timing: _Timing) -> str:
 
 def _error_detail(exc: BaseException) -> str:
     """Short, secret-free text for a transport error (no URLs with credentials, no bodies)."""
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return f"connect failed: {exc.os_error.strerror or exc.os_error}"
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return "server closed the connection"
-    if isinstance(exc, aiohttp.ClientPayloadError):
-        return "connection broke mid-stream"
+    if isinstance(exc, ConnectFailed):
+        return f"connect failed: {exc.strerror or exc}"
+    if isinstance(exc, ConnectionBroken | ResponseError):
+        return str(exc)
     if isinstance(exc, ProtocolError):
         return f"malformed stream: {exc}"
     return f"{type(exc).__name__}: {exc}"[:200]

@@ -22,7 +22,7 @@ import os
 import sys
 
 from llm_health.model.outcome import ProbeResult
-from llm_health.probe.client import Asked, MicroProbe, new_session
+from llm_health.probe.client import Asked, MicroProbe, new_connections
 from llm_health.probe.lag import LoopLagMonitor
 from llm_health.probe.signals import FIRST_TOKEN
 from llm_health.probe.target import ProbeTarget
@@ -103,8 +103,8 @@ async def serve(read_fd: int, write_fd: int) -> None:
     lag = LoopLagMonitor()
     ticker = asyncio.create_task(lag.run())
     engines: dict[str, str] = {}
-    async with new_session() as session:
-        worker = Worker(MicroProbe(session, lag, engines=engines), outbox, engines)
+    async with new_connections() as connections:
+        worker = Worker(MicroProbe(connections, lag, engines=engines), outbox, engines)
         _settle_heap()  # before any probe: its pause can delay none
         outbox.put(("ready", 0))
         beat = asyncio.create_task(_heartbeat(outbox, lag))
@@ -130,7 +130,7 @@ async def _heartbeat(outbox: Outbox, lag: LoopLagMonitor) -> None:
 
 
 def _settle_heap() -> None:
-    """Start-up objects (imports, the session) out of the collector's way; see the
+    """Start-up objects (imports, the connections) out of the collector's way; see the
     runtime's own ``settle_heap`` (docs/design.md §16.4)."""
     gc.collect()
     gc.freeze()

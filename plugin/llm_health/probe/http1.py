@@ -1,0 +1,332 @@
+"""The probe's own HTTP/1.1 exchange (docs/design.md §2, §16.10): an ``asyncio.Protocol``
+whose bytes go through llhttp (``httptools.HttpResponseParser``: status line, headers and
+chunked framing decoded in C), and a small pool of kept connections.
+
+Why not aiohttp here: a micro-probe is one POST and a few hundred bytes of answer, and
+aiohttp's per-request machinery cost about 0.5 ms of CPU each (``bench/probe_client_cost.py``),
+twice this exchange. aiohttp stays for everything else (the HTTP server, side reads,
+webhooks). What this module does not do: redirects (a probe follows none: a 3xx is the
+endpoint's answer), content encodings (none is asked for), proxies, cookies.
+
+Every size is bounded (``MAX_HEAD_BYTES``; the body by the caller), every failure is an
+exception the prober turns into a ``ProbeResult``: ``ConnectFailed``, ``ConnectionBroken``
+(lost before the whole answer), ``ResponseError`` (bytes llhttp refuses, an upgrade, a head
+too large, bytes while idle). Nothing here logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from collections import deque
+from dataclasses import dataclass
+from functools import lru_cache
+from urllib.parse import urlsplit
+
+import httptools
+
+from llm_health.errors import ProtocolError
+
+MAX_HEAD_BYTES = 64 * 1024  # status line and headers; llhttp itself has no limit
+MAX_IDLE_PER_ENDPOINT = 2  # kept connections per endpoint (one probe in flight, plus one)
+IDLE_TIMEOUT_S = 15.0  # a kept connection unused this long is closed (aiohttp's default)
+SWEEP_EVERY_S = 1.0
+USER_AGENT = "llm-health-probe"
+
+
+class ConnectFailed(OSError):
+    """No TCP (or TLS) connection: refused, unreachable, a TLS handshake failure."""
+
+
+class ConnectionBroken(OSError):
+    """The connection ended before the whole answer arrived."""
+
+
+class ResponseError(ProtocolError):
+    """The server's bytes are not an HTTP/1.1 response we accept."""
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where a probe URL's request goes: ``authority`` is the Host header."""
+
+    host: str
+    port: int
+    tls: bool
+    path: str
+    authority: str
+
+    @property
+    def key(self) -> tuple[str, int, bool]:
+        return self.host, self.port, self.tls
+
+
+@lru_cache(maxsize=8192)
+def route_of(url: str) -> Route:
+    """The route of an ``http://`` or ``https://`` URL (ValueError for anything else)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    tls = parts.scheme == "https"
+    port = parts.port or (443 if tls else 80)
+    path = parts.path or "/"
+    if parts.query:
+        path = f"{path}?{parts.query}"
+    return Route(parts.hostname, port, tls, path, parts.netloc.rpartition("@")[2])
+
+
+def request_head(route: Route, headers: dict[str, str], length: int) -> bytes:
+    """A POST's head. Header names and values with CR, LF or NUL are refused (they would
+    split the request: ValueError), as are non-Latin-1 ones."""
+    lines = [
+        f"POST {route.path} HTTP/1.1",
+        f"Host: {route.authority}",
+        f"User-Agent: {USER_AGENT}",
+        "Content-Type: application/json",
+        f"Content-Length: {length}",
+    ]
+    for name, value in headers.items():
+        if _splits(name) or _splits(value) or not name or ":" in name:
+            raise ValueError(f"header {name!r} has a character a header cannot hold")
+        lines.append(f"{name}: {value}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def _splits(text: str) -> bool:
+    return "\r" in text or "\n" in text or "\0" in text
+
+
+class Connection(asyncio.Protocol):
+    """One HTTP/1.1 connection, one exchange at a time: ``send`` a request, then
+    ``head()`` and ``read()`` its answer. ``reusable`` once an answer was read whole on a
+    connection both sides keep open."""
+
+    def __init__(self, route: Route) -> None:
+        self.route = route
+        self.transport: asyncio.Transport | None = None
+        self.lost = False
+        self.idle_since = 0.0
+        self._waiter: asyncio.Future[None] | None = None
+        self._sent = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self._parser = httptools.HttpResponseParser(self)
+        self._active = False
+        self.status: int | None = None
+        self.complete = False
+        self._keep_alive = False
+        self._framed = False  # Content-Length or chunked: an early end is a break
+        self._head_bytes = 0  # of the status line and headers, as llhttp reports them
+        self._raw_head = 0  # bytes received before the head was complete
+        self._body: deque[bytes] = deque()
+        self._error: Exception | None = None
+
+    # --- the exchange -----------------------------------------------------------------
+
+    def send(self, request: bytes) -> None:
+        if self._sent:
+            self._reset()  # a kept connection: a fresh parser for the next answer
+        self._sent = self._active = True
+        assert self.transport is not None
+        self.transport.write(request)
+
+    async def head(self) -> int:
+        """The answer's status code, once its headers have arrived."""
+        while self.status is None:
+            self._raise_if_failed(before_head=True)
+            await self._wait()
+        return self.status
+
+    async def read(self) -> bytes:
+        """The body bytes received since the last read (chunked framing removed), waiting
+        for some; ``b""`` at the end of the answer."""
+        while not self._body:
+            if self.complete:
+                return b""
+            self._raise_if_failed(before_head=False)
+            if self.lost:
+                return b""  # an answer delimited by the connection's end (HTTP/1.0 style)
+            await self._wait()
+        chunks = b"".join(self._body)
+        self._body.clear()
+        return chunks
+
+    @property
+    def reusable(self) -> bool:
+        return self.complete and self._keep_alive and not self.lost and self._error is None
+
+    def close(self) -> None:
+        """Close at once (mid-answer: the engine sees the client go and aborts)."""
+        self.lost = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _raise_if_failed(self, *, before_head: bool) -> None:
+        if self._error is not None:
+            raise self._error
+        if self.lost and before_head:
+            raise ConnectionBroken("server closed the connection")
+        if self.lost and self._framed:
+            raise ConnectionBroken("connection broke mid-stream")
+
+    async def _wait(self) -> None:
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    # --- asyncio.Protocol -------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if not self._active:
+            self._fail(ResponseError("bytes from the server outside an exchange"))
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(ResponseError("the server switched protocols"))
+        except httptools.HttpParserError as exc:
+            self._fail(ResponseError(f"malformed HTTP response: {_reason(exc)}"))
+        if self.status is None:
+            self._raw_head += len(data)  # llhttp buffers a header until it is whole
+        if max(self._head_bytes, self._raw_head) > MAX_HEAD_BYTES and self._error is None:
+            self._fail(ResponseError(f"response head longer than {MAX_HEAD_BYTES} bytes"))
+        self._wake()
+
+    def eof_received(self) -> bool:
+        return False  # close the transport: connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self._wake()
+
+    def _fail(self, error: Exception) -> None:
+        self._error = error
+        self.close()
+        self._wake()
+
+    # --- llhttp callbacks (kept trivial: an exception here is llhttp's error) ---------
+
+    def on_status(self, status: bytes) -> None:
+        self._head_bytes += len(status) + 15
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.complete:
+            return  # a second answer in the same bytes: never read (not reusable either)
+        self._head_bytes += len(name) + len(value) + 4
+        if name.lower() in (b"content-length", b"transfer-encoding"):
+            self._framed = True
+
+    def on_headers_complete(self) -> None:
+        if self.complete:
+            self._error = ResponseError("bytes from the server after the answer")
+            return
+        self.status = self._parser.get_status_code()
+        self._keep_alive = self._parser.should_keep_alive()
+
+    def on_body(self, body: bytes) -> None:
+        if not self.complete:
+            self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self._active = False
+
+
+def _reason(exc: Exception) -> str:
+    return str(exc).strip()[:120] or type(exc).__name__
+
+
+class Connections:
+    """The prober's connections: opened per exchange, or taken from those kept after an
+    answer read whole (``release(reuse=True)``), at most ``MAX_IDLE_PER_ENDPOINT`` per
+    endpoint, each for at most ``IDLE_TIMEOUT_S`` unused. ``async with``: closes all."""
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple[str, int, bool], list[Connection]] = {}
+        self._tls: ssl.SSLContext | None = None
+        self._swept = 0.0
+        self.opened = 0
+        self.reused = 0
+
+    async def __aenter__(self) -> Connections:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        self.close()
+
+    async def take(self, route: Route) -> tuple[Connection, bool]:
+        """A connection to ``route`` and whether it was kept from an earlier exchange."""
+        self._sweep()
+        idle = self._idle.get(route.key)
+        while idle:
+            connection = idle.pop()
+            if not connection.lost:
+                self.reused += 1
+                return connection, True
+        return await self._open(route), False
+
+    def release(self, connection: Connection, *, reuse: bool) -> None:
+        """After the exchange: kept when ``reuse`` and the connection is reusable."""
+        if not (reuse and connection.reusable):
+            connection.close()
+            return
+        idle = self._idle.setdefault(connection.route.key, [])
+        if len(idle) >= MAX_IDLE_PER_ENDPOINT:
+            connection.close()
+            return
+        connection.idle_since = time.monotonic()
+        idle.append(connection)
+
+    def close(self) -> None:
+        for idle in self._idle.values():
+            for connection in idle:
+                connection.close()
+        self._idle.clear()
+
+    async def _open(self, route: Route) -> Connection:
+        loop = asyncio.get_running_loop()
+        connection = Connection(route)
+        tls = self._tls_context() if route.tls else None
+        try:
+            transport, _ = await loop.create_connection(
+                lambda: connection, route.host, route.port, ssl=tls
+            )
+        except OSError as exc:
+            raise ConnectFailed(exc.errno, exc.strerror or str(exc)) from exc
+        connection.transport = transport  # uvloop may call connection_made after this returns
+        self.opened += 1
+        return connection
+
+    def _tls_context(self) -> ssl.SSLContext:
+        if self._tls is None:
+            self._tls = ssl.create_default_context()  # verified, as aiohttp's default
+        return self._tls
+
+    def _sweep(self) -> None:
+        """Close kept connections unused for IDLE_TIMEOUT_S (or closed by the server)."""
+        now = time.monotonic()
+        if now - self._swept < SWEEP_EVERY_S:
+            return
+        self._swept = now
+        for key in list(self._idle):
+            kept = [
+                c for c in self._idle[key] if not c.lost and now - c.idle_since < IDLE_TIMEOUT_S
+            ]
+            for connection in self._idle[key]:
+                if connection not in kept:
+                    connection.close()
+            if kept:
+                self._idle[key] = kept
+            else:
+                del self._idle[key]

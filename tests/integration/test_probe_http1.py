@@ -1,0 +1,289 @@
+"""The probe's own HTTP/1.1 exchange (``probe.http1``, docs/design.md §2) against a raw
+loopback TCP server whose every byte the test writes: framing, kept connections, broken
+kept connections, bounds, and fuzzed responses that never raise and are never a success."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from llm_health.config import ProbeSettings
+from llm_health.model.outcome import Outcome
+from llm_health.probe.client import MAX_TAIL_BYTES, REUSE_GRACE_S, MicroProbe, new_connections
+from llm_health.probe.http1 import MAX_HEAD_BYTES, Connections
+from llm_health.probe.target import ProbeTarget
+
+TOKEN = b'data: {"choices": [{"index": 0, "text": "Hi", "finish_reason": "length"}]}\n\n'
+DONE = b"data: [DONE]\n\n"
+SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+
+
+def chunked(*parts: bytes, end: bool = True) -> bytes:
+    body = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts)
+    return SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + body + (b"0\r\n\r\n" if end else b"")
+
+
+ONE_TOKEN = chunked(TOKEN, DONE)  # what an engine sends for max_tokens 1
+SIZED = b"Content-Length: %d\r\n\r\n%s" % (len(TOKEN), TOKEN)
+
+
+@dataclasses.dataclass
+class Script:
+    """What the server does for the n-th request on each connection: the bytes to send,
+    then "keep" (wait for the next request), "close", or "hold" (send nothing more)."""
+
+    replies: list[tuple[bytes | list[bytes], str]]
+    pause_s: float = 0.01  # between the segments of a reply given as a list
+
+    def reply(self, index: int) -> tuple[bytes | list[bytes], str]:
+        return self.replies[min(index, len(self.replies) - 1)]
+
+
+class RawServer:
+    """A TCP server on loopback that reads each request (head + Content-Length body)
+    and answers by ``script``. Counts connections and requests; ``eofs``: connections
+    the client closed."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.connections = self.requests = self.eofs = 0
+        self.server: asyncio.Server | None = None
+        self.port = 0
+        self.heads: list[bytes] = []
+
+    async def __aenter__(self) -> RawServer:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        self.stop()
+        assert self.server is not None
+        await self.server.wait_closed()
+
+    def stop(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        with contextlib.suppress(AttributeError):
+            self.server.close_clients()  # type: ignore[attr-defined]  # Python 3.13
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            for index in range(100):
+                if not await self._read_request(reader):
+                    self.eofs += 1
+                    return
+                self.requests += 1
+                data, then = self.script.reply(index)
+                await self._send(writer, data)
+                if then == "close":
+                    return
+                if then == "hold":
+                    await reader.read()  # until the client goes
+                    self.eofs += 1
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError):
+            self.eofs += 1
+        except asyncio.CancelledError:
+            return  # the test's loop ends: not the server's error
+        finally:
+            writer.close()
+
+    async def _read_request(self, reader: asyncio.StreamReader) -> bool:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError:
+            return False
+        self.heads.append(head)
+        length = next(
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        await reader.readexactly(length)
+        return True
+
+    async def _send(self, writer: asyncio.StreamWriter, data: bytes | list[bytes]) -> None:
+        for index, segment in enumerate([data] if isinstance(data, bytes) else data):
+            if index:
+                await asyncio.sleep(self.script.pause_s)
+            writer.write(segment)
+            await writer.drain()
+
+
+def target(port: int, **probe: object) -> ProbeTarget:
+    settings = ProbeSettings.model_validate(
+        {"timeout": "2s", "healthy_ttft": "500ms", "cache_bust": "none", **probe}
+    )
+    return settings.to_target("c", f"127.0.0.1:{port}")
+
+
+@contextlib.asynccontextmanager
+async def probing(script: Script) -> AsyncIterator[tuple[RawServer, MicroProbe, Connections]]:
+    async with RawServer(script) as server, new_connections() as connections:
+        yield server, MicroProbe(connections), connections
+
+
+async def test_a_one_token_stream_that_ends_at_once_keeps_its_connection() -> None:
+    async with probing(Script([(ONE_TOKEN, "keep")])) as (server, prober, connections):
+        results = [await prober.probe(target(server.port)) for _ in range(5)]
+    assert [r.outcome for r in results] == [Outcome.FAST] * 5, results
+    assert server.connections == 1 and server.requests == 5
+    assert connections.opened == 1 and connections.reused == 4
+    assert prober.stale_resends == 0
+    assert all(r.ttft_ms is not None and r.connect_ms is not None for r in results)
+
+
+async def test_a_stream_whose_rest_dawdles_is_cut_after_the_token() -> None:
+    """The rest does not follow within the grace: the connection is closed (the engine
+    sees the client go and stops decoding), and the next probe opens a new one."""
+    dawdling = chunked(TOKEN, end=False)
+    async with probing(Script([(dawdling, "hold")])) as (server, prober, connections):
+        first = await prober.probe(target(server.port))
+        await asyncio.wait_for(_until(lambda: server.eofs == 1), 2)
+        second = await prober.probe(target(server.port))
+    assert first.outcome is Outcome.FAST and second.outcome is Outcome.FAST
+    assert first.total_ms < first.ttft_ms + 1000 * REUSE_GRACE_S + 200  # type: ignore[operator]
+    assert server.connections == 2 and connections.reused == 0
+
+
+async def test_a_tail_past_its_bound_is_cut() -> None:
+    """The rest follows within the grace, but more of it than MAX_TAIL_BYTES: cut."""
+    noise = b": " + b"x" * 1000 + b"\n\n"
+    whole = chunked(TOKEN, *[noise] * (MAX_TAIL_BYTES // 1000 + 8), DONE)
+    first = whole.index(b": xx")  # the head and the token, then the flood 10 ms later
+    flood = [whole[:first], whole[first:]]
+    async with probing(Script([(flood, "keep")])) as (server, prober, connections):
+        results = [await prober.probe(target(server.port)) for _ in range(2)]
+    assert [r.outcome for r in results] == [Outcome.FAST] * 2
+    assert server.connections == 2 and connections.reused == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "reply", "kept"),
+    [
+        ("content-length", SSE_HEAD + SIZED, True),
+        ("until close", SSE_HEAD + b"\r\n" + TOKEN, False),
+        ("connection close", SSE_HEAD + b"Connection: close\r\n" + SIZED, False),
+        ("http/1.0", SSE_HEAD.replace(b"1.1", b"1.0") + SIZED, False),
+        ("a second answer after it", ONE_TOKEN + ONE_TOKEN, False),
+    ],
+)
+async def test_framing_decides_whether_a_connection_is_kept(
+    name: str, reply: bytes, kept: bool
+) -> None:
+    then = "close" if name == "until close" else "keep"
+    async with probing(Script([(reply, then)])) as (server, prober, connections):
+        first = await prober.probe(target(server.port))
+        second = await prober.probe(target(server.port))
+    assert first.outcome is Outcome.FAST, first
+    assert second.outcome is Outcome.FAST, second
+    assert connections.reused == (1 if kept else 0), name
+    assert server.connections == (1 if kept else 2), name
+
+
+async def test_a_kept_connection_the_server_closed_is_sent_again_once_and_counted() -> None:
+    """The second request dies on the kept connection before any answer: it is sent once
+    more on a new connection (the engine never saw it), counted, and never a verdict."""
+    script = Script([(ONE_TOKEN, "keep"), (b"", "close")])  # per connection: 2nd dies
+    async with probing(script) as (server, prober, _connections):
+        first = await prober.probe(target(server.port))
+        second = await prober.probe(target(server.port))
+    assert first.outcome is Outcome.FAST
+    assert second.outcome is Outcome.FAST, second
+    assert prober.stale_resends == 1
+    assert server.connections == 2 and server.requests == 3
+
+
+async def test_a_kept_connection_never_hides_a_listener_that_is_gone() -> None:
+    async with probing(Script([(ONE_TOKEN, "keep")])) as (server, prober, _connections):
+        first = await prober.probe(target(server.port))
+        server.script.replies = [(ONE_TOKEN, "keep"), (b"", "close")]
+        server.stop()  # no listener any more; the kept connection dies on its next request
+        second = await prober.probe(target(server.port))
+    assert first.outcome is Outcome.FAST
+    assert second.outcome is Outcome.ERROR, second
+    assert second.detail.startswith("connect failed"), second.detail
+    assert second.connect_ms is None  # what the agent reads as "the engine is not listening"
+
+
+async def test_a_head_past_its_bound_is_an_error() -> None:
+    huge = b"HTTP/1.1 200 OK\r\n" + b"X-Pad: " + b"a" * (MAX_HEAD_BYTES + 10) + b"\r\n\r\n"
+    async with probing(Script([(huge, "hold")])) as (server, prober, _connections):
+        result = await prober.probe(target(server.port))
+    assert result.outcome is Outcome.ERROR
+    assert result.detail == f"response head longer than {MAX_HEAD_BYTES} bytes"
+
+
+async def test_an_answer_a_byte_at_a_time_is_read_whole() -> None:
+    async with RawServer(Script([(ONE_TOKEN, "keep")])) as server:
+        server._send = _bytewise  # type: ignore[method-assign,assignment]
+        async with new_connections() as connections:
+            prober = MicroProbe(connections)
+            results = [await prober.probe(target(server.port)) for _ in range(2)]
+    assert [r.outcome for r in results] == [Outcome.FAST] * 2
+
+
+async def _bytewise(writer: asyncio.StreamWriter, data: bytes | list[bytes]) -> None:
+    whole = data if isinstance(data, bytes) else b"".join(data)
+    for index in range(len(whole)):
+        writer.write(whole[index : index + 1])
+        await writer.drain()
+        await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("bad", ["a\r\nX-Injected: 1", "a\nb", "a\0b"])
+async def test_a_header_that_would_split_the_request_is_refused(bad: str) -> None:
+    async with probing(Script([(ONE_TOKEN, "keep")])) as (server, prober, _connections):
+        probe = dataclasses.replace(target(server.port), headers={"X-Tenant": bad})
+        result = await prober.probe(probe)
+    assert result.outcome is Outcome.ERROR
+    assert "character a header cannot hold" in result.detail
+    assert server.requests == 0
+
+
+async def test_an_error_status_is_read_within_its_bound_and_classified() -> None:
+    body = b'{"error": {"message": "CUDA error: an illegal memory access"}}'
+    reply = b"HTTP/1.1 500 Internal\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    async with probing(Script([(reply, "keep")])) as (server, prober, connections):
+        results = [await prober.probe(target(server.port)) for _ in range(2)]
+    assert [r.outcome for r in results] == [Outcome.FATAL] * 2
+    assert results[0].status == 500
+    assert connections.reused == 1  # an error body read whole keeps the connection too
+
+
+async def _until(predicate: Callable[[], bool]) -> None:
+    while not predicate():
+        await asyncio.sleep(0.01)
+
+
+# --- fuzzed answers: never raise, never a success ------------------------------------------
+
+HEADS = st.sampled_from(
+    [
+        b"",
+        b"HTTP/1.1 200 OK\r\n",
+        SSE_HEAD,
+        SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n",
+        SSE_HEAD + b"Content-Length: 10\r\n\r\n",
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n",
+        b"HTTP/1.1 100 Continue\r\n\r\n",
+        b"HTTP/9.9 999 ?\r\n\r\n",
+    ]
+)
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(head=HEADS, tail=st.binary(max_size=400))
+async def test_fuzzed_answers_never_raise_and_are_never_a_success(head: bytes, tail: bytes) -> None:
+    async with probing(Script([(head + tail, "close")])) as (server, prober, _connections):
+        result = await prober.probe(target(server.port))
+    assert result.outcome not in (Outcome.FAST, Outcome.SLOW), (head + tail, result)
+    assert result.detail.isprintable() and len(result.detail) <= 500
