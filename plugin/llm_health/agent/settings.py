@@ -12,6 +12,7 @@ from pydantic import Field
 
 from llm_health.core.addresses import is_ascii_number, is_ip_host, split_address
 from llm_health.core.settings import Duration, Frozen
+from llm_health.probe.loop import EventLoopSetting
 
 DEFAULT_RESTART_AFTER_S = 300.0
 DEFAULT_HTTP = "0.0.0.0:18090"
@@ -26,6 +27,8 @@ class AgentSettings(Frozen):
 
     ready_when_degraded: bool = True
     restart_after: Duration | None = Field(DEFAULT_RESTART_AFTER_S)
+    # As ``server.event_loop`` (docs/design.md §16.10): "auto" is uvloop when installed.
+    event_loop: EventLoopSetting = "auto"
 
 
 def engine_address(url: str) -> str:

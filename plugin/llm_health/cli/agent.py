@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from llm_health.agent.settings import DEFAULT_HTTP, ENGINE_EXAMPLE, engine_address, http_bind
 from llm_health.cli.validate import loaded_or_reported
 from llm_health.ops.logging_setup import setup_logging
+from llm_health.probe.loop import run as run_loop
 
 if TYPE_CHECKING:
     from llm_health.app.agent import Agent
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     from llm_health.app.agent import Agent  # the probing stack loads only for `agent`
 
     try:
-        asyncio.run(_serve(Agent(file, args.engine, args.http)))
+        run_loop(_serve(Agent(file, args.engine, args.http)), file.agent.event_loop)
     except OSError as exc:
         log.error("cannot start: %s", exc)
         return 1

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from llm_health.cli.validate import load_or_report
 from llm_health.ops.logging_setup import setup_logging
+from llm_health.probe.loop import run as run_loop
 
 if TYPE_CHECKING:
     from llm_health.app.runtime import Runtime
@@ -47,7 +48,9 @@ def run(args: argparse.Namespace) -> int:
     from llm_health.app.assemble import build_runtime  # grpc and protos load only for `serve`
 
     try:
-        asyncio.run(_serve(build_runtime(config, config_path=Path(args.config))))
+        run_loop(
+            _serve(build_runtime(config, config_path=Path(args.config))), config.server.event_loop
+        )
     except OSError as exc:
         log.error("cannot start: %s", exc)
         return 1

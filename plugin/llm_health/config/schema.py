@@ -61,6 +61,7 @@ from llm_health.hds.settings import HdsConfig
 from llm_health.model.board import ClusterSpec, EndpointSpec
 from llm_health.model.policy import Policy
 from llm_health.model.redact import secret_forms
+from llm_health.probe.loop import EventLoopSetting
 from llm_health.probe.target import (
     DEFAULT_FATAL_PATTERNS,
     ProbeTarget,
@@ -295,6 +296,9 @@ class ServerConfig(Frozen):
     # Probe worker processes (docs/design.md §16.2): 0 probes on the runtime's own loop;
     # "auto" starts one per core this process may run on. Applies at start.
     probe_workers: Annotated[int | str, PlainValidator(_probe_workers)] = 0
+    # The event loop of ``serve`` and its probe workers (docs/design.md §16.10): "auto" is
+    # uvloop when installed (it is a dependency); "asyncio" the standard loop. At start.
+    event_loop: EventLoopSetting = "auto"
 
     def probe_worker_count(self) -> int:
         if isinstance(self.probe_workers, int):

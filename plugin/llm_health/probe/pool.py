@@ -37,6 +37,7 @@ from pathlib import Path
 
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.probe.client import Asked, MicroProbe, Question
+from llm_health.probe.loop import WORKER_ENV, running_loop_name
 from llm_health.probe.signals import FIRST_TOKEN
 from llm_health.probe.target import ProbeTarget
 from llm_health.probe.wire import FrameError, FrameReader, Message, Outbox
@@ -325,8 +326,10 @@ def _chain(source: asyncio.Future[ProbeResult], target: asyncio.Future[ProbeResu
 
 def _child_env() -> dict[str, str]:
     """The worker imports this package from where the runtime did (a source checkout
-    run with ``plugin/`` on sys.path works as well as an installed wheel)."""
+    run with ``plugin/`` on sys.path works as well as an installed wheel), and runs the
+    runtime's event loop (``probe.loop``)."""
     root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
+    env[WORKER_ENV] = running_loop_name()  # the worker runs the loop its runtime runs
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     return env

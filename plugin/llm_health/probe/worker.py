@@ -24,6 +24,8 @@ import sys
 from llm_health.model.outcome import ProbeResult
 from llm_health.probe.client import Asked, MicroProbe, new_connections
 from llm_health.probe.lag import LoopLagMonitor
+from llm_health.probe.loop import WORKER_ENV
+from llm_health.probe.loop import run as run_loop
 from llm_health.probe.signals import FIRST_TOKEN
 from llm_health.probe.target import ProbeTarget
 from llm_health.probe.wire import FrameReader, Message, Outbox
@@ -144,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     read_fd = os.dup(sys.stdin.fileno())
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     with contextlib.suppress(KeyboardInterrupt, BrokenPipeError):
-        asyncio.run(serve(read_fd, write_fd))
+        run_loop(serve(read_fd, write_fd), os.environ.get(WORKER_ENV, "asyncio"))
     return 0
 
 
