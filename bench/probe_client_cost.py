@@ -6,10 +6,11 @@ simulators) and the rest of the plugin. This measures the exchange alone, agains
 ``llm-health sim`` process (TTFT ``--ttft``, default 10 ms), with ``--concurrency``
 probes in flight, for each of:
 
-- ``MicroProbe``: the shipped client (aiohttp, the plugin's request body, SSE decoding,
-  the verdict, connect timing): the baseline;
-- ``aiohttp bare``: the same POST through a plain aiohttp session, reading until the
-  first ``data:`` line, no plugin code: what aiohttp itself costs;
+- ``aiohttp bare``: the POST through a plain aiohttp session, reading until the first
+  ``data:`` line, no plugin code: what aiohttp itself costs (the prober used aiohttp
+  until docs/design.md §16.10): the baseline;
+- ``MicroProbe``: the shipped prober (its own llhttp exchange, ``probe.http1``; the
+  plugin's request body, SSE decoding, the verdict, timings, kept connections);
 - ``asyncio protocol``: no HTTP library at all: ``loop.create_connection``, one write of
   the request, ``data_received`` until the first ``data:``, close. The floor of an
   asyncio exchange (not a client: no parsing, no errors handled).
@@ -56,8 +57,9 @@ from procs import Sim, load_average  # noqa: E402
 from common import write_result  # noqa: E402
 from llm_health.config import ProbeSettings  # noqa: E402
 from llm_health.model.outcome import Outcome  # noqa: E402
-from llm_health.probe.client import MicroProbe, new_session, probe_body  # noqa: E402
+from llm_health.probe.client import MicroProbe, new_connections, probe_body  # noqa: E402
 from llm_health.probe.events import EventKind, interpret  # noqa: E402
+from llm_health.probe.http1 import Connections  # noqa: E402
 from llm_health.probe.sse import SseDecoder  # noqa: E402
 from llm_health.probe.target import ProbeTarget  # noqa: E402
 from tests.ports import free_port  # noqa: E402
@@ -71,8 +73,8 @@ def cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def micro_probe(target: ProbeTarget, session: aiohttp.ClientSession) -> Exchange:
-    prober = MicroProbe(session)
+def micro_probe(target: ProbeTarget, connections: Connections) -> Exchange:
+    prober = MicroProbe(connections)
 
     async def exchange() -> bool:
         result = await prober.probe(target)
@@ -258,7 +260,7 @@ async def run_round(exchange: Exchange, probes: int, concurrency: int) -> tuple[
 async def measure(args: argparse.Namespace) -> list[str]:
     port = free_port()
     sim = Sim(port, 1, ("--ttft", args.ttft)).spawn()
-    session = new_session()
+    connections = new_connections()
     bare = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0), auto_decompress=False, trust_env=False
     )
@@ -267,13 +269,13 @@ async def measure(args: argparse.Namespace) -> list[str]:
         settings = ProbeSettings.model_validate({"model": "sim-model", "cache_bust": "salt"})
         target = settings.to_target("cost", f"127.0.0.1:{port}")
         variants = {
-            "MicroProbe (shipped, aiohttp)": micro_probe(target, session),
             "aiohttp bare": aiohttp_bare(target, bare),
+            "MicroProbe (shipped: llhttp, kept connections)": micro_probe(target, connections),
             "asyncio protocol (no HTTP library)": asyncio_protocol(target, port),
             "httptools protocol (llhttp + our SSE)": httptools_protocol(target, port, reuse=False),
             "httptools, connection reused": httptools_protocol(target, port, reuse=True),
         }
-        await run_round(variants["MicroProbe (shipped, aiohttp)"], 100, args.concurrency)
+        await run_round(variants["aiohttp bare"], 100, args.concurrency)
         per: dict[str, list[float]] = {name: [] for name in variants}
         missed: dict[str, int] = {name: 0 for name in variants}
         for _ in range(args.rounds):
@@ -282,7 +284,7 @@ async def measure(args: argparse.Namespace) -> list[str]:
                 per[name].append(cost)
                 missed[name] += args.probes - tokens
     finally:
-        await session.close()
+        connections.close()
         await bare.close()
         sim.stop()
     total = args.rounds * args.probes
@@ -297,7 +299,7 @@ async def measure(args: argparse.Namespace) -> list[str]:
 def table(per: dict[str, list[float]], missed: dict[str, int]) -> list[str]:
     base = statistics.median(next(iter(per.values())))
     lines = [
-        "| exchange | CPU per probe (median of rounds) | ratio to MicroProbe | probes/s per core | cores for 2,000 probes/s | no token read |",
+        "| exchange | CPU per probe (median of rounds) | ratio to aiohttp bare | probes/s per core | cores for 2,000 probes/s | no token read |",
         "|---|---|---|---|---|---|",
     ]
     for name, costs in per.items():
