@@ -384,7 +384,7 @@ def test_the_agent_config_validates() -> None:
     """The shipped agent config loads with the agent's own loader."""
     probe, agent = agent_config(agent_config_text(built()))
     assert probe.engine == "vllm" and probe.model
-    assert agent == {"ready_when_degraded": True, "restart_after": 300.0}
+    assert agent == {"ready_when_degraded": True, "restart_after": 300.0, "event_loop": "auto"}
 
 
 @pytest.mark.parametrize(
