@@ -38,7 +38,7 @@ LIVEZ_WITHIN_S = 0.1
 HEAP_SETTLED_S = 1.0
 SECRET = "Bearer not-a-file-secret-0123456789"
 # Bytes the plugin may log from the moment the file is replaced to its exit: one line
-# (about 300 bytes) per rejected reload, two here, and "shutting down" (600 B measured).
+# (about 300 bytes) per rejected reload, four here, and "shutting down" (600 B measured).
 LOG_BOUND_BYTES = 4096
 KINDS = ["fifo", "directory", "device"]
 MESSAGES = {
@@ -50,7 +50,9 @@ MESSAGES = {
 
 def make_not_a_file(path: Path, kind: str) -> None:
     """Replace ``path`` (if any) by a FIFO, a directory or a symlink to /dev/zero."""
-    if path.exists() or path.is_symlink():
+    if path.is_dir() and not path.is_symlink():
+        path.rmdir()
+    elif path.exists() or path.is_symlink():
         path.unlink()
     if kind == "fifo":
         os.mkfifo(path)
@@ -132,10 +134,12 @@ def test_start_refuses_a_config_that_is_not_a_file(tmp_path: Path, command: str,
 
 
 @alone
-@pytest.mark.parametrize("kind", KINDS)
-def test_reload_refuses_it_and_sigterm_still_ends_the_process(
-    tmp_path: Path, sim: SimProcess, kind: str
+def test_reload_refuses_each_kind_and_sigterm_still_ends_the_process(
+    tmp_path: Path, sim: SimProcess
 ) -> None:
+    """One plugin; the config replaced by a FIFO, a directory, then a device, each
+    reloaded (SIGHUP) and refused with its own message, the last one twice; /livez
+    answered throughout; then SIGTERM ends the process in time."""
     plugin = PluginProcess(
         tmp_path / "plugin",
         {
@@ -150,20 +154,20 @@ def test_reload_refuses_it_and_sigterm_still_ends_the_process(
         assert plugin.process is not None
         logged_before = plugin.log_path.stat().st_size
         with LivezPoller(plugin.http_port) as livez:
-            make_not_a_file(plugin.config_path, kind)
-            plugin.process.send_signal(signal.SIGHUP)
-            wait_until(lambda: rejections(plugin), 10, "a rejected reload in the log")
-            time.sleep(1.0)  # /livez polled meanwhile; a second SIGHUP is refused the same
-            plugin.process.send_signal(signal.SIGHUP)
-            wait_until(lambda: len(rejections(plugin)) >= 2, 10, "a second rejected reload")
+            for count, kind in enumerate([*KINDS, KINDS[-1]], start=1):
+                make_not_a_file(plugin.config_path, kind)
+                plugin.process.send_signal(signal.SIGHUP)
+                wait_until(lambda n=count: len(rejections(plugin)) >= n, 10, f"rejection {count}")
+            time.sleep(0.5)  # /livez polled after the last one too
             assert plugin.states() == {sim.address: "healthy"}
             assert plugin.status()["reloads"]["applied"] == 0
         livez.check()
         code, seconds = plugin.stop(timeout=STOP_WITHIN_S + 5)
         assert code == 0, plugin.log_tail()
         assert seconds < STOP_WITHIN_S, f"SIGTERM took {seconds:.2f} s"
-        errors = rejections(plugin)[0]["errors"]
-        assert errors == [f"{plugin.config_path}: cannot read: {MESSAGES[kind]}"]
+        errors = [r["errors"] for r in rejections(plugin)]
+        path = plugin.config_path
+        assert errors == [[f"{path}: cannot read: {MESSAGES[k]}"] for k in [*KINDS, KINDS[-1]]]
         logged = plugin.log_path.read_bytes()[logged_before:]
         assert len(logged) < LOG_BOUND_BYTES, len(logged)
         assert SECRET.split()[1].encode() not in plugin.log_path.read_bytes()

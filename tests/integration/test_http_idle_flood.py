@@ -33,9 +33,9 @@ from tests.runtime import Running
 pytestmark = [pytest.mark.timeout(90), pytest.mark.alone]
 
 IDLE_CLIENTS = 300  # above the cap of 256
-ATTACK_S = 15.0
-MAX_CONNECTS = 300_000  # the attacker's whole budget of connection attempts
-POLLS = 200  # 10 s of polls, inside the attack
+ATTACK_S = 8.0
+MAX_CONNECTS = 160_000  # the attacker's whole budget of connection attempts
+POLLS = 100  # 5 s of polls, inside the attack
 POLL_EVERY_S = 0.05
 POLL_TIMEOUT_S = 1.0  # the kubelet's default probe timeout
 ANSWER_WITHIN_S = 0.1
