@@ -33,6 +33,20 @@ def is_alone(item: pytest.Item) -> bool:
     return item.get_closest_marker(MARKER) is not None
 
 
+def check_marked_in_file(items: list[pytest.Item]) -> None:
+    """``make test`` runs the alone tests from the files whose text says ``mark.alone``
+    (Makefile: ALONE_FILES); an alone test marked any other way would run in neither run."""
+    texts: dict[Path, bool] = {}
+    for item in items:
+        if not is_alone(item):
+            continue
+        path = Path(str(item.path))
+        if path not in texts:
+            texts[path] = "mark.alone" in path.read_text(encoding="utf-8")
+        if not texts[path]:
+            raise pytest.UsageError(f"{item.nodeid}: mark it with pytest.mark.alone in its file")
+
+
 def alone_last(items: list[pytest.Item]) -> None:
     """Reorder ``items`` in place: the ``alone`` tests last, each group in its order."""
     items[:] = [i for i in items if not is_alone(i)] + [i for i in items if is_alone(i)]

@@ -48,6 +48,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    alone.check_marked_in_file(items)
     alone.alone_last(items)
 
 
