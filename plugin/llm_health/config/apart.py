@@ -11,8 +11,9 @@ APART_FROM_BYTES (tens of milliseconds to read) is still read on a thread.
 
 The child runs this module's ``main`` (niced first): it loads the file with the same
 ``load_config`` as ``serve`` and ``validate`` (``${ENV}`` from the environment it
-inherits) and writes one pickled answer, ``("config", Config)`` or ``("problems", [message, ...])``, to its stdout. Only
-our own child writes that pipe; its answer is still bounded in size and time.
+inherits) and writes one pickled answer, ``("config", Config)`` or
+``("problems", [message, ...])``, to its stdout. Only our own child writes that pipe; its
+answer is still bounded in size and time.
 """
 
 from __future__ import annotations

@@ -56,7 +56,8 @@ _TTFT = {  # histograms of real traffic's time to first token (docs/design.md §
 _COMPLETED = {  # a counter that grows while the engine finishes requests
     "vllm": ("vllm:request_success_total",),
     "sglang": ("sglang:num_requests_total",),
-    # TGI writes no _total; the parser adds it to a sample of a family typed counter.
+    # TGI writes no _total (prometheus-client's parser added it to a counter's samples;
+    # ``_samples`` keeps names as written): either name is read.
     "tgi": ("tgi_request_success_total", "tgi_request_success"),
     "llamacpp": ("llamacpp:tokens_predicted_total",),
 }

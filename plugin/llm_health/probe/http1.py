@@ -108,7 +108,6 @@ class Connection(asyncio.Protocol):
         self.lost = False
         self.idle_since = 0.0
         self._waiter: asyncio.Future[None] | None = None
-        self._sent = False
         self._reset()
 
     def _reset(self) -> None:
@@ -126,9 +125,8 @@ class Connection(asyncio.Protocol):
     # --- the exchange -----------------------------------------------------------------
 
     def send(self, request: bytes) -> None:
-        if self._sent:
-            self._reset()  # a kept connection: a fresh parser for the next answer
-        self._sent = self._active = True
+        self._reset()  # a fresh parser for each answer (a kept connection has had one)
+        self._active = True
         assert self.transport is not None
         self.transport.write(request)
 
@@ -319,13 +317,13 @@ class Connections:
         if now - self._swept < SWEEP_EVERY_S:
             return
         self._swept = now
-        for key in list(self._idle):
-            kept = [
-                c for c in self._idle[key] if not c.lost and now - c.idle_since < IDLE_TIMEOUT_S
-            ]
-            for connection in self._idle[key]:
-                if connection not in kept:
+        for key, idle in list(self._idle.items()):
+            kept = []
+            for connection in idle:
+                if connection.lost or now - connection.idle_since >= IDLE_TIMEOUT_S:
                     connection.close()
+                else:
+                    kept.append(connection)
             if kept:
                 self._idle[key] = kept
             else:

@@ -9,12 +9,12 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 from collections.abc import Callable, Coroutine
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 from pydantic import AfterValidator
 
 EventLoop = Literal["auto", "asyncio", "uvloop"]
-EVENT_LOOPS: tuple[EventLoop, ...] = ("auto", "asyncio", "uvloop")
+EVENT_LOOPS: tuple[EventLoop, ...] = get_args(EventLoop)
 WORKER_ENV = "LLM_HEALTH_EVENT_LOOP"  # the loop a probe worker runs ("asyncio" | "uvloop")
 T = TypeVar("T")
 
