@@ -14,19 +14,11 @@ probes in flight, for each of:
 - ``asyncio protocol``: no HTTP library at all: ``loop.create_connection``, one write of
   the request, ``data_received`` until the first ``data:``, close. The floor of an
   asyncio exchange (not a client: no parsing, no errors handled).
-- ``httptools protocol``: the exchange without aiohttp (docs/design.md §16.10):
-  an ``asyncio.Protocol`` whose bytes go through llhttp (``httptools.HttpResponseParser``:
-  status, headers, chunked decoding in C), the body through the plugin's own
-  ``SseDecoder`` and ``interpret`` until the first token; the connection closed after it.
-- ``httptools, reused``: the same, but after the first token the rest of the stream
-  (finish, usage, ``[DONE]``: ``max_tokens`` 1 ends it at once) is read to the message's
-  end and the connection kept for the next exchange, as Envoy's checker keeps its own.
-  Each exchange checks out a connection (a new one when none is idle).
 
 CPU is this process's (``getrusage``: user + system) over ``--probes`` exchanges per
 variant, in rounds that alternate the variants (ABCABC...), so all see the same machine;
 the simulator runs in its own process and is not counted. Printed per variant: CPU per
-probe (median of the rounds), the ratio to ``MicroProbe``, exchanges per second one core
+probe (median of the rounds), the ratio to ``aiohttp bare``, exchanges per second one core
 could sustain, and the cores 2,000 probes/s would take. ``--uvloop`` runs everything on
 uvloop's event loop instead.
 
@@ -37,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import resource
 import statistics
@@ -47,7 +38,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
-import httptools
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "plugin"), str(Path(__file__).resolve().parent)]
@@ -58,9 +48,7 @@ from common import write_result  # noqa: E402
 from llm_health.config import ProbeSettings  # noqa: E402
 from llm_health.model.outcome import Outcome  # noqa: E402
 from llm_health.probe.client import MicroProbe, new_connections, probe_body  # noqa: E402
-from llm_health.probe.events import EventKind, interpret  # noqa: E402
 from llm_health.probe.http1 import Connections  # noqa: E402
-from llm_health.probe.sse import SseDecoder  # noqa: E402
 from llm_health.probe.target import ProbeTarget  # noqa: E402
 from tests.ports import free_port  # noqa: E402
 
@@ -130,74 +118,6 @@ def asyncio_protocol(target: ProbeTarget, port: int) -> Exchange:
     return exchange
 
 
-class _Llhttp(asyncio.Protocol):
-    """One probe at a time on one connection: llhttp parses the response, the plugin's
-    SSE decoder and event reading find the first token. ``first``: resolves True on the
-    first token (False on an error status, a stream without one, a lost connection);
-    ``ended``: resolves once the response is complete (the connection is reusable)."""
-
-    def __init__(self, api: str) -> None:
-        self.api = api
-        self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
-        self.first: asyncio.Future[bool] | None = None
-        self.ended: asyncio.Future[bool] | None = None
-        self.decoder = SseDecoder()
-        self.lost = False
-
-    def start(self, request: bytes) -> None:
-        loop = asyncio.get_running_loop()
-        self.first, self.ended = loop.create_future(), loop.create_future()
-        self.decoder = SseDecoder()
-        assert self.transport is not None
-        self.transport.write(request)
-
-    # asyncio.Protocol
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            self._end(False)
-            assert self.transport is not None
-            self.transport.close()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
-        self._end(False)
-
-    # httptools callbacks
-    def on_headers_complete(self) -> None:
-        if self.parser.get_status_code() != 200:
-            self._settle(False)
-
-    def on_body(self, body: bytes) -> None:
-        if self.first is None or self.first.done():
-            return
-        for payload in self.decoder.feed(body):
-            kind = interpret(payload, self.api).kind
-            if kind is EventKind.TOKEN:
-                self._settle(True)
-                return
-            if kind is not EventKind.NO_TOKEN:
-                self._settle(False)
-                return
-
-    def on_message_complete(self) -> None:
-        self._end(True)
-
-    def _settle(self, token: bool) -> None:
-        if self.first is not None and not self.first.done():
-            self.first.set_result(token)
-
-    def _end(self, complete: bool) -> None:
-        self._settle(False)
-        if self.ended is not None and not self.ended.done():
-            self.ended.set_result(complete and not self.lost)
-
-
 def _request(target: ProbeTarget, port: int) -> bytes:
     body = json.dumps(probe_body(target, "vllm")).encode()
     head = (
@@ -206,42 +126,6 @@ def _request(target: ProbeTarget, port: int) -> bytes:
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode()
     return head + body
-
-
-OPENED: dict[str, int] = {}  # connections the llhttp variants opened, by variant
-
-
-def httptools_protocol(target: ProbeTarget, port: int, *, reuse: bool) -> Exchange:
-    idle: list[_Llhttp] = []
-    name = "reused" if reuse else "closed"
-    grace_s = 0.05  # the rest of a max_tokens 1 stream follows the token at once
-
-    async def exchange() -> bool:
-        loop = asyncio.get_running_loop()
-        while idle and idle[-1].lost:
-            idle.pop()  # closed by the server while idle
-        if idle:
-            protocol = idle.pop()
-        else:
-            OPENED[name] = OPENED.get(name, 0) + 1
-            transport, protocol = await loop.create_connection(
-                lambda: _Llhttp(target.api), "127.0.0.1", port
-            )
-            protocol.transport = transport  # uvloop may call connection_made after this
-        protocol.start(_request(target, port))
-        assert protocol.first is not None and protocol.ended is not None
-        token = await protocol.first
-        if reuse and token:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(grace_s):
-                    if await protocol.ended:
-                        idle.append(protocol)
-                        return token
-        assert protocol.transport is not None
-        protocol.transport.close()  # cut: the engine stops decoding
-        return token
-
-    return exchange
 
 
 async def run_round(exchange: Exchange, probes: int, concurrency: int) -> tuple[float, int]:
@@ -272,8 +156,6 @@ async def measure(args: argparse.Namespace) -> list[str]:
             "aiohttp bare": aiohttp_bare(target, bare),
             "MicroProbe (shipped: llhttp, kept connections)": micro_probe(target, connections),
             "asyncio protocol (no HTTP library)": asyncio_protocol(target, port),
-            "httptools protocol (llhttp + our SSE)": httptools_protocol(target, port, reuse=False),
-            "httptools, connection reused": httptools_protocol(target, port, reuse=True),
         }
         await run_round(variants["aiohttp bare"], 100, args.concurrency)
         per: dict[str, list[float]] = {name: [] for name in variants}
@@ -291,8 +173,8 @@ async def measure(args: argparse.Namespace) -> list[str]:
     return [
         *table(per, missed),
         "",
-        f"Connections opened for {total} exchanges: closed after the token"
-        f" {OPENED.get('closed', 0)}, reused {OPENED.get('reused', 0)}.",
+        f"Connections MicroProbe opened for {total} exchanges: {connections.opened}"
+        f" (kept ones reused {connections.reused} times).",
     ]
 
 
