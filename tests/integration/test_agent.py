@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from tests.ports import free_port
-from tests.processes import ROOT, AgentProcess, SimProcess, _env, http_json
+from tests.processes import ROOT, AgentProcess, SimProcess, _env, http_json, running_sims
 
 pytestmark = pytest.mark.timeout(300)
 # The tests that time the agent's answers (bounds of interval + slack, answers from memory
@@ -100,26 +100,23 @@ def pairs(
     """PAIRS sims, each with an agent probing it over the chat API (its role chunk can
     hang); all started before any is waited on."""
     workdir = tmp_path_factory.mktemp("agent-pairs")
-    sims = [SimProcess(workdir, f"engine{n}", "--ttft", "20ms") for n in range(PAIRS)]
     agents: list[AgentProcess] = []
-    try:
-        for sim in sims:
-            sim.wait_up()
-        agents = [
-            AgentProcess(workdir / f"agent{n}", f"http://{sim.address}", settings())
-            for n, sim in enumerate(sims)
-        ]
-        for agent in agents:
-            agent.start()
-        for agent in agents:
-            agent.wait_up()
-        yield list(zip(sims, agents, strict=True))
-    finally:
-        stopped = [agent.stop() for agent in agents]
-        for sim in sims:
-            sim.stop()
-        for code, took in stopped:
-            assert code == 0 and took < 2.0, f"SIGTERM: exit {code} after {took:.2f} s"
+    stopped: list[tuple[int | None, float]] = []
+    with running_sims(workdir, "engine", PAIRS, "--ttft", "20ms") as sims:
+        try:
+            agents = [
+                AgentProcess(workdir / f"agent{n}", f"http://{sim.address}", settings())
+                for n, sim in enumerate(sims)
+            ]
+            for agent in agents:
+                agent.start()
+            for agent in agents:
+                agent.wait_up()
+            yield list(zip(sims, agents, strict=True))
+        finally:
+            stopped = [agent.stop() for agent in agents]
+    for code, took in stopped:
+        assert code == 0 and took < 2.0, f"SIGTERM: exit {code} after {took:.2f} s"
 
 
 @pytest.fixture
