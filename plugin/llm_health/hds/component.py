@@ -170,6 +170,9 @@ class HdsComponent:
         self._wake = asyncio.Event()
         self._capped = not authenticated
         self._held: set[EndpointKey] = set()
+        # Whether the board may hold an "hds" signal: until the first sync it may (a
+        # restored board); after one, only if some decision was down.
+        self._may_be_set = True
         self.tick_s = min(MAX_TICK_S, settings.report_interval / 2)
         self.service = HdsService(
             settings,
@@ -247,11 +250,18 @@ class HdsComponent:
             await self.sync()
 
     async def sync(self) -> None:
-        """Make the board's "hds" signals match the service's verdicts."""
+        """Make the board's "hds" signals match the service's verdicts. Every tick wakes
+        it; when no Envoy says any endpoint is down and none is marked, there is nothing
+        to compare (two passes over every endpoint, twice a second, for nothing)."""
+        if not self._may_be_set and not self.service.fleet.ledger.says_down():
+            self._note_held(set())
+            return
         current = hds_signals(self._control.snapshot())
+        decisions = self.service.decisions()
+        self._may_be_set = any(reason is not None for reason in decisions.values())
         changes = {
             key: reason
-            for key, reason in self.service.decisions().items()
+            for key, reason in decisions.items()
             if key in current and current[key] != reason
         }
         if not changes:

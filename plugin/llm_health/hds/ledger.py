@@ -135,6 +135,11 @@ class Ledger:
                 del self._verdicts[endpoint]
         return dropped
 
+    def says_down(self) -> bool:
+        """Whether any Envoy's word on any endpoint is down (fresh or not): when none is,
+        every ``decide`` is None."""
+        return any(v.said in DOWN for words in self._verdicts.values() for v in words.values())
+
     def decide(self, endpoint: EndpointKey, now: float) -> str | None:
         """The down reason ("unreachable from gw-2, gw-3 (timeout)") or None."""
         fresh = self._fresh(endpoint, now)

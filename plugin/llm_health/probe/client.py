@@ -339,7 +339,7 @@ async def _read_first_token(
         received += len(chunk)
         payloads = decoder.feed(chunk)
         for index, payload in enumerate(payloads):
-            verdict = _verdict(payload, target, timing)
+            verdict = _verdict(payload, target, timing, response.arrived)
             if verdict is not None:
                 if reader is not None and verdict[0] is Outcome.FAST:
                     _feed_all(reader, payloads[index:])
@@ -347,7 +347,7 @@ async def _read_first_token(
         if received > MAX_BYTES_BEFORE_TOKEN:
             return Outcome.ERROR, f"no token in the first {MAX_BYTES_BEFORE_TOKEN} bytes"
     last = decoder.close()
-    verdict = _verdict(last, target, timing) if last is not None else None
+    verdict = _verdict(last, target, timing, response.arrived) if last is not None else None
     return verdict or (Outcome.ERROR, "stream ended before the first token")
 
 
@@ -377,12 +377,18 @@ def _feed_all(reader: AnswerReader, payloads: list[str]) -> bool:
     return reader.finished
 
 
-def _verdict(payload: str, target: ProbeTarget, timing: _Timing) -> tuple[Outcome, str] | None:
+def _verdict(
+    payload: str, target: ProbeTarget, timing: _Timing, arrived: float
+) -> tuple[Outcome, str] | None:
+    """``arrived``: when the payload's bytes were received (``Connection.arrived``): the
+    first token is timed there, not when this task got to it a loop turn or more later
+    (under load, that wait is the prober's, not the engine's: docs/design.md §7.4). It
+    is never before the token's bytes arrived, so a TTFT stays an upper bound."""
     event = interpret(payload, target.api)
     if event.kind is EventKind.ERROR or event.kind is EventKind.MALFORMED:
         event = interpret(redact_secrets(payload, target.secrets), target.api)
     if event.kind is EventKind.TOKEN:
-        timing.first_token = time.perf_counter()
+        timing.first_token = arrived
         first_token_seen()
         return Outcome.FAST, ""
     if event.kind is EventKind.NO_TOKEN:
@@ -440,16 +446,23 @@ async def _rest_follows(connection: Connection | None) -> bool:
     breaks or dawdles is closed, which ends the engine's request (docs/design.md §2)."""
     if connection is None or connection.lost:
         return False
-    received = 0
     try:
+        if connection.complete:  # the rest came with the token: no wait, no timer
+            return await _tail_fits(connection) and connection.reusable
         async with asyncio.timeout(REUSE_GRACE_S):
-            while chunk := await connection.read():
-                received += len(chunk)
-                if received > MAX_TAIL_BYTES:
-                    return False
+            return await _tail_fits(connection) and connection.reusable
     except (TimeoutError, OSError, ProtocolError):
         return False
-    return connection.reusable
+
+
+async def _tail_fits(connection: Connection) -> bool:
+    """Read the answer's rest to its end: False once it passes MAX_TAIL_BYTES."""
+    received = 0
+    while chunk := await connection.read():
+        received += len(chunk)
+        if received > MAX_TAIL_BYTES:
+            return False
+    return True
 
 
 def _stale_connection(exc: BaseException, timing: _Timing) -> bool:

@@ -76,16 +76,18 @@ def route_of(url: str) -> Route:
     return Route(parts.hostname, port, tls, path, parts.netloc.rpartition("@")[2])
 
 
-def request_head(route: Route, headers: dict[str, str], length: int) -> bytes:
-    """A POST's head. Header names and values with CR, LF or NUL are refused (they would
-    split the request: ValueError), as are non-Latin-1 ones."""
+def request_head(route: Route, headers: dict[str, str], length: int | None) -> bytes:
+    """A request's head: a POST of ``length`` bytes of JSON, or a GET (``length`` None).
+    Header names and values with CR, LF or NUL are refused (they would split the request:
+    ValueError), as are non-Latin-1 ones."""
+    method = "GET" if length is None else "POST"
     lines = [
-        f"POST {route.path} HTTP/1.1",
+        f"{method} {route.path} HTTP/1.1",
         f"Host: {route.authority}",
         f"User-Agent: {USER_AGENT}",
-        "Content-Type: application/json",
-        f"Content-Length: {length}",
     ]
+    if length is not None:
+        lines += ["Content-Type: application/json", f"Content-Length: {length}"]
     for name, value in headers.items():
         if _splits(name) or _splits(value) or not name or ":" in name:
             raise ValueError(f"header {name!r} has a character a header cannot hold")
@@ -107,6 +109,9 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.lost = False
         self.idle_since = 0.0
+        # When the bytes a ``read`` returns had all arrived (perf_counter): the moment of
+        # the last ``data_received``, not of the task's wake-up a loop turn or more later.
+        self.arrived = 0.0
         self._waiter: asyncio.Future[None] | None = None
         self._reset()
 
@@ -186,6 +191,7 @@ class Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        self.arrived = time.perf_counter()
         if not self._active:
             self._fail(ResponseError("bytes from the server outside an exchange"))
             return

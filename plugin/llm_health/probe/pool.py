@@ -38,7 +38,7 @@ from pathlib import Path
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.probe.client import Asked, MicroProbe, Question
 from llm_health.probe.loop import WORKER_ENV, running_loop_name
-from llm_health.probe.signals import FIRST_TOKEN
+from llm_health.probe.signals import FIRST_TOKEN, TokenListener
 from llm_health.probe.target import ProbeTarget
 from llm_health.probe.wire import FrameError, FrameReader, Message, Outbox
 
@@ -57,7 +57,7 @@ class _Pending:
     target: ProbeTarget
     question: Asked | None  # a known-answer probe's
     future: asyncio.Future[ProbeResult]
-    token: asyncio.Event | None
+    token: TokenListener | None
     sent_at: float
 
 

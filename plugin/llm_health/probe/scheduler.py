@@ -24,7 +24,7 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from llm_health.model.outcome import FAILURES, Outcome, ProbeResult
 from llm_health.probe.signals import FIRST_TOKEN
@@ -45,13 +45,55 @@ SILENCE_MARGIN_S = 0.01
 SETTLE_TURNS = 3  # loop turns a token needs from the socket to the event: I/O, read, parse
 
 
-async def _settles(probe: asyncio.Future[ProbeResult], token: asyncio.Event) -> bool:
+class _Watch:
+    """One probe round's first token and end, for its silence timer: ``set`` is the
+    ``FIRST_TOKEN`` listener the micro-probe calls, ``end`` the round's own notice. Cheap
+    on purpose: it is made for every probe, and only a silence (rare) ever waits on it."""
+
+    __slots__ = ("_waiter", "ended", "token")
+
+    def __init__(self) -> None:
+        self.token = False
+        self.ended = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    @property
+    def answered(self) -> bool:
+        return self.token or self.ended
+
+    def set(self) -> None:
+        self.token = True
+        self._wake()
+
+    def end(self) -> None:
+        self.ended = True
+        self._wake()
+
+    async def wait(self, timeout_s: float) -> None:
+        """Until the token or the end, or ``timeout_s``, whichever comes first."""
+        if self.answered:
+            return
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._waiter
+        except TimeoutError:
+            pass
+        finally:
+            self._waiter = None
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+
+async def _settles(watch: _Watch) -> bool:
     """Whether the first token was in fact already here: on a busy loop the silence timer
     can fire while the token's bytes wait in the socket or the ready queue. Giving the
     loop a few turns lets them through before silence is declared."""
     for _ in range(SETTLE_TURNS):
         await asyncio.sleep(0)
-        if probe.done() or token.is_set():
+        if watch.answered:
             return True
     return False
 
@@ -213,40 +255,68 @@ class Scheduler:
     async def _probe_round(self, target: ProbeTarget) -> list[ProbeResult]:
         """The scheduled probe; if it falls silent and the board asks for it, the
         confirming probe, started beside it once it has been silent for the confirm point
-        too. Results in start order."""
-        token, started = asyncio.Event(), self._clock()
-        reset = FIRST_TOKEN.set(token)
+        too. Results in start order.
+
+        The probe runs in the endpoint's own task; its silence point is one timer, which
+        starts a watcher task only if it fires before the first token (docs/design.md
+        §3.2): the common round costs no task and no wait of its own."""
+        after = self._silence_point(target)
+        if after is None:
+            return [await self._probe_once(target, self._probe)]
+        started, watch = self._clock(), _Watch()
+        watcher: asyncio.Task[ProbeResult | None] | None = None
+        loop = asyncio.get_running_loop()
+
+        def silence_point() -> None:
+            nonlocal watcher
+            if not watch.answered:
+                watcher = loop.create_task(self._on_silent(target, watch, started))
+
+        timer = loop.call_later(max(0.0, started + after - self._clock()), silence_point)
+        reset = FIRST_TOKEN.set(watch)
         try:
-            probe = asyncio.ensure_future(self._probe_once(target, self._probe))
+            first = await self._probe_once(target, self._probe)
+            watch.end()
+            confirm = None if watcher is None else await watcher
+            return [first] if confirm is None else [first, confirm]
         finally:
             FIRST_TOKEN.reset(reset)
-        confirm: asyncio.Future[ProbeResult] | None = None
-        try:
-            silent_ms = await self._silent_for(target, probe, token, started)
-            overlap = silent_ms is not None and await self._report_silence(target, silent_ms)
-            if overlap and await self._still_silent(target, probe, token, started):
-                confirm = asyncio.ensure_future(self._probe_once(target, self._confirm_fn()))
-            first = await probe
-            return [first] if confirm is None else [first, await confirm]
-        finally:
-            for task in (probe, confirm):
-                if task is not None and not task.done():
-                    task.cancel()
+            timer.cancel()
+            if watcher is not None and not watcher.done():
+                watcher.cancel()
 
-    async def _still_silent(
-        self,
-        target: ProbeTarget,
-        probe: asyncio.Future[ProbeResult],
-        token: asyncio.Event,
-        started: float,
-    ) -> bool:
+    def _silence_point(self, target: ProbeTarget) -> float | None:
+        """Seconds after the start at which a probe without its first token is silent
+        (with the margin); None when silence is not watched."""
+        if self._on_silence is None:
+            return None
+        after = target.silence_after_s(self._recent_ttft(target.key))
+        return None if after is None else after + SILENCE_MARGIN_S
+
+    async def _on_silent(
+        self, target: ProbeTarget, watch: _Watch, started: float
+    ) -> ProbeResult | None:
+        """The silence timer fired with no token yet: once the loop has settled (and
+        waited out its own lag), report the silence; if the board asks for a confirm and
+        the probe is still silent at the confirm point, run it beside the first. Its
+        result, or None."""
+        if not await self._wait_silent(watch, self._clock()):
+            return None
+        silent_ms = (self._clock() - started) * 1000
+        if not await self._report_silence(target, silent_ms):
+            return None
+        if not await self._still_silent(target, watch, started):
+            return None
+        return await self._probe_once(target, self._confirm_fn())
+
+    async def _still_silent(self, target: ProbeTarget, watch: _Watch, started: float) -> bool:
         """Wait for the confirm point (``ProbeTarget.confirm_after_s``): a second probe
         only helps while the first is still silent then, and while one failure does not
         already decide (``unhealthy_after`` 1). A jittery-but-fine engine has answered by
         then, so it is never probed twice at once."""
         if self._confirm is None or target.unhealthy_after < 2:
             return False
-        return await self._wait_silent(probe, token, started + target.confirm_after_s())
+        return await self._wait_silent(watch, started + target.confirm_after_s())
 
     def _confirm_fn(self) -> ProbeFn:
         assert self._confirm is not None
@@ -255,48 +325,21 @@ class Scheduler:
     async def _report_silence(self, target: ProbeTarget, silent_ms: float) -> bool:
         return self._on_silence is not None and await self._on_silence(target, silent_ms)
 
-    async def _silent_for(
-        self,
-        target: ProbeTarget,
-        probe: asyncio.Future[ProbeResult],
-        token: asyncio.Event,
-        started: float,
-    ) -> float | None:
-        """Milliseconds without a first token once the silence point has passed; None if
-        the token came (or the probe ended) before."""
-        after = target.silence_after_s(self._recent_ttft(target.key))
-        if after is None or self._on_silence is None:
-            return None
-        if not await self._wait_silent(probe, token, started + after + SILENCE_MARGIN_S):
-            return None
-        return (self._clock() - started) * 1000
-
-    async def _wait_silent(
-        self, probe: asyncio.Future[ProbeResult], token: asyncio.Event, until: float
-    ) -> bool:
+    async def _wait_silent(self, watch: _Watch, until: float) -> bool:
         """True if, at ``until`` (scheduler clock), the probe still has neither a first
         token nor an end. The wait is extended once by the loop lag seen then: a late
         wake-up is ours, not the engine's silence."""
-        seen: asyncio.Future[Any] = asyncio.ensure_future(token.wait())
-        either: set[asyncio.Future[Any]] = {probe, seen}
-        try:
-            deadline, extended = until, False
-            while True:
-                remaining = deadline - self._clock()
-                if remaining > 0:
-                    await asyncio.wait(
-                        either, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
-                    )
-                if probe.done() or token.is_set():
-                    return False
-                if await _settles(probe, token):
-                    return False
-                lag_s = self._lag.current_ms / 1000 if self._lag is not None else 0.0
-                if extended or lag_s <= 0:
-                    return True
-                deadline, extended = deadline + lag_s, True
-        finally:
-            seen.cancel()
+        deadline, extended = until, False
+        while True:
+            remaining = deadline - self._clock()
+            if remaining > 0:
+                await watch.wait(remaining)
+            if watch.answered or await _settles(watch):
+                return False
+            lag_s = self._lag.current_ms / 1000 if self._lag is not None else 0.0
+            if extended or lag_s <= 0:
+                return True
+            deadline, extended = deadline + lag_s, True
 
     def _recheck_due(self, key: str, target: ProbeTarget) -> float:
         """When a SLOW first probe is taken again: at the endpoint's place in a second
