@@ -26,7 +26,7 @@ from llm_health.app.probing import ProbeSlots, bound_port, probe_scheduler
 from llm_health.config.agent import ENGINE_CLUSTER, AgentFile
 from llm_health.core.control import ProberStats
 from llm_health.engines.component import EngineChecks
-from llm_health.engines.side_reads import READ_ERRORS, SideReads, open_session
+from llm_health.engines.side_reads import READ_ERRORS, SideReads, open_connections
 from llm_health.model.board import Board
 from llm_health.model.engine_load import EngineLoad
 from llm_health.ops.http_server import start_http
@@ -119,8 +119,8 @@ class Agent:
         interval until the engine answers."""
         path = self.file.probe.models_path or MODELS_PATH
         found_for: int | None = None
-        async with open_session() as session:
-            reads = SideReads(session)
+        async with open_connections() as connections:
+            reads = SideReads(connections)
             while True:
                 generation = self.surface.engine_generation
                 if found_for != generation:

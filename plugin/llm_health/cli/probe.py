@@ -13,11 +13,9 @@ import sys
 from typing import Any
 from urllib.parse import urlsplit
 
-import aiohttp
-
 from llm_health.cli.argtypes import duration, positive_int
 from llm_health.cli.text import ms
-from llm_health.engines.side_reads import SideReads, open_session
+from llm_health.engines.side_reads import READ_ERRORS, SideReads, open_connections
 from llm_health.model.outcome import SUCCESSES, ProbeResult
 from llm_health.model.redact import redact_secrets, secret_forms
 from llm_health.probe.client import MicroProbe, cache_bust_for, new_connections
@@ -71,10 +69,11 @@ def run(args: argparse.Namespace) -> int:
 
 async def _probe_all(args: argparse.Namespace) -> int:
     url = _probe_url(args.url, args.api)
-    async with open_session() as session, new_connections() as connections:
-        model = args.model or await _discover_model(session, url)
+    async with open_connections() as side, new_connections() as connections:
+        reads = SideReads(side)  # connections of their own, as serve's side reads
+        model = args.model or await _discover_model(reads, _target(args, url, None))
         target = _target(args, url, model)
-        engine = await _detect_engine(target) if args.cache_bust == "auto" else None
+        engine = await _detect_engine(reads, target) if args.cache_bust == "auto" else None
         prober = MicroProbe(connections, engines={target.key: engine} if engine else None)
         limit = f"{args.timeout * 1000:g} ms"
         shown = redact_secrets(model, target.secrets) if model else "-"
@@ -123,23 +122,20 @@ def _probe_url(raw: str, api: str) -> str:
     return f"{parts.scheme}://{parts.netloc}{path}"
 
 
-async def _detect_engine(target: ProbeTarget) -> str | None:
+async def _detect_engine(reads: SideReads, target: ProbeTarget) -> str | None:
     """The engine serving ``target``, from its info endpoints (``engines.detect``): the
     cache bypass ``serve`` uses for it (llama.cpp ignores vLLM's ``cache_salt``)."""
-    async with open_session() as session:
-        return await SideReads(session).engine(target)
+    return await reads.engine(target)
 
 
-async def _discover_model(session: aiohttp.ClientSession, url: str) -> str | None:
-    """First model id from GET /v1/models; None (omit "model") if the server won't say."""
-    parts = urlsplit(url)
+async def _discover_model(reads: SideReads, target: ProbeTarget) -> str | None:
+    """First model id from GET /v1/models, asked with the probe's headers as ``serve``
+    asks (its secrets removed); None (omit "model") if the server won't say."""
     try:
-        timeout = aiohttp.ClientTimeout(total=2)
-        async with session.get(f"{parts.scheme}://{parts.netloc}/v1/models", timeout=timeout) as r:
-            data = await r.json(content_type=None)
-        return str(data["data"][0]["id"])
-    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, IndexError, TypeError):
+        served = await reads.models(target, "/v1/models")
+    except READ_ERRORS:
         return None
+    return served[0] if served else None
 
 
 def _line(number: int, result: ProbeResult) -> str:

@@ -46,7 +46,7 @@ from llm_health.engines.settings import (
     EngineMetricsConfig,
     VerifyConfig,
 )
-from llm_health.engines.side_reads import READ_ERRORS, SideReads, open_session, read_error
+from llm_health.engines.side_reads import READ_ERRORS, SideReads, open_connections, read_error
 from llm_health.engines.verdicts import (
     ALL_SOURCES,
     ENGINE_LIMIT,
@@ -276,8 +276,8 @@ class EngineChecks:
         return None
 
     async def _run(self) -> None:
-        async with open_session() as session:
-            reads = SideReads(session)
+        async with open_connections() as connections:
+            reads = SideReads(connections)
             try:
                 while True:
                     self._tick(reads)

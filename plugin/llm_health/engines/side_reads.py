@@ -1,9 +1,16 @@
 """The engine checks' own HTTP client (docs/design.md §14): bounded GETs on an endpoint
 beside the probes (/metrics, /v1/models, the engines' info endpoints), with the probe's
-headers (its auth) and marker. Its own session, not the prober's: a slow side read never
-holds a probe's connection. At most MAX_CONCURRENT_READS at once, each within
-MAX_SIDE_TIMEOUT_S and a size bound; what fails raises one of READ_ERRORS, whose text for
-/status is ``read_error``.
+headers (its auth) and marker, over the prober's HTTP/1.1 exchange (``probe.http1``,
+§16.10) but on connections of its own (``open_connections``), not the prober's: a slow
+side read never holds a probe's connection. At most MAX_CONCURRENT_READS at once, each
+within MAX_SIDE_TIMEOUT_S and a size bound (a longer body is cut at the bound and its
+connection closed); what fails raises one of READ_ERRORS, whose text for /status is
+``read_error``.
+
+No ``Accept-Encoding`` is sent, so an engine answers uncompressed (the aiohttp session
+these reads used before decompressed gzip itself). A request that dies on a kept
+connection before any status line (the server had closed it while idle) is sent once
+more on a new connection: the server never saw it, so that is no retry of a failed read.
 """
 
 from __future__ import annotations
@@ -11,36 +18,42 @@ from __future__ import annotations
 import asyncio
 import json
 
-import aiohttp
-
 from llm_health.engines.detect import INFO_PATHS, answers_as
 from llm_health.engines.metrics import MAX_DOCUMENT, MetricsError
 from llm_health.engines.served_model import model_ids
+from llm_health.errors import ProtocolError
 from llm_health.model.redact import printable_line, redact_secrets
 from llm_health.probe.client import PROBE_HEADER
+from llm_health.probe.http1 import (
+    Connection,
+    ConnectionBroken,
+    Connections,
+    Route,
+    request_head,
+    route_of,
+)
 from llm_health.probe.target import ProbeTarget
 
 MAX_SIDE_TIMEOUT_S = 2.0  # a /metrics or /v1/models request
 MAX_MODELS_BODY = 1024 * 1024  # bytes read at most
 MAX_INFO_BODY = 256 * 1024
 MAX_CONCURRENT_READS = 64
-READ_ERRORS = (MetricsError, aiohttp.ClientError, OSError, TimeoutError, UnicodeError, ValueError)
+READ_ERRORS = (MetricsError, ProtocolError, OSError, TimeoutError, UnicodeError, ValueError)
 
 
-def open_session() -> aiohttp.ClientSession:
-    timeout = aiohttp.ClientTimeout(total=MAX_SIDE_TIMEOUT_S)
-    connector = aiohttp.TCPConnector(limit=MAX_CONCURRENT_READS, enable_cleanup_closed=True)
-    return aiohttp.ClientSession(
-        connector=connector, timeout=timeout, trust_env=False, auto_decompress=True
-    )
+def open_connections() -> Connections:
+    """The side reads' own connections: ``async with open_connections() as connections``
+    (closes those kept when it ends)."""
+    return Connections()
 
 
 class SideReads:
-    """The reads, over one session (``open_session``)."""
+    """The reads, over their own ``connections`` (``open_connections``)."""
 
-    def __init__(self, session: aiohttp.ClientSession) -> None:
-        self._session = session
+    def __init__(self, connections: Connections) -> None:
+        self._connections = connections
         self._limits = asyncio.Semaphore(MAX_CONCURRENT_READS)
+        self.stale_resends = 0  # requests sent again after a kept connection had died
 
     async def metrics(self, target: ProbeTarget, path: str, interval_s: float) -> str:
         """The engine's /metrics document (within its interval); MetricsError unless 200."""
@@ -76,16 +89,54 @@ class SideReads:
     async def _get(
         self, target: ProbeTarget, path: str, within_s: float, limit: int
     ) -> tuple[int, bytes]:
-        """GET ``path`` on the endpoint with the probe's headers (its auth), bounded."""
-        headers = {**target.headers, PROBE_HEADER: "true"}
-        url = target.base_url + path
-        async with (
-            self._limits,
-            asyncio.timeout(within_s),
-            self._session.get(url, headers=headers) as response,
-        ):
-            body = await response.content.read(limit)
-            return response.status, body
+        """GET ``path`` on the endpoint with the probe's headers (its auth), bounded: the
+        status and at most ``limit`` bytes of the body."""
+        route = route_of(target.base_url + path)
+        request = request_head(route, {**target.headers, PROBE_HEADER: "true"}, None)
+        async with self._limits, asyncio.timeout(within_s):
+            answer = await self._exchange(route, request, limit, resend=False)
+            if answer is None:
+                self.stale_resends += 1
+                answer = await self._exchange(route, request, limit, resend=True)
+            assert answer is not None
+            return answer
+
+    async def _exchange(
+        self, route: Route, request: bytes, limit: int, *, resend: bool
+    ) -> tuple[int, bytes] | None:
+        """One request on a connection, released whatever happens (kept only after an
+        answer read whole); None when it died on a kept connection before any status
+        line and this is not already the resend (which goes on a new connection)."""
+        connection, kept = await self._connections.take(route)
+        while kept and resend:  # a new connection: one kept as long is as likely dead
+            self._connections.release(connection, reuse=False)
+            connection, kept = await self._connections.take(route)
+        whole = False
+        try:
+            connection.send(request)
+            try:
+                status = await connection.head()
+            except ConnectionBroken:
+                if kept:  # never on the resend: that is on a new connection
+                    return None
+                raise
+            body, whole = await _body(connection, limit)
+            return status, body
+        finally:
+            self._connections.release(connection, reuse=whole and connection.reusable)
+
+
+async def _body(connection: Connection, limit: int) -> tuple[bytes, bool]:
+    """The answer's body, cut at ``limit`` bytes, and whether it was read whole (a body
+    over ``limit`` is not: its connection is closed, never kept)."""
+    chunks: list[bytes] = []
+    received = 0
+    while chunk := await connection.read():
+        chunks.append(chunk)
+        received += len(chunk)
+        if received > limit:
+            return b"".join(chunks)[:limit], False
+    return b"".join(chunks), True
 
 
 def read_error(exc: BaseException, target: ProbeTarget) -> str:
