@@ -20,7 +20,8 @@ a short warm-up it measures, for ``--duration`` seconds:
 
 After the table it prints the targets (2,000 and 5,000 endpoints) with met / not met.
 ``--workers N`` sets ``server.probe_workers: N`` (probe worker processes); left out, the
-config's default applies.
+config's default applies. ``--loop`` picks the event loop the runtime runs on (as
+``server.event_loop``; default ``auto``: uvloop, as ``serve`` ships).
 
 ``--profile N`` also runs size N under cProfile and prints where the plugin's CPU goes.
 ``--gc-tuned N ...`` adds rows at those sizes with the plugin process's garbage collector
@@ -64,6 +65,8 @@ from llm_health.config import Config  # noqa: E402
 from llm_health.model.machine import Transition  # noqa: E402
 from llm_health.model.outcome import ProbeResult  # noqa: E402
 from llm_health.model.states import State  # noqa: E402
+from llm_health.probe.loop import EVENT_LOOPS, resolve  # noqa: E402
+from llm_health.probe.loop import run as run_on  # noqa: E402
 from llm_health.probe.target import ProbeTarget  # noqa: E402
 from tests.ports import free_port  # noqa: E402
 
@@ -407,7 +410,7 @@ def _profile_text(profiler: cProfile.Profile, lines: int = 30) -> str:
 READING = (
     "Reading it: a probe's TTFT error is, in the first place, the prober's own lateness "
     "(compare the loop lag and observation delay columns): with `server.probe_workers: 0` "
-    "everything the plugin does runs on one asyncio loop. What lags it (docs/design.md "
+    "everything the plugin does runs on one event loop. What lags it (docs/design.md "
     "§16.1; the profile below): (1) CPU: the aiohttp client per probe, the scheduler's "
     "silence timers per probe, the engine-metrics side reads (held to 100 reads/s in all), "
     "the known-answer judge, on the same 2 cores as the simulators; (2) garbage-collector "
@@ -615,6 +618,7 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=12.0, help="measured seconds per size")
     parser.add_argument("--ports-per-sim", type=int, default=500)
     add_workers_argument(parser)
+    parser.add_argument("--loop", choices=EVENT_LOOPS, default="auto", help="the event loop")
     parser.add_argument("--profile", type=int, default=None, metavar="N", help="cProfile size N")
     parser.add_argument(
         "--gc-tuned",
@@ -632,25 +636,31 @@ def main() -> int:
     rows = []
     workers = args.workers
     for count in args.endpoints:
-        row = asyncio.run(measure(count, args.duration, args.ports_per_sim, False, workers=workers))
+        row = run_on(
+            measure(count, args.duration, args.ports_per_sim, False, workers=workers), args.loop
+        )
         rows.append(row)
         print(render([row]).splitlines()[-1], flush=True)
     for count in args.gc_tuned:
-        row = asyncio.run(
-            measure(count, args.duration, args.ports_per_sim, False, gc_tuned=True, workers=workers)
+        row = run_on(
+            measure(
+                count, args.duration, args.ports_per_sim, False, gc_tuned=True, workers=workers
+            ),
+            args.loop,
         )
         rows.append(row)
         print(render([row]).splitlines()[-1], flush=True)
     profile = ""
     if args.profile:
-        prof = asyncio.run(
+        prof = run_on(
             measure(
                 args.profile,
                 min(args.duration, 10.0),
                 args.ports_per_sim,
                 True,
                 workers=workers,
-            )
+            ),
+            args.loop,
         )
         profile = (
             f"\n\ncProfile of the plugin at {args.profile} endpoints, 10 s (top functions "
@@ -671,7 +681,8 @@ def main() -> int:
         f"Simulator TTFT {TTFT_MS:g} ms (no jitter), interval 1 s, timeout 800 ms, "
         f"{args.duration:g} s measured per size after the first round + 2 s warm-up. "
         f"Plugin = the real `Runtime` in the benchmark process (scheduler, micro-probe over "
-        f"aiohttp, board, xDS + HTTP servers, no Envoy attached); simulators in "
+        f"its own HTTP/1.1 exchange, board, xDS + HTTP servers, no Envoy attached) on "
+        f"{resolve(args.loop)}; simulators in "
         f"{args.ports_per_sim}-port processes on the same 2 cores"
         f"{_workers_note(workers)}. Load average before: {load}.\n\n{table}\n\n"
         f"{crossing(rows)}\n\n{observation_line(rows)}\n\n{targets(rows)}\n\n"

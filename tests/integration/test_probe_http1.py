@@ -202,6 +202,21 @@ async def test_a_kept_connection_the_server_closed_is_sent_again_once_and_counte
     assert server.connections == 2 and server.requests == 3
 
 
+async def test_the_resend_goes_on_a_new_connection_not_on_another_kept_one() -> None:
+    """Two connections kept, then the server drops both while idle (a restart): the probe
+    dies on one and is sent again on a new connection, not on the other dead one (which
+    would turn a restart into a false ERROR)."""
+    script = Script([(ONE_TOKEN, "keep"), (b"", "close")])  # per connection: 2nd dies
+    async with probing(script) as (server, prober, connections):
+        both = await asyncio.gather(*(prober.probe(target(server.port)) for _ in range(2)))
+        assert connections.opened == 2  # both kept
+        after = await prober.probe(target(server.port))
+    assert [r.outcome for r in both] == [Outcome.FAST] * 2
+    assert after.outcome is Outcome.FAST, after
+    assert prober.stale_resends == 1
+    assert connections.opened == 3 and server.connections == 3
+
+
 async def test_a_kept_connection_never_hides_a_listener_that_is_gone() -> None:
     async with probing(Script([(ONE_TOKEN, "keep")])) as (server, prober, _connections):
         first = await prober.probe(target(server.port))

@@ -107,10 +107,7 @@ class SideReads:
         """One request on a connection, released whatever happens (kept only after an
         answer read whole); None when it died on a kept connection before any status
         line and this is not already the resend (which goes on a new connection)."""
-        connection, kept = await self._connections.take(route)
-        while kept and resend:  # a new connection: one kept as long is as likely dead
-            self._connections.release(connection, reuse=False)
-            connection, kept = await self._connections.take(route)
+        connection, kept = await self._connections.take(route, fresh=resend)
         whole = False
         try:
             connection.send(request)

@@ -186,7 +186,7 @@ class MicroProbe:
             try:
                 async with asyncio.timeout(target.timeout_s) as limit:
                     outcome, status, detail = await self._exchange(
-                        target, timing, held, question, reader, limit
+                        target, timing, held, question, reader, limit, resend=resend
                     )
             except TimeoutError:
                 outcome, status, detail = Outcome.TIMEOUT, None, _timeout_detail(target, timing)
@@ -215,12 +215,14 @@ class MicroProbe:
         question: Question | None = None,
         reader: AnswerReader | None = None,
         limit: asyncio.Timeout | None = None,
+        *,
+        resend: bool = False,
     ) -> tuple[Outcome, int | None, str]:
         body = json.dumps(probe_body(target, self.engine_of(target), question)).encode()
         route = route_of(target.url)
         headers = {**target.headers, PROBE_HEADER: "true", "Accept": "text/event-stream"}
         request = request_head(route, headers, len(body)) + body
-        connection, timing.reused = await self._connections.take(route)
+        connection, timing.reused = await self._connections.take(route, fresh=resend)
         held.connection = connection
         timing.connected = time.perf_counter()
         connection.send(request)

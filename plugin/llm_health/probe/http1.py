@@ -4,9 +4,10 @@ chunked framing decoded in C), and a small pool of kept connections.
 
 Why not aiohttp here: a micro-probe is one POST and a few hundred bytes of answer, and
 aiohttp's per-request machinery cost about 0.5 ms of CPU each (``bench/probe_client_cost.py``),
-twice this exchange. aiohttp stays for everything else (the HTTP server, side reads,
-webhooks). What this module does not do: redirects (a probe follows none: a 3xx is the
-endpoint's answer), content encodings (none is asked for), proxies, cookies.
+twice this exchange. The engines' side reads (GET /metrics and the like) use it too, on
+connections of their own; aiohttp stays for the HTTP server and webhooks. What this
+module does not do: redirects (a probe follows none: a 3xx is the endpoint's answer),
+content encodings (none is asked for), proxies, cookies.
 
 Every size is bounded (``MAX_HEAD_BYTES``; the body by the caller), every failure is an
 exception the prober turns into a ``ProbeResult``: ``ConnectFailed``, ``ConnectionBroken``
@@ -269,9 +270,14 @@ class Connections:
     async def __aexit__(self, *_exc: object) -> None:
         self.close()
 
-    async def take(self, route: Route) -> tuple[Connection, bool]:
-        """A connection to ``route`` and whether it was kept from an earlier exchange."""
+    async def take(self, route: Route, *, fresh: bool = False) -> tuple[Connection, bool]:
+        """A connection to ``route`` and whether it was kept from an earlier exchange.
+        ``fresh``: a new one, and the route's kept ones closed (one of them was just
+        found dead: the others, kept as long, are as likely dead too)."""
         self._sweep()
+        if fresh:
+            for connection in self._idle.pop(route.key, []):
+                connection.close()
         idle = self._idle.get(route.key)
         while idle:
             connection = idle.pop()

@@ -55,16 +55,17 @@ class ProbeTarget:
     silence_degrade: float | None = None
     engine: str = "auto"  # one of ENGINES, or "auto" (detected: probe.engine)
     models_path: str | None = "/v1/models"  # the served-model check (None: never)
+    # "cluster/address", made once: it is read several times for every probe.
+    key: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", f"{self.cluster}/{self.address}")
 
     @property
     def base_url(self) -> str:
         """scheme://host:port of the endpoint (no path)."""
         scheme, _, rest = self.url.partition("://")
         return f"{scheme}://{self.address}" if rest else self.url
-
-    @property
-    def key(self) -> str:
-        return f"{self.cluster}/{self.address}"
 
     def silence_after_s(self, recent_ttft_s: float | None) -> float | None:
         """When a probe still without a first token counts as silent (None: never).
