@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import selectors
 import time
 from collections import defaultdict
@@ -22,7 +23,7 @@ import pytest
 from llm_health.config import ProbeSettings
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.probe.client import MicroProbe, new_connections
-from llm_health.probe.scheduler import Scheduler
+from llm_health.probe.scheduler import STARTS_PER_TICK, Scheduler, start_tick
 from llm_health.probe.target import ProbeTarget
 from llm_health.sim.faults import FaultSpec
 from llm_health.sim.server import SimSettings, running_sim
@@ -400,3 +401,46 @@ def test_a_token_already_in_the_loop_at_the_silence_point_is_not_silence(
 
     on_virtual_time(main())
     assert bool(silences) is silent, silences
+
+
+def test_starts_are_gathered_on_ticks_each_within_a_tick_of_its_slot() -> None:
+    """200 endpoints every second: probes 5 ms apart would wake the prober 200 times a
+    second just to start them; gathered on 40 ms ticks (start_tick), each starts at most
+    one tick after its own slot, never before it, and the first round keeps its spacing."""
+    targets = targets_for(list(range(1, 201)))
+    tick = start_tick(len(targets), INTERVAL_S)
+    assert tick == pytest.approx(0.04)
+    starts: dict[str, list[float]] = defaultdict(list)
+    plan: dict[str, float] = {}
+
+    async def main() -> None:
+        clock = asyncio.get_running_loop().time
+
+        async def probe(target: ProbeTarget) -> ProbeResult:
+            starts[target.key].append(clock())
+            await asyncio.sleep(0.02)
+            return ProbeResult(Outcome.FAST, time.time(), ttft_ms=20.0)
+
+        async def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
+            return None
+
+        scheduler = Scheduler(targets, probe, ignore, clock=clock)
+        plan.update({t.key: scheduler.phase_of(t.key) for t in targets})
+        plan["origin"] = clock()
+        task = asyncio.create_task(scheduler.run())
+        await asyncio.sleep(3.5)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    on_virtual_time(main())
+    origin = plan["origin"]
+    firsts = sorted(times[0] - origin for times in starts.values())
+    assert len(set(firsts)) == len(targets)  # the first round: each at its own instant
+    later = [(key, t - origin) for key, times in starts.items() for t in times[1:]]
+    assert len(later) >= 2 * len(targets)
+    for key, at in later:
+        slot = plan[key] + math.floor(at - plan[key] + 1e-9)  # the slot it belongs to
+        assert -1e-9 <= at - slot < tick + 1e-9, (key, at, slot)
+        assert abs(at / tick - round(at / tick)) < 1e-6, (key, at)  # on a tick
+    instants = {round(at, 6) for _, at in later}
+    assert len(instants) <= len(later) / (STARTS_PER_TICK / 2)  # gathered, not one each

@@ -11,7 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llm_health.probe.scheduler import next_slot, phases
+from llm_health.probe.scheduler import (
+    MAX_START_TICK_S,
+    STARTS_PER_TICK,
+    next_slot,
+    on_tick,
+    phases,
+    start_tick,
+)
 from llm_health.probe.target import ProbeTarget
 
 
@@ -170,3 +177,51 @@ def test_next_slot_sequence_keeps_the_grid() -> None:
     offsets = [(s - origin - phase) / interval for s in slots]
     assert all(abs(o - round(o)) < 1e-6 for o in offsets)
     assert len(set(round(o) for o in offsets)) == len(offsets)  # never the same slot twice
+
+
+# --- gathered starts (start_tick, on_tick) -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "count,interval,expected",
+    [
+        (200, 1.0, STARTS_PER_TICK / 200),  # 40 ms: 8 starts a tick
+        (1000, 1.0, STARTS_PER_TICK / 1000),  # 8 ms
+        (100, 1.0, MAX_START_TICK_S),  # 80 ms would be too late: the bound
+        (20, 1.0, 0.0),  # 50 ms would gather one: not worth a later start
+        (1, 1.0, 0.0),
+        (0, 1.0, 0.0),
+        (20_000, 1.0, 0.0),  # 0.4 ms: below the floor
+        (200, 10.0, 0.0),  # 20 probes a second, 50 ms apart: a tick would gather one
+        (2000, 10.0, 0.04),  # the same rate as 200 every second
+    ],
+)
+def test_the_start_tick_gathers_a_few_starts_and_stays_near_the_slot(
+    count: int, interval: float, expected: float
+) -> None:
+    assert start_tick(count, interval) == pytest.approx(expected)
+
+
+@settings(max_examples=300)
+@given(
+    due=st.floats(0, 1e5, allow_nan=False),
+    origin=st.floats(0, 1e5, allow_nan=False),
+    tick=st.sampled_from([0.0, 0.001, 0.008, 0.04, 0.05]),
+)
+def test_a_start_moves_to_the_next_tick_never_earlier_never_a_tick_later(
+    due: float, origin: float, tick: float
+) -> None:
+    moved = on_tick(due, origin, tick)
+    if tick == 0:
+        assert moved == due
+        return
+    assert due - 1e-6 <= moved < due + tick + 1e-6
+    steps = (moved - origin) / tick
+    assert abs(steps - round(steps)) < 1e-5  # on the grid from the origin
+
+
+def test_starts_due_within_one_tick_share_it() -> None:
+    tick = start_tick(200, 1.0)
+    dues = [10.0 + i * 0.005 for i in range(8)]  # 8 slots 5 ms apart
+    moved = {on_tick(d, 10.0 - 1e-3, tick) for d in dues}
+    assert len(moved) <= 2  # gathered on at most two ticks, not 8 wake-ups
