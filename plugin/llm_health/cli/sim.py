@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from llm_health.cli.argtypes import MAX_PORT, duration, integer, port, positive_int
+from llm_health.probe.loop import run as run_on
 from llm_health.sim.engines import ENGINE_NAMES
 from llm_health.sim.faults import AFFECTS_MODES, FAULTS, OVERLOAD_STATUSES, FaultSpec
 from llm_health.sim.server import SimHandle, SimSettings, serve
@@ -188,7 +189,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         args.sim_parser.error(str(exc))  # exits with status 2
     ports = list(range(args.port, args.port + args.port_count))
-    return asyncio.run(_serve_until_signal(args.host, ports, settings))
+    # uvloop when installed, as serve and agent by default: a simulator standing in for
+    # thousands of endpoints beside the prober should cost it as little CPU as it can.
+    return run_on(_serve_until_signal(args.host, ports, settings), "auto")
 
 
 def announce(handle: SimHandle, settings: SimSettings) -> str:
