@@ -64,7 +64,7 @@ from llm_health.app.assemble import build_runtime  # noqa: E402
 from llm_health.app.runtime import Runtime  # noqa: E402
 from llm_health.config import Config  # noqa: E402
 from llm_health.model.machine import Transition  # noqa: E402
-from llm_health.model.outcome import ProbeResult  # noqa: E402
+from llm_health.model.outcome import Outcome, ProbeResult  # noqa: E402
 from llm_health.model.states import State  # noqa: E402
 from llm_health.probe.loop import EVENT_LOOPS, resolve  # noqa: E402
 from llm_health.probe.loop import run as run_on  # noqa: E402
@@ -110,11 +110,17 @@ def make_config(addresses: list[str], workers: int | str | None = None) -> Confi
 # tuple of atoms, which the garbage collector stops tracking: tens of thousands of
 # ProbeResult objects kept by the benchmark would lengthen the very collector pauses it
 # measures (the shipped plugin keeps no such list).
-Seen = tuple[str, float, float | None, float]
+Seen = tuple[str, float, float | None, float, str]  # ... and the outcome
 
 
 def seen(target: ProbeTarget, result: ProbeResult) -> Seen:
-    return (target.address, result.started_at, result.ttft_ms, result.loop_lag_ms)
+    return (
+        target.address,
+        result.started_at,
+        result.ttft_ms,
+        result.loop_lag_ms,
+        result.outcome.value,
+    )
 
 
 class Recorder:
@@ -302,16 +308,46 @@ def observation_delays(
     (``started_at`` + TTFT) minus the latest simulator write on its port that is at most
     ``MATCH_SLACK_S`` after the read and at least that before the probe started."""
     delays, total = [], 0
-    for address, started_at, ttft_ms, _lag in results:
+    for address, started_at, ttft_ms, _lag, _outcome in results:
         if ttft_ms is None:
             continue
         total += 1
-        read = started_at + ttft_ms / 1000
-        times = writes.get(int(address.rsplit(":", 1)[1]), [])
-        index = bisect.bisect_right(times, read + MATCH_SLACK_S) - 1
-        if index >= 0 and times[index] >= started_at - MATCH_SLACK_S:
-            delays.append((read - times[index]) * 1000)
+        written = _written(address, started_at, ttft_ms, writes)
+        if written is not None:
+            delays.append((started_at + ttft_ms / 1000 - written) * 1000)
     return sorted(delays), total
+
+
+def _written(
+    address: str, started_at: float, ttft_ms: float, writes: dict[int, list[float]]
+) -> float | None:
+    """When the simulator wrote the first token this probe read (see observation_delays)."""
+    read = started_at + ttft_ms / 1000
+    times = writes.get(int(address.rsplit(":", 1)[1]), [])
+    index = bisect.bisect_right(times, read + MATCH_SLACK_S) - 1
+    if index >= 0 and times[index] >= started_at - MATCH_SLACK_S:
+        return times[index]
+    return None
+
+
+def slow_reads(
+    results: list[Seen], writes: dict[int, list[float]], healthy_ms: float
+) -> dict[str, int]:
+    """Whose lateness each SLOW probe was: the simulator's when it wrote the token later
+    than ``healthy_ms`` after the probe started (an engine on a starved core is slow, and
+    SLOW is then the right verdict); the prober's when the token was written in time and
+    read late; unmatched when no write was found."""
+    counts = {"simulator": 0, "prober": 0, "unmatched": 0}
+    for address, started_at, ttft_ms, _lag, outcome in results:
+        if outcome != Outcome.SLOW.value or ttft_ms is None:
+            continue
+        written = _written(address, started_at, ttft_ms, writes)
+        if written is None:
+            counts["unmatched"] += 1
+        else:
+            late = (written - started_at) * 1000 > healthy_ms
+            counts["simulator" if late else "prober"] += 1
+    return counts
 
 
 async def _run(
@@ -361,7 +397,9 @@ async def _run(
         await asyncio.wait_for(task, 120)  # an overloaded runtime stops slowly
     row = _summarise(recorder.results, len(config.clusters[0].endpoints), wall)
     delays, with_token = observation_delays(recorder.results, writes)
+    healthy_ms = config.probe.healthy_ttft * 1000  # no cluster overrides it here
     row.update(
+        slow=slow_reads(recorder.results, writes, healthy_ms),
         obs_p50_ms=statistics.median(delays) if delays else math.nan,
         obs_p99_ms=_pct(delays, 0.99),
         obs_matched=len(delays),
@@ -386,9 +424,9 @@ async def _run(
 
 
 def _summarise(results: list[Seen], count: int, wall: float) -> dict[str, Any]:
-    errors = sorted(ttft - TTFT_MS for _, _, ttft, _ in results if ttft is not None)
-    lags = sorted(lag for _, _, _, lag in results)
-    no_token = sum(1 for _, _, ttft, _ in results if ttft is None)
+    errors = sorted(ttft - TTFT_MS for _, _, ttft, _, _ in results if ttft is not None)
+    lags = sorted(lag for _, _, _, lag, _ in results)
+    no_token = sum(1 for _, _, ttft, _, _ in results if ttft is None)
     return {
         "endpoints": count,
         "scheduled_per_s": float(count),  # interval 1 s
@@ -625,9 +663,17 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def causes_line(rows: list[dict[str, Any]]) -> str:
-    """The state changes of each size by new state and cause (none: nothing)."""
+    """The state changes of each size by new state and cause, and whose lateness its SLOW
+    probes were (``slow_reads``); nothing when no size had either."""
     found = [f"{r['endpoints']}: {r['causes']}" for r in rows if r.get("causes")]
-    return f"State changes by new state and cause: {'; '.join(found)}.\n\n" if found else ""
+    slow = [f"{r['endpoints']}: {r['slow']}" for r in rows if any(r.get("slow", {}).values())]
+    text = f"State changes by new state and cause: {'; '.join(found)}.\n\n" if found else ""
+    if slow:
+        text += (
+            "SLOW probes by whose lateness (the simulator wrote the token after"
+            f" healthy_ttft, or the prober read it late): {'; '.join(slow)}.\n\n"
+        )
+    return text
 
 
 def main() -> int:
@@ -661,8 +707,8 @@ def main() -> int:
         )
         rows.append(row)
         print(render([row]).splitlines()[-1], flush=True)
-        if row["causes"]:
-            print(f"  state changes by cause: {row['causes']}", flush=True)
+        if row["causes"] or any(row["slow"].values()):
+            print(f"  state changes by cause: {row['causes']}; SLOW: {row['slow']}", flush=True)
     for count in args.gc_tuned:
         row = run_on(
             measure(
@@ -672,8 +718,8 @@ def main() -> int:
         )
         rows.append(row)
         print(render([row]).splitlines()[-1], flush=True)
-        if row["causes"]:
-            print(f"  state changes by cause: {row['causes']}", flush=True)
+        if row["causes"] or any(row["slow"].values()):
+            print(f"  state changes by cause: {row['causes']}; SLOW: {row['slow']}", flush=True)
     profile = ""
     if args.profile:
         prof = run_on(
