@@ -444,3 +444,47 @@ def test_starts_are_gathered_on_ticks_each_within_a_tick_of_its_slot() -> None:
         assert abs(at / tick - round(at / tick)) < 1e-6, (key, at)  # on a tick
     instants = {round(at, 6) for _, at in later}
     assert len(instants) <= len(later) / (STARTS_PER_TICK / 2)  # gathered, not one each
+
+
+class EarlySilenceTimerLoop(VirtualTimeLoop):
+    """Fires the scheduler's silence timer 30 ms early, as uvloop does when the loop turn
+    that set it had already run 30 ms (it counts a delay from the turn's start)."""
+
+    def call_later(self, delay: float, callback: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(callback, "__name__", "") == "silence_point":
+            delay = max(0.0, delay - 0.03)
+        return super().call_later(delay, callback, *args, **kwargs)
+
+
+def test_a_silence_timer_that_fires_early_still_waits_for_the_silence_point() -> None:
+    """The token comes at 200 ms, before the 210 ms silence point; the timer fires at
+    180 ms. The watch waits out the rest instead of calling the probe silent then."""
+    (target,) = targets_for([9], timeout="800ms", healthy_ttft="200ms")
+    silences: list[float] = []
+    results: list[ProbeResult] = []
+
+    async def main() -> None:
+        clock = asyncio.get_running_loop().time
+        from llm_health.probe.signals import first_token_seen
+
+        async def probe(_target: ProbeTarget) -> ProbeResult:
+            await asyncio.sleep(0.2)
+            first_token_seen()
+            return ProbeResult(Outcome.FAST, time.time(), ttft_ms=200.0)
+
+        async def on_silence(_target: ProbeTarget, silent_ms: float) -> bool:
+            silences.append(silent_ms)
+            return False
+
+        async def record(_target: ProbeTarget, result: ProbeResult) -> None:
+            results.append(result)
+
+        scheduler = Scheduler([target], probe, record, clock=clock, on_silence=on_silence)
+        task = asyncio.create_task(scheduler.run())
+        await asyncio.sleep(0.5)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    with asyncio.Runner(loop_factory=EarlySilenceTimerLoop) as runner:
+        runner.run(main())
+    assert results and silences == [], silences

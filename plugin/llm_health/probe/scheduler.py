@@ -45,6 +45,9 @@ RECENT_TTFTS = 8  # successful probes an endpoint's "recent TTFT" is the median 
 # clock could come after a 200 ms silence point by the scheduler's, and a FAST probe
 # would degrade and restore its endpoint for nothing.
 SILENCE_MARGIN_S = 0.01
+# Timers are kept to the millisecond (uvloop's resolution): a wake-up less than this
+# before its deadline is on time.
+TIMER_SLACK_S = 0.001
 
 
 SETTLE_TURNS = 3  # loop turns a token needs from the socket to the event: I/O, read, parse
@@ -310,7 +313,7 @@ class Scheduler:
         def silence_point() -> None:
             nonlocal watcher
             if not watch.answered:
-                watcher = loop.create_task(self._on_silent(target, watch, started))
+                watcher = loop.create_task(self._on_silent(target, watch, started, after))
 
         timer = loop.call_later(max(0.0, started + after - self._clock()), silence_point)
         reset = FIRST_TOKEN.set(watch)
@@ -334,13 +337,16 @@ class Scheduler:
         return None if after is None else after + SILENCE_MARGIN_S
 
     async def _on_silent(
-        self, target: ProbeTarget, watch: _Watch, started: float
+        self, target: ProbeTarget, watch: _Watch, started: float, after: float
     ) -> ProbeResult | None:
         """The silence timer fired with no token yet: once the loop has settled (and
         waited out its own lag), report the silence; if the board asks for a confirm and
         the probe is still silent at the confirm point, run it beside the first. Its
         result, or None."""
-        if not await self._wait_silent(watch, self._clock()):
+        # From the silence point itself, not from the timer's firing: a timer can fire
+        # early by the scheduler's clock (uvloop measures a delay from the time its loop
+        # turn began), and then the rest of the wait is still owed.
+        if not await self._wait_silent(watch, started + after):
             return None
         silent_ms = (self._clock() - started) * 1000
         if not await self._report_silence(target, silent_ms):
@@ -372,8 +378,10 @@ class Scheduler:
         deadline, extended = until, False
         while True:
             remaining = deadline - self._clock()
-            if remaining > 0:
+            if remaining > TIMER_SLACK_S:
                 await watch.wait(remaining)
+                if not watch.answered and deadline - self._clock() > TIMER_SLACK_S:
+                    continue  # woke early (see _on_silent): wait out the rest
             if watch.answered or await _settles(watch):
                 return False
             lag_s = self._lag.current_ms / 1000 if self._lag is not None else 0.0
