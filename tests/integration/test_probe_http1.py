@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import time
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -16,7 +17,8 @@ from hypothesis import strategies as st
 from llm_health.config import ProbeSettings
 from llm_health.model.outcome import Outcome
 from llm_health.probe.client import MAX_TAIL_BYTES, REUSE_GRACE_S, MicroProbe, new_connections
-from llm_health.probe.http1 import MAX_HEAD_BYTES, Connections
+from llm_health.probe.http1 import MAX_HEAD_BYTES, Connection, Connections
+from llm_health.probe.lag import LoopLagMonitor
 from llm_health.probe.target import ProbeTarget
 
 TOKEN = b'data: {"choices": [{"index": 0, "text": "Hi", "finish_reason": "length"}]}\n\n'
@@ -302,3 +304,38 @@ async def test_fuzzed_answers_never_raise_and_are_never_a_success(head: bytes, t
         result = await prober.probe(target(server.port))
     assert result.outcome not in (Outcome.FAST, Outcome.SLOW), (head + tail, result)
     assert result.detail.isprintable() and len(result.detail) <= 500
+
+
+async def test_a_stall_after_the_token_arrived_does_not_make_a_slow_engine_fast(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first token is timed when its bytes arrive; a stall of the loop after that
+    (other callbacks of the same turn before the probe task resumes) is not in the TTFT,
+    so it must not be subtracted from it either: a token at 400 ms with healthy_ttft
+    200 ms stays SLOW behind a 250 ms stall (subtracted, it read FAST). A stall before the
+    bytes arrived still would be (``LoopLagMonitor.stalled_within``)."""
+    head = SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"
+    token = b"%x\r\n%s\r\n0\r\n\r\n" % (len(TOKEN), TOKEN)
+    script = Script([([head, token], "keep")], pause_s=0.4)
+    real = Connection.data_received
+
+    def stalled(self: Connection, data: bytes) -> None:
+        real(self, data)
+        if b'"Hi"' in data:
+            time.sleep(0.25)  # the rest of the loop turn, after the bytes were taken in
+
+    monkeypatch.setattr(Connection, "data_received", stalled)
+    lag = LoopLagMonitor(tick_s=0.02)
+    ticker = asyncio.create_task(lag.run())
+    try:
+        await asyncio.sleep(0.05)
+        async with RawServer(script) as server, new_connections() as connections:
+            result = await MicroProbe(connections, lag).probe(
+                target(server.port, healthy_ttft="200ms")
+            )
+    finally:
+        ticker.cancel()
+        await asyncio.gather(ticker, return_exceptions=True)
+    assert result.ttft_ms is not None and result.ttft_ms >= 395, result
+    assert result.loop_lag_ms >= 200  # the stall was seen ...
+    assert result.outcome is Outcome.SLOW, result  # ... and not taken off the TTFT

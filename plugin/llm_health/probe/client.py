@@ -227,7 +227,7 @@ class MicroProbe:
         timing.connected = time.perf_counter()
         connection.send(request)
         status = await connection.head()
-        timing.headers = time.perf_counter()
+        timing.headers = connection.arrived  # as the first token: when the bytes came
         if status != 200:
             return await _classify_status(connection, status, target)
         decoder = SseDecoder()
@@ -249,8 +249,11 @@ class MicroProbe:
     ) -> ProbeResult:
         ttft_ms = timing.ms(timing.first_token)
         lag_ms = self._lag.max_since(timing.start) if self._lag else 0.0
-        if outcome is Outcome.FAST and ttft_ms is not None:
-            outcome = _fast_or_slow(ttft_ms, lag_ms, target.healthy_ttft_s * 1000)
+        if outcome is Outcome.FAST and ttft_ms is not None and timing.first_token is not None:
+            stalled_ms = (
+                self._lag.stalled_within(timing.start, timing.first_token) if self._lag else 0.0
+            )
+            outcome = _fast_or_slow(ttft_ms, stalled_ms, target.healthy_ttft_s * 1000)
         return ProbeResult(
             outcome=outcome,
             started_at=wall,
@@ -265,16 +268,19 @@ class MicroProbe:
         )
 
 
-def _fast_or_slow(ttft_ms: float, lag_ms: float, healthy_ms: float) -> Outcome:
+def _fast_or_slow(ttft_ms: float, stalled_ms: float, healthy_ms: float) -> Outcome:
     """SLOW only if the first token was late even without the prober's own lateness.
 
-    A starved event loop (another process burning the CPU, a GC pause) notices the token
-    late by up to the worst lag seen while the probe ran: that lateness is ours, not the
-    engine's (docs/design.md §7.4). Lag can only delay, never hasten, so the corrected
-    TTFT is a lower bound and a FAST verdict stays honest; a lag beyond max_loop_lag still
-    makes the board ignore SLOW and TIMEOUT verdicts altogether.
+    A starved event loop (another process burning the CPU, a GC pause) notices the token's
+    bytes late by up to the longest stall between the probe's start and the moment they
+    were taken in (``stalled_ms``: ``LoopLagMonitor.stalled_within``): that lateness is
+    ours, not the engine's (docs/design.md §7.4). A stall after that moment is not in the
+    TTFT (it is timed when the bytes arrived) and is not subtracted either, or a slow
+    engine would read FAST behind a busy loop. A lag beyond max_loop_lag still makes the
+    board ignore SLOW and TIMEOUT verdicts altogether (``ProbeResult.loop_lag_ms``: the
+    worst lag of the whole probe).
     """
-    return Outcome.FAST if ttft_ms - lag_ms <= healthy_ms else Outcome.SLOW
+    return Outcome.FAST if ttft_ms - stalled_ms <= healthy_ms else Outcome.SLOW
 
 
 # cache_bust "auto": what bypasses the prefix cache on each engine (docs/engines.md).

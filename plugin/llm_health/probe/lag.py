@@ -46,3 +46,20 @@ class LoopLagMonitor:
                 break
             worst = max(worst, lag)
         return worst
+
+    def stalled_within(self, start: float, end: float) -> float:
+        """The longest stretch (ms) of ``[start, end]`` (perf_counter times) the loop spent
+        stalled. A sample of lag L taken at t says the loop was stalled over [t - L, t];
+        the tick overdue right now, over [its due time, now]. Only the part inside the
+        window counts: a stall after ``end`` (a probe's first token, timed when its bytes
+        arrived) cannot have delayed what was timed at ``end``."""
+        worst = 0.0
+        now = time.perf_counter()
+        if self._running:
+            due = self._last_tick + self._tick_s
+            worst = max(0.0, min(end, now) - max(due, start))
+        for at, lag in reversed(self._samples):
+            if at < start:
+                break
+            worst = max(worst, min(at, end) - max(at - lag / 1000, start))
+        return worst * 1000
