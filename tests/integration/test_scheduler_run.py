@@ -447,8 +447,8 @@ def test_starts_are_gathered_on_ticks_each_within_a_tick_of_its_slot() -> None:
 
 
 class EarlySilenceTimerLoop(VirtualTimeLoop):
-    """Fires the scheduler's silence timer 30 ms early, as uvloop does when the loop turn
-    that set it had already run 30 ms (it counts a delay from the turn's start)."""
+    """Fires the scheduler's silence timer 30 ms early (by the scheduler's clock): the
+    watch must not take the timer's word for the silence point."""
 
     def call_later(self, delay: float, callback: Any, *args: Any, **kwargs: Any) -> Any:
         if getattr(callback, "__name__", "") == "silence_point":

@@ -344,8 +344,8 @@ class Scheduler:
         the probe is still silent at the confirm point, run it beside the first. Its
         result, or None."""
         # From the silence point itself, not from the timer's firing: a timer can fire
-        # early by the scheduler's clock (uvloop measures a delay from the time its loop
-        # turn began), and then the rest of the wait is still owed.
+        # before it by the scheduler's clock (uvloop keeps timers to the millisecond; a
+        # clock other than the loop's), and then the rest of the wait is still owed.
         if not await self._wait_silent(watch, started + after):
             return None
         silent_ms = (self._clock() - started) * 1000
