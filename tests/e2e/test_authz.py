@@ -95,9 +95,15 @@ class Gateway:
         """One plain request first: its check opens Envoy's gRPC stream to the plugin,
         which on a loaded machine can miss the filter's 100 ms timeout and be let
         through unchecked (failure_mode_allow). What it counted is left out of
-        ``decisions`` and ``envoy_authz_stat``."""
-        call(self.url, prompt="warm-up")
-        wait_until(lambda: sum(self._decisions().values()) >= 1, 10, "the warm-up check counted")
+        ``decisions`` and ``envoy_authz_stat``. Sent again until the plugin has counted
+        one: the first can be let through before Envoy's connection to the plugin's
+        port is up, and then the plugin never sees it."""
+
+        def counted() -> bool:
+            call(self.url, prompt="warm-up")
+            return sum(self._decisions().values()) >= 1
+
+        wait_until(counted, 15, "a warm-up check counted", interval=0.2)
         self._warm_decisions = self._decisions()
         self._warm_envoy = self._envoy_authz()
 
