@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -20,6 +20,7 @@ from llm_health.probe.client import MAX_TAIL_BYTES, REUSE_GRACE_S, MicroProbe, n
 from llm_health.probe.http1 import MAX_HEAD_BYTES, Connection, Connections
 from llm_health.probe.lag import LoopLagMonitor
 from llm_health.probe.target import ProbeTarget
+from tests.raw_http import RawServer, Script, until
 
 TOKEN = b'data: {"choices": [{"index": 0, "text": "Hi", "finish_reason": "length"}]}\n\n'
 DONE = b"data: [DONE]\n\n"
@@ -33,91 +34,6 @@ def chunked(*parts: bytes, end: bool = True) -> bytes:
 
 ONE_TOKEN = chunked(TOKEN, DONE)  # what an engine sends for max_tokens 1
 SIZED = b"Content-Length: %d\r\n\r\n%s" % (len(TOKEN), TOKEN)
-
-
-@dataclasses.dataclass
-class Script:
-    """What the server does for the n-th request on each connection: the bytes to send,
-    then "keep" (wait for the next request), "close", or "hold" (send nothing more)."""
-
-    replies: list[tuple[bytes | list[bytes], str]]
-    pause_s: float = 0.01  # between the segments of a reply given as a list
-
-    def reply(self, index: int) -> tuple[bytes | list[bytes], str]:
-        return self.replies[min(index, len(self.replies) - 1)]
-
-
-class RawServer:
-    """A TCP server on loopback that reads each request (head + Content-Length body)
-    and answers by ``script``. Counts connections and requests; ``eofs``: connections
-    the client closed."""
-
-    def __init__(self, script: Script) -> None:
-        self.script = script
-        self.connections = self.requests = self.eofs = 0
-        self.server: asyncio.Server | None = None
-        self.port = 0
-        self.heads: list[bytes] = []
-
-    async def __aenter__(self) -> RawServer:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self.server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *_exc: object) -> None:
-        self.stop()
-        assert self.server is not None
-        await self.server.wait_closed()
-
-    def stop(self) -> None:
-        assert self.server is not None
-        self.server.close()
-        with contextlib.suppress(AttributeError):
-            self.server.close_clients()  # type: ignore[attr-defined]  # Python 3.13
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        try:
-            for index in range(100):
-                if not await self._read_request(reader):
-                    self.eofs += 1
-                    return
-                self.requests += 1
-                data, then = self.script.reply(index)
-                await self._send(writer, data)
-                if then == "close":
-                    return
-                if then == "hold":
-                    await reader.read()  # until the client goes
-                    self.eofs += 1
-                    return
-        except (ConnectionError, asyncio.IncompleteReadError):
-            self.eofs += 1
-        except asyncio.CancelledError:
-            return  # the test's loop ends: not the server's error
-        finally:
-            writer.close()
-
-    async def _read_request(self, reader: asyncio.StreamReader) -> bool:
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-        except asyncio.IncompleteReadError:
-            return False
-        self.heads.append(head)
-        length = next(
-            int(line.split(b":")[1])
-            for line in head.split(b"\r\n")
-            if line.lower().startswith(b"content-length:")
-        )
-        await reader.readexactly(length)
-        return True
-
-    async def _send(self, writer: asyncio.StreamWriter, data: bytes | list[bytes]) -> None:
-        for index, segment in enumerate([data] if isinstance(data, bytes) else data):
-            if index:
-                await asyncio.sleep(self.script.pause_s)
-            writer.write(segment)
-            await writer.drain()
 
 
 def target(port: int, **probe: object) -> ProbeTarget:
@@ -149,7 +65,7 @@ async def test_a_stream_whose_rest_dawdles_is_cut_after_the_token() -> None:
     dawdling = chunked(TOKEN, end=False)
     async with probing(Script([(dawdling, "hold")])) as (server, prober, connections):
         first = await prober.probe(target(server.port))
-        await asyncio.wait_for(_until(lambda: server.eofs == 1), 2)
+        await asyncio.wait_for(until(lambda: server.eofs == 1), 2)
         second = await prober.probe(target(server.port))
     assert first.outcome is Outcome.FAST and second.outcome is Outcome.FAST
     assert first.total_ms < first.ttft_ms + 1000 * REUSE_GRACE_S + 200  # type: ignore[operator]
@@ -274,11 +190,6 @@ async def test_an_error_status_is_read_within_its_bound_and_classified() -> None
     assert [r.outcome for r in results] == [Outcome.FATAL] * 2
     assert results[0].status == 500
     assert connections.reused == 1  # an error body read whole keeps the connection too
-
-
-async def _until(predicate: Callable[[], bool]) -> None:
-    while not predicate():
-        await asyncio.sleep(0.01)
 
 
 # --- fuzzed answers: never raise, never a success ------------------------------------------

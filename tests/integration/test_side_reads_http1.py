@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -24,6 +23,7 @@ from llm_health.engines.side_reads import (
 from llm_health.errors import ProtocolError
 from llm_health.probe.http1 import Connections, ResponseError
 from llm_health.probe.target import ProbeTarget
+from tests.raw_http import RawServer, Script, until
 
 KEY = "sk-side-read-secret-0123456789"
 DOCUMENT = b"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 3\n"
@@ -39,72 +39,6 @@ def chunked(*parts: bytes) -> bytes:
     return b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + body + b"0\r\n\r\n"
 
 
-@dataclasses.dataclass
-class Script:
-    """What the server does for the n-th request on each connection: the bytes to send
-    (a list: segments with a pause between), then "keep" (wait for the next request),
-    "close", or "hold" (send nothing more, wait for the client to go)."""
-
-    replies: list[tuple[bytes | list[bytes], str]]
-
-    def reply(self, index: int) -> tuple[bytes | list[bytes], str]:
-        return self.replies[min(index, len(self.replies) - 1)]
-
-
-class GetServer:
-    """A TCP server on loopback that reads each GET head and answers by ``script``.
-    Counts connections and requests; ``eofs``: connections the client closed."""
-
-    def __init__(self, script: Script) -> None:
-        self.script = script
-        self.connections = self.requests = self.eofs = 0
-        self.heads: list[bytes] = []
-        self.server: asyncio.Server | None = None
-        self.port = 0
-
-    async def __aenter__(self) -> GetServer:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self.server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *_exc: object) -> None:
-        assert self.server is not None
-        self.server.close()
-        with contextlib.suppress(AttributeError):
-            self.server.close_clients()  # type: ignore[attr-defined]  # Python 3.13
-        await self.server.wait_closed()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        try:
-            for index in range(100):
-                try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except asyncio.IncompleteReadError:
-                    self.eofs += 1
-                    return
-                self.heads.append(head)
-                self.requests += 1
-                data, then = self.script.reply(index)
-                for number, segment in enumerate([data] if isinstance(data, bytes) else data):
-                    if number:
-                        await asyncio.sleep(0.01)
-                    writer.write(segment)
-                    await writer.drain()
-                if then == "close":
-                    return
-                if then == "hold":
-                    await reader.read()  # until the client goes
-                    self.eofs += 1
-                    return
-        except (ConnectionError, asyncio.IncompleteReadError):
-            self.eofs += 1
-        except asyncio.CancelledError:
-            return  # the test's loop ends: not the server's error
-        finally:
-            writer.close()
-
-
 def target(port: int) -> ProbeTarget:
     settings = ProbeSettings.model_validate(
         {"timeout": "2s", "headers": {"Authorization": f"Bearer {KEY}"}}
@@ -113,14 +47,9 @@ def target(port: int) -> ProbeTarget:
 
 
 @contextlib.asynccontextmanager
-async def reading(script: Script) -> AsyncIterator[tuple[GetServer, SideReads, Connections]]:
-    async with GetServer(script) as server, open_connections() as connections:
+async def reading(script: Script) -> AsyncIterator[tuple[RawServer, SideReads, Connections]]:
+    async with RawServer(script) as server, open_connections() as connections:
         yield server, SideReads(connections), connections
-
-
-async def _until(condition: Callable[[], bool]) -> None:
-    while not condition():
-        await asyncio.sleep(0.01)
 
 
 async def test_a_document_is_read_whole_with_the_probe_headers() -> None:
@@ -156,7 +85,7 @@ async def test_a_body_over_its_bound_is_cut_and_its_connection_closed(
     async with reading(Script([(sized(body), "keep")])) as (server, reads, connections):
         first = await reads.metrics(target(server.port), "/metrics", 2.0)
         if not kept:
-            await asyncio.wait_for(_until(lambda: server.eofs == 1), 2)  # the client went
+            await asyncio.wait_for(until(lambda: server.eofs == 1), 2)  # the client went
         second = await reads.metrics(target(server.port), "/metrics", 2.0)
     assert first == second == body[:MAX_DOCUMENT].decode()
     assert len(first) == MAX_DOCUMENT
@@ -214,7 +143,7 @@ async def test_a_server_that_never_answers_times_out_within_the_bound() -> None:
         with pytest.raises(TimeoutError) as raised:
             await reads.metrics(target(server.port), "/metrics", 0.3)
         elapsed = time.monotonic() - started
-        await asyncio.wait_for(_until(lambda: server.eofs == 1), 2)  # closed, not kept
+        await asyncio.wait_for(until(lambda: server.eofs == 1), 2)  # closed, not kept
     assert 0.25 <= elapsed < 1.0, elapsed
     assert read_error(raised.value, target(server.port)) == "timed out"
     assert connections.reused == 0 and server.requests == 1
