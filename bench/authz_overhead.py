@@ -214,7 +214,9 @@ async def measure(
         if probing.sims:
             clusters.append(probed_cluster(probing))
         own = free_port() if args.own_authz else None
-        server: dict[str, Any] = {} if own is None else {"authz": f"127.0.0.1:{own}"}
+        server: dict[str, Any] = {}
+        if own is not None:
+            server |= {"authz": f"127.0.0.1:{own}", "authz_isolation": args.authz_isolation}
         if args.workers is not None:
             server["probe_workers"] = args.workers
         settings = {"server": server, "probe": {"model": "sim-model"}, "clusters": clusters}
@@ -365,7 +367,8 @@ def probing_lines(phases: list[Phase], probing: Probing, args: argparse.Namespac
     if not probing.sims:
         return []
     workers = "" if args.workers is None else f", `server.probe_workers: {args.workers}`"
-    workers += ", ext_authz on `server.authz` (own threads)" if args.own_authz else ""
+    where = {"process": "its own process", "threads": "own threads"}[args.authz_isolation]
+    workers += f", ext_authz on `server.authz` ({where})" if args.own_authz else ""
     lines = [
         f"Probing meanwhile: the same plugin probed {probing.endpoints} more endpoints "
         f"(cluster `{PROBED_CLUSTER}`, {len(probing.sims)} simulator processes, TTFT 100 ms, "
@@ -489,8 +492,14 @@ def main() -> None:
     parser.add_argument(
         "--own-authz",
         action="store_true",
-        help="ext_authz on the plugin's own threaded port (server.authz), not on the "
-        "event loop's gRPC server",
+        help="ext_authz on the plugin's own port (server.authz), not on the event loop's "
+        "gRPC server",
+    )
+    parser.add_argument(
+        "--authz-isolation",
+        choices=["process", "threads"],
+        default="process",
+        help="with --own-authz: server.authz_isolation (default: process, the default)",
     )
     args = parser.parse_args()
     if args.with_probing < 0:
@@ -508,6 +517,7 @@ def main() -> None:
         name = "authz_overhead"
         name += f"_probing{args.with_probing}" if args.with_probing else ""
         name += "_own_authz" if args.own_authz else ""
+        name += "_process" if args.own_authz and args.authz_isolation == "process" else ""
         print(write_result(name, body, command.strip()))
 
 

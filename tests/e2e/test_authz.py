@@ -114,8 +114,23 @@ class Gateway:
         return {kind: n for kind, n in since.items() if n}
 
     def _decisions(self) -> dict[str, int]:
+        self._settled()
         found: dict[str, int] = self.authz_status()["decisions"].get(CLUSTER, {})
         return found
+
+    def _settled(self) -> None:
+        """The own port's admission process reports its counters a few times a second
+        (docs/design.md §16.9): wait for two reports after now, so the counts include
+        every check already answered."""
+        own = self.authz_status().get("own_server") or {}
+        if "reports" not in own:
+            return
+        seen = own["reports"]
+
+        def reported() -> bool:
+            return bool(self.authz_status()["own_server"]["reports"] >= seen + 2)
+
+        wait_until(reported, 5, "two counter reports from the admission process")
 
     def _envoy_authz(self) -> dict[str, int]:
         prefix = "http.llm_ingress.ext_authz.llm_health."

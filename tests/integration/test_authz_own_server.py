@@ -1,16 +1,21 @@
-"""ext_authz on its own threaded gRPC server (``server.authz``, docs/design.md §16.9): the
-real runtime probing a simulator; checks go to the own port from a thread of the test.
+"""ext_authz on its own gRPC port (``server.authz``, docs/design.md §16.9), in a process
+of its own (``server.authz_isolation: process``, the default) or on threads: the real
+runtime probing a simulator; checks go to the own port from a thread of the test.
 
 - A check is answered while the runtime's event loop is blocked (the test blocks it):
   admission does not wait for the loop that times the probes.
 - Its answer follows the published health (a FATAL engine: denied, 503 no_capacity).
 - The token of ``server.token`` guards the port; undecodable bytes get INVALID_ARGUMENT;
   the main gRPC port no longer serves ``Check``.
+- The process killed, or stopped (it no longer reports): it is restarted, fed the view
+  again, and the counts it reported are kept. ``threads`` still serves.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
 import threading
 import time
@@ -54,13 +59,31 @@ class Own:
             return stub.Check(request, timeout=5, metadata=metadata)
 
 
-def config_text(sim: SimProcess, authz: int) -> str:
+def config_text(sim: SimProcess, authz: int, isolation: str = "process") -> str:
     """Probing ``sim``; ext_authz on its own port ``authz``, behind ``server.token``."""
     return plugin_yaml(
         [sim],
-        server={"authz": f"127.0.0.1:{authz}", "token": TOKEN},
+        server={"authz": f"127.0.0.1:{authz}", "token": TOKEN, "authz_isolation": isolation},
         probe={"interval": "200ms", "timeout": "800ms", "model": "sim-model"},
     )
+
+
+def own(runtime: Runtime) -> dict[str, Any]:
+    found: dict[str, Any] = runtime.status()["authz"]["own_server"]
+    return found
+
+
+def own_serving(runtime: Runtime) -> bool:
+    return bool(own(runtime)["serving"])
+
+
+def healthy(runtime: Runtime) -> bool:
+    cluster = runtime.control.snapshot().clusters["llama"]
+    return all(e.state is State.HEALTHY for e in cluster.endpoints)
+
+
+def checks(runtime: Runtime) -> int:
+    return int(runtime.status()["authz"]["checks"])
 
 
 @pytest.fixture
@@ -69,12 +92,8 @@ async def running(sim_process: SimProcess) -> AsyncIterator[Own]:
     text = config_text(sim_process, authz)
     async with Running.from_config(text, "own-authz.yaml") as started:
         runtime = started.runtime
-
-        def healthy() -> bool:
-            cluster = runtime.control.snapshot().clusters["llama"]
-            return all(e.state is State.HEALTHY for e in cluster.endpoints)
-
-        await wait_until_async(healthy, 20, "the endpoint healthy")
+        await wait_until_async(lambda: healthy(runtime), 20, "the endpoint healthy")
+        await wait_until_async(lambda: own_serving(runtime), 20, "the own port serving")
         yield Own(runtime, sim_process, authz, runtime.grpc_port)
 
 
@@ -113,8 +132,18 @@ async def test_the_answer_follows_the_published_health(running: Own) -> None:
     assert response.status.code == PERMISSION_DENIED
     assert response.denied_response.status.code == 503
     status = running.runtime.status()["authz"]
-    assert status["own_server"] == {"listen": f"127.0.0.1:{running.authz}", "serving": True}
-    assert status["decisions"]["llama"]["no_capacity"] >= 1
+    own = status["own_server"]
+    assert (own["listen"], own["serving"], own["isolation"]) == (
+        f"127.0.0.1:{running.authz}",
+        True,
+        "process",
+    )
+
+    def counted() -> bool:  # the process reports its counters every second
+        decisions = running.runtime.status()["authz"]["decisions"]
+        return bool(decisions.get("llama", {}).get("no_capacity", 0) >= 1)
+
+    await wait_until_async(counted, 5, "the denial counted")
 
 
 async def test_the_port_needs_the_token_and_decodable_requests(running: Own) -> None:
@@ -163,3 +192,45 @@ async def test_a_taken_authz_port_is_reported_and_the_service_goes_on(
             assert own["serving"] is False and str(port) in own["error"]
             assert runtime.grpc_serving and started.task is not None
             assert not started.task.done()
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "stopped"])
+async def test_a_lost_admission_process_is_restarted_and_its_counts_kept(
+    running: Own, how: signal.Signals
+) -> None:
+    """Killed: it exits and is started again. Stopped: it no longer reports, and is killed
+    after SILENT_S (10 s), then started again. Either way the new one answers from the
+    view it is sent again, and the counts of the first never leave the totals."""
+    assert (await asyncio.to_thread(running.check)).status.code == OK
+    await wait_until_async(lambda: checks(running.runtime) >= 1, 5, "the check counted")
+    before, first = checks(running.runtime), own(running.runtime)["pid"]
+    os.kill(first, how)
+    seen: list[int] = []
+
+    def replaced() -> bool:
+        seen.append(checks(running.runtime))
+        now = own(running.runtime)
+        return bool(now["serving"] and now["pid"] not in (None, first))
+
+    await wait_until_async(replaced, 25, "a new admission process serving")
+    assert min(seen) >= before, f"the counts went down: {before} then {min(seen)}"
+    assert own(running.runtime)["restarts"] >= 1
+    assert (await asyncio.to_thread(running.check)).status.code == OK
+    await wait_until_async(
+        lambda: checks(running.runtime) >= before + 1, 5, "the new process's check counted"
+    )
+    with pytest.raises(ProcessLookupError):
+        os.kill(first, 0)  # the first one is gone, not left behind
+
+
+async def test_threads_isolation_serves_on_threads(sim_process: SimProcess) -> None:
+    port = free_port()
+    text = config_text(sim_process, port, isolation="threads")
+    async with Running.from_config(text, "threads.yaml") as started:
+        runtime = started.runtime
+        await wait_until_async(lambda: healthy(runtime), 20, "the endpoint healthy")
+        await wait_until_async(lambda: own_serving(runtime), 20, "the own port serving")
+        assert own(runtime)["isolation"] == "threads" and "pid" not in own(runtime)
+        response = await asyncio.to_thread(Own(runtime, sim_process, port, 0).check)
+        assert response.status.code == OK
+        assert checks(runtime) == 1  # counted at once: the same process

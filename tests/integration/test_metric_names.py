@@ -4,7 +4,7 @@ component active, scraped once over HTTP. A refactor that renames, drops or rety
 series fails here; a new series goes into the list on purpose.
 
 Components: admin (own port, token), alerts (a webhook nobody answers), ext_authz (own
-threaded server; one Check is made so that its per-rule family shows), HDS, DNS discovery
+port, in its own process; one Check is made, and counted, so that its per-rule family shows), HDS, DNS discovery
 (a nameserver nobody answers: the cluster is watched and failing), remediation, passive
 traffic, engine checks (verify, engine /metrics, served model) and fleet (a Redis nobody
 answers: fallback mode, so nothing needs Redis at scrape time). The probed endpoint
@@ -99,6 +99,9 @@ async def test_metric_families_match_the_golden_list() -> None:
 
         await wait_until_async(started, 10, "discovery, engine checks and ext_authz to start")
         await asyncio.to_thread(check, ports["authz"])
+        await wait_until_async(  # the admission process reports its counters 4 times a second
+            lambda: bool(statuses(running)["authz"]["decisions"]), 5, "the Check counted"
+        )
         exposition = await scrape(ports["http"])
     found = families(exposition)
     assert len(found) == len(set(found)), f"a family is exposed twice: {sorted(found)}"

@@ -125,6 +125,8 @@ def build_components(
             lambda: live.current.authz,
             listen=config.server.authz,
             security=grpc_auth.security,
+            isolation=config.server.authz_isolation,
+            auth_stats=grpc_auth.stats,
         ),
         HdsComponent(
             config.hds,

@@ -12,7 +12,7 @@ most once per ``PROBLEM_LOG_EVERY_S`` per kind).
 here: it loads grpc) serves ``Check`` and reports the counters.
 """
 
-from llm_health.authz.counters import AuthzCounters
+from llm_health.authz.counters import AuthzCounters, CountersState
 from llm_health.authz.decide import decide
 from llm_health.authz.decision import (
     PROBLEM_LOG_EVERY_S,
@@ -22,14 +22,17 @@ from llm_health.authz.decision import (
     Problem,
     Rule,
 )
-from llm_health.authz.gate import Gate
+from llm_health.authz.gate import Checker, Gate, PushedGate
 from llm_health.authz.settings import AuthzConfig, ProbeHeaderMode
 from llm_health.authz.view import (
     AdmissionView,
     Capacity,
     ClusterAdmission,
+    ClusterFacts,
     build_view,
     cluster_capacity,
+    cluster_facts,
+    view_from_facts,
 )
 
 __all__ = [
@@ -40,13 +43,19 @@ __all__ = [
     "AuthzConfig",
     "AuthzCounters",
     "Capacity",
+    "Checker",
     "ClusterAdmission",
+    "ClusterFacts",
+    "CountersState",
     "Decision",
     "Gate",
     "ProbeHeaderMode",
     "Problem",
+    "PushedGate",
     "Rule",
     "build_view",
     "cluster_capacity",
+    "cluster_facts",
     "decide",
+    "view_from_facts",
 ]

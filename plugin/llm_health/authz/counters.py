@@ -23,6 +23,19 @@ def _nested() -> defaultdict[str, defaultdict[str, int]]:
     return defaultdict(lambda: defaultdict(int))
 
 
+@dataclass(frozen=True, slots=True)
+class CountersState:
+    """``AuthzCounters`` as plain data, at one moment."""
+
+    checks: int = 0
+    decisions: dict[str, dict[str, int]] = field(default_factory=dict)
+    probe_headers_stripped: int = 0
+    problems: dict[str, int] = field(default_factory=dict)
+    internal_errors: int = 0
+    latency_counts: tuple[int, ...] = ()
+    latency_sum_s: float = 0.0
+
+
 @dataclass
 class AuthzCounters:
     """Mutated on the event loop only, or under the ext_authz component's lock when its
@@ -51,6 +64,33 @@ class AuthzCounters:
             index += 1
         self.latency_counts[index] += 1
         self.latency_sum_s += elapsed_s
+
+    def state(self) -> CountersState:
+        """Plain data (no defaultdict factories): what the admission process sends back."""
+        return CountersState(
+            self.checks,
+            {c: dict(rules) for c, rules in self.decisions.items()},
+            self.probe_headers_stripped,
+            dict(self.problems),
+            self.internal_errors,
+            tuple(self.latency_counts),
+            self.latency_sum_s,
+        )
+
+    def add(self, other: CountersState) -> None:
+        """Add ``other``'s counts to these (a restarted process's counts start at 0 again:
+        its last report is added to a base, so what /metrics shows never goes down)."""
+        self.checks += other.checks
+        for cluster, rules in other.decisions.items():
+            for rule, count in rules.items():
+                self.decisions[cluster][rule] += count
+        self.probe_headers_stripped += other.probe_headers_stripped
+        for kind, count in other.problems.items():
+            self.problems[kind] += count
+        self.internal_errors += other.internal_errors
+        for index, count in enumerate(other.latency_counts[: len(self.latency_counts)]):
+            self.latency_counts[index] += count
+        self.latency_sum_s += other.latency_sum_s
 
     def as_dict(self) -> dict[str, Any]:
         cumulative, running = {}, 0

@@ -81,21 +81,42 @@ class AdmissionView:
     probe_denied: Decision  # for a request that names no known cluster
 
 
-def build_view(snapshot: HealthSnapshot, settings: AuthzConfig) -> AdmissionView:
-    clusters = {n: _cluster(c, settings) for n, c in snapshot.clusters.items()}
-    return AdmissionView(
-        snapshot.revision, MappingProxyType(clusters), _probe_denied(None, settings)
+@dataclass(frozen=True, slots=True)
+class ClusterFacts:
+    """What admission knows of one cluster: all a view is built from. Small and plain, so
+    it crosses to the admission process (``server.authz_isolation: process``) instead of
+    the whole snapshot."""
+
+    name: str
+    warm: bool
+    capacity: Capacity
+
+
+def cluster_facts(snapshot: HealthSnapshot) -> tuple[ClusterFacts, ...]:
+    return tuple(
+        ClusterFacts(c.name, c.warm, cluster_capacity(c)) for c in snapshot.clusters.values()
     )
 
 
-def _cluster(cluster: ClusterSnapshot, settings: AuthzConfig) -> ClusterAdmission:
-    capacity = cluster_capacity(cluster)
+def build_view(snapshot: HealthSnapshot, settings: AuthzConfig) -> AdmissionView:
+    return view_from_facts(snapshot.revision, cluster_facts(snapshot), settings)
+
+
+def view_from_facts(
+    revision: int, facts: tuple[ClusterFacts, ...], settings: AuthzConfig
+) -> AdmissionView:
+    clusters = {f.name: _cluster(f, settings) for f in facts}
+    return AdmissionView(revision, MappingProxyType(clusters), _probe_denied(None, settings))
+
+
+def _cluster(facts: ClusterFacts, settings: AuthzConfig) -> ClusterAdmission:
+    capacity = facts.capacity
     text = f"{capacity.ratio:.2f}"
     tag = ((settings.capacity_header, text),)
-    name = cluster.name
+    name = facts.name
     return ClusterAdmission(
         name=name,
-        warm=cluster.warm,
+        warm=facts.warm,
         capacity=capacity,
         ok=Decision(Rule.OK, name, set_headers=tag),
         routed=Decision(

@@ -287,10 +287,13 @@ class ServerConfig(Frozen):
 
     grpc: str = "127.0.0.1:18000"
     http: str = "127.0.0.1:18080"
-    # ext_authz on a gRPC server of its own, answered by its own threads (docs/design.md
-    # §16.9): admission never waits for the event loop that times the probes. null: on
-    # ``grpc`` with everything else. Same token and TLS as ``grpc``. Applies at start.
+    # ext_authz on a gRPC server of its own (docs/design.md §16.9): admission never waits
+    # for the event loop that times the probes. null: on ``grpc`` with everything else.
+    # Same token and TLS as ``grpc``. Applies at start.
     authz: str | None = None
+    # Where that server runs: "process", a child process fed the health view over a pipe
+    # (its own interpreter, so never behind the prober's); "threads", threads of this one.
+    authz_isolation: Literal["process", "threads"] = "process"
     token: Token | None = None
     tls: ServerTlsConfig | None = None
     # Probe worker processes (docs/design.md §16.2): 0 probes on the runtime's own loop;

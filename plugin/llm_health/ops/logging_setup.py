@@ -74,7 +74,16 @@ def install_peer_input_filter() -> None:
         logger.addFilter(_PEER_FILTER)
 
 
+_SETUP = ["text", "info"]
+
+
+def current_logging() -> tuple[str, str]:
+    """(format, level) of the last ``setup_logging``: what a child process sets up too."""
+    return _SETUP[0], _SETUP[1]
+
+
 def setup_logging(fmt: str = "text", level: str = "info") -> None:
+    _SETUP[:] = [fmt, level]
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
 from pydantic import AfterValidator
@@ -65,3 +67,15 @@ def run(main: Coroutine[Any, Any, T], choice: str) -> T:
     """``asyncio.run(main)`` on the loop ``choice`` resolves to."""
     with asyncio.Runner(loop_factory=loop_factory(choice)) as runner:
         return runner.run(main)
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a child process of ours (a probe worker, the admission
+    process): it imports this package from where its parent did (a source checkout run
+    with ``plugin/`` on sys.path works as well as an installed wheel), and runs its
+    parent's event loop (``WORKER_ENV``). Call from inside the running loop."""
+    root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env[WORKER_ENV] = running_loop_name()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env

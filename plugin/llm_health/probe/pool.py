@@ -28,16 +28,14 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import os
 import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.probe.client import Asked, MicroProbe, Question
-from llm_health.probe.loop import WORKER_ENV, running_loop_name
+from llm_health.probe.loop import child_env
 from llm_health.probe.signals import FIRST_TOKEN, TokenListener
 from llm_health.probe.target import ProbeTarget
 from llm_health.probe.wire import FrameError, FrameReader, Message, Outbox
@@ -226,7 +224,7 @@ class WorkerPool:
             "llm_health.probe.worker",
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
-            env=_child_env(),
+            env=child_env(),
         )
         assert process.stdin is not None and process.stdout is not None
         worker.process = process
@@ -322,14 +320,3 @@ def _chain(source: asyncio.Future[ProbeResult], target: asyncio.Future[ProbeResu
             target.set_result(finished.result())
 
     source.add_done_callback(done)
-
-
-def _child_env() -> dict[str, str]:
-    """The worker imports this package from where the runtime did (a source checkout
-    run with ``plugin/`` on sys.path works as well as an installed wheel), and runs the
-    runtime's event loop (``probe.loop``)."""
-    root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ)
-    env[WORKER_ENV] = running_loop_name()  # the worker runs the loop its runtime runs
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    return env

@@ -23,7 +23,7 @@ lifts the max_ejection_percent cap on HDS verdicts (docs/design.md §7.6).
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -42,14 +42,45 @@ ADMIN_METHODS = "/llm_health.v1.Admin/"
 
 
 @dataclass(frozen=True, slots=True)
+class PortSecrets:
+    """The token and TLS files' bytes, read at start: what the admission process
+    (``server.authz_isolation: process``) is handed over its pipe to guard its port as the
+    main one is guarded. ``repr`` shows none of them."""
+
+    token: str | None = field(default=None, repr=False)
+    cert: bytes | None = field(default=None, repr=False)
+    key: bytes | None = field(default=None, repr=False)
+    client_ca: bytes | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
 class GrpcSecurity:
     """What ``start_grpc_server`` needs: interceptors and (TLS) credentials; and the same
-    rule for a threaded server (``server.authz``): ``threaded_interceptors``. The
+    rule for a threaded server (``server.authz``): ``threaded_interceptors``; and for a
+    process of its own: ``secrets`` (``port_security`` rebuilds the rest from them). The
     default: no authentication."""
 
     interceptors: tuple[grpc.aio.ServerInterceptor, ...] = ()
     credentials: grpc.ServerCredentials | None = None
     threaded_interceptors: tuple[grpc.ServerInterceptor, ...] = ()
+    secrets: PortSecrets = PortSecrets()
+
+
+def port_security(
+    secrets: PortSecrets, stats: GrpcAuthStats, *, exempt: tuple[str, ...] = ()
+) -> GrpcSecurity:
+    """Interceptors and credentials from the token and the TLS bytes; rejections counted
+    in ``stats``; ``exempt``: method prefixes the token check skips."""
+    interceptors: tuple[grpc.aio.ServerInterceptor, ...] = ()
+    threaded: tuple[grpc.ServerInterceptor, ...] = ()
+    if secrets.token is not None:
+        token = secrets.token
+        interceptors = (BearerTokenInterceptor(token, stats=stats, exempt=exempt),)
+        threaded = (ThreadedBearerTokenInterceptor(BearerTokenInterceptor(token, stats=stats)),)
+    credentials = None
+    if secrets.cert is not None and secrets.key is not None:
+        credentials = server_credentials(secrets.cert, secrets.key, secrets.client_ca)
+    return GrpcSecurity(interceptors, credentials, threaded, secrets)
 
 
 SecurityProvider = Callable[[], GrpcSecurity]  # reads the TLS files: call it at start
@@ -70,24 +101,15 @@ class GrpcAuth:
 
     def security(self) -> GrpcSecurity:
         """Interceptors and credentials for the main gRPC server (reads the TLS files)."""
-        interceptors: tuple[grpc.aio.ServerInterceptor, ...] = ()
-        threaded: tuple[grpc.ServerInterceptor, ...] = ()
-        if self._server.token is not None:
-            token = self._server.token.get_secret_value()
-            exempt = (ADMIN_METHODS,) if self._exempt_admin else ()
-            interceptors = (BearerTokenInterceptor(token, stats=self.stats, exempt=exempt),)
-            threaded = (
-                ThreadedBearerTokenInterceptor(BearerTokenInterceptor(token, stats=self.stats)),
-            )
-        credentials = None
-        tls = self._server.tls
-        if tls is not None:
-            credentials = server_credentials(
-                tls.cert.read_bytes(),
-                tls.key.read_bytes(),
-                tls.client_ca.read_bytes() if tls.client_ca is not None else None,
-            )
-        return GrpcSecurity(interceptors, credentials, threaded)
+        token, tls = self._server.token, self._server.tls
+        secrets = PortSecrets(
+            token.get_secret_value() if token is not None else None,
+            tls.cert.read_bytes() if tls is not None else None,
+            tls.key.read_bytes() if tls is not None else None,
+            tls.client_ca.read_bytes() if tls is not None and tls.client_ca else None,
+        )
+        exempt = (ADMIN_METHODS,) if self._exempt_admin else ()
+        return port_security(secrets, self.stats, exempt=exempt)
 
     def register(self, server: grpc.aio.Server) -> None:
         """Nothing to register: the interceptor is installed when the server is created."""

@@ -23,7 +23,7 @@ from envoy.service.auth.v3 import external_auth_pb2, external_auth_pb2_grpc
 from envoy.type.v3 import http_status_pb2
 from google.rpc import code_pb2, status_pb2  # type: ignore[import-untyped]
 
-from llm_health.authz import PROBLEM_MESSAGE, AdmissionRequest, AuthzCounters, Decision, Gate
+from llm_health.authz import PROBLEM_MESSAGE, AdmissionRequest, AuthzCounters, Checker, Decision
 from llm_health.core.problems import ProblemLog
 from llm_health.servers.decoding import rejecting_undecodable
 
@@ -36,7 +36,7 @@ INTERNAL_MESSAGE = "llm-health: internal error"
 class AuthorizationServicer(external_auth_pb2_grpc.AuthorizationServicer):  # type: ignore[misc]
     """Thin: translate, delegate to the gate, count. Runs on the server's event loop."""
 
-    def __init__(self, gate: Gate, counters: AuthzCounters, problems: ProblemLog) -> None:
+    def __init__(self, gate: Checker, counters: AuthzCounters, problems: ProblemLog) -> None:
         self._gate, self._counters, self._problems = gate, counters, problems
 
     async def Check(
@@ -54,7 +54,7 @@ class ThreadedAuthorizationServicer(external_auth_pb2_grpc.AuthorizationServicer
     plain objects; whoever reads them elsewhere takes the same lock)."""
 
     def __init__(
-        self, gate: Gate, counters: AuthzCounters, problems: ProblemLog, lock: threading.Lock
+        self, gate: Checker, counters: AuthzCounters, problems: ProblemLog, lock: threading.Lock
     ) -> None:
         self._gate, self._counters, self._problems = gate, counters, problems
         self._lock = lock
@@ -71,7 +71,7 @@ class ThreadedAuthorizationServicer(external_auth_pb2_grpc.AuthorizationServicer
 
 def answer(
     request: external_auth_pb2.CheckRequest,
-    gate: Gate,
+    gate: Checker,
     counters: AuthzCounters,
     problems: ProblemLog,
 ) -> external_auth_pb2.CheckResponse | None:
@@ -141,7 +141,7 @@ def _header(key: str, value: str) -> base_pb2.HeaderValueOption:
 
 
 def add_authz_servicer(
-    server: grpc.aio.Server, gate: Gate, counters: AuthzCounters, problems: ProblemLog
+    server: grpc.aio.Server, gate: Checker, counters: AuthzCounters, problems: ProblemLog
 ) -> None:
     """Register ``envoy.service.auth.v3.Authorization`` on ``server`` (before it starts)."""
     servicer = AuthorizationServicer(gate, counters, problems)
@@ -151,7 +151,7 @@ def add_authz_servicer(
 
 def add_threaded_authz_servicer(
     server: grpc.Server,
-    gate: Gate,
+    gate: Checker,
     counters: AuthzCounters,
     problems: ProblemLog,
     lock: threading.Lock,

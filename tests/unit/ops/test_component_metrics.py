@@ -12,6 +12,7 @@ from prometheus_client.metrics_core import Metric
 
 from llm_health.app.assemble import build_runtime
 from llm_health.app.runtime import Runtime
+from llm_health.authz import AuthzCounters
 from llm_health.config import parse_config
 from llm_health.core.component import MetricsSource
 from llm_health.core.families import counter, gauge
@@ -126,8 +127,10 @@ def test_alerts_sum_every_webhook() -> None:
 
 
 def test_authz_decisions_are_labelled_and_problems_show_once_counted() -> None:
+    """Counted by the admission process (server.authz: its own process), taken from its
+    counters report as the runtime takes it off the pipe."""
     authz = component(runtime(), "authz")
-    counters = authz.counters
+    counters = AuthzCounters()
     kinds, found = read(authz)
     assert "llm_health_authz_decisions_total" not in kinds  # no decision yet
     assert not any("problems" in name for name in kinds)
@@ -138,6 +141,7 @@ def test_authz_decisions_are_labelled_and_problems_show_once_counted() -> None:
     counters.probe_headers_stripped = 1
     counters.observe(0.001)
     counters.observe(0.0005)
+    authz.process.take(("counters", counters.state(), 3, 0))
     kinds, found = read(authz)
     assert kinds["llm_health_authz_decisions_total"] == "counter"
     assert kinds["llm_health_authz_checks"] == "gauge"
@@ -152,6 +156,8 @@ def test_authz_decisions_are_labelled_and_problems_show_once_counted() -> None:
     assert value(found, "llm_health_authz_enabled") == 1
     assert value(found, "llm_health_authz_shed_below") == 0.5
     assert value(found, "llm_health_authz_own_server_serving") == 0  # server.authz, not started
+    assert value(found, "llm_health_authz_own_server_restarts") == 0
+    assert value(found, "llm_health_authz_view_rebuilds") == 3
 
 
 def test_hds() -> None:

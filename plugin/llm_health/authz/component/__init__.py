@@ -5,11 +5,17 @@ Settings follow config reloads: the gate asks the ``settings`` getter (the live
 only when that returns a new object.
 
 ``listen`` (``server.authz``) set: ``Check`` is not served on the main gRPC server but on
-a threaded server of its own (docs/design.md §16.9), started and stopped by this
-component's task, with the main server's token and TLS (``security``). Its threads
-answer while the event loop that times the probes is busy; they read the published
-snapshot by reference (the hub replaces it whole, never mutates it) and take ``lock`` for
-the gate's cache, the counters and the problem log, as ``status()`` does here.
+a server of its own (docs/design.md §16.9), with the main server's token and TLS
+(``security``), started and stopped by this component's task. ``isolation``
+(``server.authz_isolation``):
+
+- ``process``: in a child process (``process.AdmissionProcess``, ``child``), fed the
+  view over a pipe; its counters come back 4 times a second. Its interpreter is its own, so
+  a check never waits for the prober's.
+- ``threads``: on threads of this process. They answer while the event loop that times
+  the probes is busy, but share its interpreter lock; they read the published snapshot by
+  reference (the hub replaces it whole, never mutates it) and take ``lock`` for the gate's
+  cache, the counters and the problem log, as ``status()`` does here.
 """
 
 from __future__ import annotations
@@ -19,19 +25,25 @@ import logging
 import sys
 import threading
 from collections.abc import Callable, Coroutine, Iterator
-from typing import Any
+from typing import Any, Literal
 
 import grpc
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from llm_health.authz import PROBLEM_LOG_EVERY_S, AuthzConfig, AuthzCounters, Gate
+from llm_health.authz.component.process import AdmissionProcess
 from llm_health.core.control import SnapshotSource
 from llm_health.core.families import gauge
 from llm_health.core.problems import ProblemLog
 from llm_health.servers.auth import GrpcSecurity, SecurityProvider
 from llm_health.servers.authz import add_authz_servicer, add_threaded_authz_servicer
-from llm_health.servers.grpc import GRPC_SERVER_OPTIONS, bind_grpc, create_threaded_grpc_server
+from llm_health.servers.grpc import (
+    GRPC_SERVER_OPTIONS,
+    GrpcAuthStats,
+    bind_grpc,
+    create_threaded_grpc_server,
+)
 
 log = logging.getLogger("llm_health.authz")
 STOP_GRACE_S = 1.0
@@ -54,6 +66,8 @@ class AuthzComponent:
         *,
         listen: str | None = None,
         security: SecurityProvider = GrpcSecurity,
+        isolation: Literal["process", "threads"] = "process",
+        auth_stats: GrpcAuthStats | None = None,
     ) -> None:
         self.settings = settings
         self.counters = AuthzCounters()
@@ -64,13 +78,25 @@ class AuthzComponent:
         self.lock = threading.Lock()
         self.own_port: int | None = None  # bound port of the own server (0: Unix socket)
         self.own_error = ""
+        self.process: AdmissionProcess | None = None
+        if listen is not None and isolation == "process":
+            self.process = AdmissionProcess(listen, published, settings, security, auth_stats)
 
     def register(self, server: grpc.aio.Server) -> None:
         if self.listen is None:
             add_authz_servicer(server, self.gate, self.counters, self.problems)
 
     def tasks(self) -> list[Callable[[], Coroutine[Any, Any, None]]]:
+        if self.process is not None:
+            return [self.process.run]
         return [self._serve_own] if self.listen is not None else []
+
+    def _counted(self) -> tuple[AuthzCounters, int]:
+        """The counters and view rebuilds of whoever answers the checks (call under
+        ``lock``: the own threads update them)."""
+        if self.process is not None:
+            return self.process.counters(), self.process.rebuilds
+        return self.counters, self.gate.rebuilds
 
     async def _serve_own(self) -> None:
         """Run the threaded ext_authz server until cancelled. A bind failure is logged and
@@ -110,29 +136,43 @@ class AuthzComponent:
     def status(self) -> dict[str, Any]:
         settings = self.settings()
         with self.lock:
-            counters = self.counters.as_dict()
-            rebuilds = self.gate.rebuilds
-        own: dict[str, Any] = {"listen": self.listen, "serving": self.own_port is not None}
-        if self.own_error:
-            own["error"] = self.own_error
+            counted, rebuilds = self._counted()
+            counters = counted.as_dict()
         return {
             "enabled": settings.enabled,
             "probe_header": settings.probe_header,
             "shed_below": settings.shed_below,
             "view_rebuilds": rebuilds,
-            "own_server": own if self.listen is not None else None,
+            "own_server": self._own_status() if self.listen is not None else None,
             **counters,
         }
+
+    def _own_status(self) -> dict[str, Any]:
+        if self.process is not None:
+            return self.process.status()
+        own: dict[str, Any] = {
+            "listen": self.listen,
+            "isolation": "threads",
+            "serving": self.own_port is not None,
+        }
+        if self.own_error:
+            own["error"] = self.own_error
+        return own
+
+    def _own_serving(self) -> bool:
+        if self.process is not None:
+            return self.process.port is not None
+        return self.own_port is not None
 
     def metrics(self) -> Iterator[Metric]:
         # Gauges, though most only grow: the types they were first exported with, which
         # dashboards and rules query. Taken under the lock the own server's threads hold.
         settings = self.settings()
         with self.lock:
-            found = list(_counter_families(self.counters))
-            if self.counters.decisions:
-                found.append(_decisions(self.counters))
-            rebuilds = self.gate.rebuilds
+            counters, rebuilds = self._counted()
+            found = list(_counter_families(counters))
+            if counters.decisions:
+                found.append(_decisions(counters))
         yield gauge(
             "llm_health_authz_enabled",
             "1 while ext_authz decides (authz.enabled).",
@@ -151,8 +191,14 @@ class AuthzComponent:
         if self.listen is not None:
             yield gauge(
                 "llm_health_authz_own_server_serving",
-                "1 while ext_authz's own threaded server (server.authz) serves.",
-                self.own_port is not None,
+                "1 while ext_authz's own server (server.authz) serves.",
+                self._own_serving(),
+            )
+        if self.process is not None:
+            yield gauge(
+                "llm_health_authz_own_server_restarts",
+                "Restarts of the admission process (server.authz_isolation: process).",
+                self.process.restarts,
             )
         yield from found
 
