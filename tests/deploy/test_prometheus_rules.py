@@ -151,6 +151,7 @@ def test_the_required_alerts_exist() -> None:
         "LLMHealthFleetFallback": "llm_health_fleet_fallback",
         "LLMHealthAlertDeliveryFailed": "llm_health_alerts_failed",
         "LLMHealthAlertsDropped": "llm_health_alerts_dropped",
+        "LLMHealthAuthzNotServing": "llm_health_authz_own_server_serving",
         "LLMHealthDown": "up",
     }
     for alert, metric in wanted.items():
@@ -206,7 +207,8 @@ def test_exposed_names_follow_the_text_format() -> None:
 @pytest.fixture(scope="module")
 def scrape(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``/metrics`` of a running plugin with every optional part on: fleet mode (a real
-    Redis), DNS discovery (a loopback DNS server), an alert webhook; one static and one
+    Redis), DNS discovery (a loopback DNS server), an alert webhook, ext_authz on its own
+    port (``server.authz``); one static and one
     discovered cluster in front of a simulator. Everything is stopped afterwards."""
     workdir = tmp_path_factory.mktemp("prometheus-rules")
     redis = RedisServer(workdir / "redis").start()
@@ -217,6 +219,7 @@ def scrape(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             sim = SimProcess(workdir, "backend").wait_up()
             dns.set_a("llm.test", ["127.0.0.1"])
             settings = {
+                "server": {"authz": f"127.0.0.1:{free_port()}"},
                 "probe": {"model": "sim-model", "interval": "1s"},
                 "dns": {"nameservers": [dns.nameserver], "timeout": "500ms"},
                 "fleet": {"redis": redis.url, "name": "rules-test"},
@@ -255,7 +258,12 @@ def scrape(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def test_the_scrape_has_every_part_the_rules_watch(scrape: str) -> None:
     names = exposed_names(scrape)
-    for family in ("fleet_fallback", "alerts_failed", "discovery_cluster_failing"):
+    for family in (
+        "fleet_fallback",
+        "alerts_failed",
+        "discovery_cluster_failing",
+        "authz_own_server_serving",
+    ):
         assert f"llm_health_{family}" in names, family
 
 
