@@ -24,6 +24,8 @@ config's default applies. ``--loop`` picks the event loop the runtime runs on (a
 ``server.event_loop``; default ``auto``: uvloop, as ``serve`` ships).
 
 ``--profile N`` also runs size N under cProfile and prints where the plugin's CPU goes.
+``--memory N`` also runs size N under tracemalloc and prints which of the plugin's lines
+hold its Python memory after the window, per endpoint.
 ``--gc-tuned N ...`` adds rows at those sizes with the plugin process's garbage collector
 tuned after start-up (``gc.freeze()``, gen0 threshold 50,000): an experiment that shows
 how much of the error is collector pauses (the shipped plugin does not do this).
@@ -48,6 +50,7 @@ import resource
 import statistics
 import sys
 import time
+import tracemalloc
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -79,6 +82,7 @@ CLUSTER = "bench"
 # Simulator first-token write times kept per port (--record-first-tokens): the measured
 # window (12-20 s at 1 probe/s), the warm-up before it and the /sim/stats fetch after it.
 RECORD_FIRST_TOKENS = 64
+MEMORY_FRAMES = 12  # frames kept per allocation under --memory (to find the plugin's line)
 # A sim write matches a probe if it lies in [started_at - slack, read + slack].
 MATCH_SLACK_S = 0.005
 STATS_TIMEOUT = aiohttp.ClientTimeout(total=30, sock_connect=5)
@@ -204,6 +208,7 @@ async def measure(
     profile: bool,
     gc_tuned: bool = False,
     workers: int | str | None = None,
+    memory: bool = False,
 ) -> dict[str, Any]:
     base = port_block(count)
     sims = [
@@ -215,7 +220,7 @@ async def measure(
     try:
         await asyncio.gather(*(s.up(60) for s in sims))
         config = make_config([f"127.0.0.1:{base + i}" for i in range(count)], workers)
-        return await _run(config, sims, duration_s, profile, gc_tuned)
+        return await _run(config, sims, duration_s, profile, gc_tuned, memory)
     finally:
         for sim in sims:
             sim.stop()
@@ -351,8 +356,15 @@ def slow_reads(
 
 
 async def _run(
-    config: Config, sims: list[Sim], duration_s: float, profile: bool, gc_tuned: bool
+    config: Config,
+    sims: list[Sim],
+    duration_s: float,
+    profile: bool,
+    gc_tuned: bool,
+    memory: bool = False,
 ) -> dict[str, Any]:
+    if memory:
+        tracemalloc.start(MEMORY_FRAMES)
     runtime = build_runtime(config)
     recorder = Recorder(runtime)
     stop = asyncio.Event()
@@ -379,6 +391,7 @@ async def _run(
         recorder.recording = False
         if profiler is not None:
             profiler.disable()
+        snapshot = tracemalloc.take_snapshot() if memory else None
         wall = time.monotonic() - wall0
         cpu = _cpu_s() - cpu0
         sim_cpu = sum(cpu_seconds(s.pid) for s in sims) - sim_cpu0
@@ -389,6 +402,7 @@ async def _run(
         ignored = runtime.stats.probes_ignored_loop_lag - ignored0
         writes = await fetch_first_token_writes(sims)
     finally:
+        tracemalloc.stop()
         if gc_tuned:
             gc.set_threshold(*DEFAULT_GC)
             gc.unfreeze()
@@ -420,6 +434,8 @@ async def _run(
     )
     if profiler is not None:
         row["profile"] = _profile_text(profiler)
+    if snapshot is not None:
+        row["memory"] = _memory_text(snapshot, len(config.clusters[0].endpoints))
     return row
 
 
@@ -457,6 +473,29 @@ def _profile_text(profiler: cProfile.Profile, lines: int = 30) -> str:
     stats.print_stats(lines)
     text = out.getvalue()
     return text[text.find("ncalls") :] if "ncalls" in text else text
+
+
+def _memory_text(snapshot: tracemalloc.Snapshot, endpoints: int, lines: int = 25) -> str:
+    """Live Python allocations at the end of the window by the plugin's line that made them
+    (the innermost frame in llm_health; the benchmark's own recorder left out), with bytes
+    per endpoint."""
+    own = snapshot.filter_traces([tracemalloc.Filter(False, "*/bench/*")])
+    total = sum(s.size for s in own.statistics("filename"))
+    by_site: Counter[str] = Counter()
+    for trace in own.traces:
+        by_site[_site(trace.traceback)] += trace.size
+    rows = [f"{'KiB':>9} {'B/endpoint':>10}  where (innermost frame in llm_health, else first)"]
+    for where, size in by_site.most_common(lines):
+        rows.append(f"{size / 1024:9.0f} {size / endpoints:10.0f}  {where}")
+    rows.append(f"{total / 1024:9.0f} {total / endpoints:10.0f}  all traced Python memory")
+    return "\n".join(rows) + "\n"
+
+
+def _site(traceback: tracemalloc.Traceback) -> str:
+    frames = list(reversed(traceback))  # most recent call first
+    chosen = next((f for f in frames if "llm_health" in f.filename), frames[0])
+    name = chosen.filename.split("site-packages/")[-1].split("plugin/")[-1]
+    return f"{name}:{chosen.lineno}"
 
 
 READING = (
@@ -687,6 +726,13 @@ def main() -> int:
     parser.add_argument("--loop", choices=EVENT_LOOPS, default="auto", help="the event loop")
     parser.add_argument("--profile", type=int, default=None, metavar="N", help="cProfile size N")
     parser.add_argument(
+        "--memory",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run size N under tracemalloc and print what holds the plugin's memory",
+    )
+    parser.add_argument(
         "--gc-tuned",
         type=int,
         nargs="*",
@@ -738,6 +784,24 @@ def main() -> int:
             f"{prof['err_p50_ms']:.1f} ms, {prof['transitions']} state changes under the "
             f"profiler):\n\n```\n{prof['profile']}```"
         )
+    memory = ""
+    if args.memory:
+        held = run_on(
+            measure(
+                args.memory,
+                min(args.duration, 10.0),
+                args.ports_per_sim,
+                False,
+                workers=workers,
+                memory=True,
+            ),
+            args.loop,
+        )
+        memory = (
+            f"\n\nPython memory held at {args.memory} endpoints after the window "
+            f"(tracemalloc, {MEMORY_FRAMES} frames; RSS under it {held['rss_mb']:.0f} MiB, "
+            f"tracing itself adds to it):\n\n```\n{held['memory']}```"
+        )
     table = render(rows)
     print(table)
     print(crossing(rows))
@@ -745,6 +809,8 @@ def main() -> int:
     print(targets(rows))
     if profile:
         print(profile)
+    if memory:
+        print(memory)
     RESULTS.mkdir(exist_ok=True)
     plot(rows, RESULTS / "probe_scale.png")
     body = (
@@ -756,11 +822,13 @@ def main() -> int:
         f"{args.ports_per_sim}-port processes on the same 2 cores"
         f"{_workers_note(workers)}. Load average before: {load}.\n\n{table}\n\n"
         f"{crossing(rows)}\n\n{observation_line(rows)}\n\n{causes_line(rows)}{targets(rows)}\n\n"
-        f"{READING}\n\n{OBSERVATION}{profile}\n\n"
+        f"{READING}\n\n{OBSERVATION}{profile}{memory}\n\n"
         f"![probe scale](probe_scale.png)"
     )
     command = "python bench/probe_scale.py " + " ".join(sys.argv[1:])
     write_result("probe_scale", body, command)
+    if memory:
+        write_result("probe_scale_memory", memory.strip(), command)
     return 0
 
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import time
+import weakref
 from collections.abc import AsyncIterator
 
 import pytest
@@ -17,7 +19,13 @@ from hypothesis import strategies as st
 from llm_health.config import ProbeSettings
 from llm_health.model.outcome import Outcome
 from llm_health.probe.client import MAX_TAIL_BYTES, REUSE_GRACE_S, MicroProbe, new_connections
-from llm_health.probe.http1 import MAX_HEAD_BYTES, Connection, Connections
+from llm_health.probe.http1 import (
+    MAX_HEAD_BYTES,
+    Connection,
+    Connections,
+    request_head,
+    route_of,
+)
 from llm_health.probe.lag import LoopLagMonitor
 from llm_health.probe.target import ProbeTarget
 from tests.raw_http import RawServer, Script, until
@@ -57,6 +65,29 @@ async def test_a_one_token_stream_that_ends_at_once_keeps_its_connection() -> No
     assert connections.opened == 1 and connections.reused == 4
     assert prober.stale_resends == 0
     assert all(r.ttft_ms is not None and r.connect_ms is not None for r in results)
+
+
+async def test_a_closed_connection_is_freed_at_once_not_by_the_collector() -> None:
+    """No cycle through the parser (it refers back to its protocol): a closed connection
+    goes when its last reference does. A cycle would keep it, its transport and buffers
+    until a collection, and for ever if it was alive when start-up froze the heap."""
+    async with RawServer(Script([(ONE_TOKEN, "keep")])) as server, new_connections() as pool:
+        route = route_of(f"http://127.0.0.1:{server.port}/v1/completions")
+        gc.disable()
+        try:
+            connection, _ = await pool.take(route)
+            connection.send(request_head(route, {}, 2) + b"{}")
+            assert await connection.head() == 200
+            while await connection.read():
+                pass
+            gone = weakref.ref(connection)
+            pool.release(connection, reuse=True)  # kept idle
+            del connection
+            assert gone() is not None
+            pool.close()
+            await asyncio.wait_for(until(lambda: gone() is None), 2)
+        finally:
+            gc.enable()
 
 
 async def test_a_stream_whose_rest_dawdles_is_cut_after_the_token() -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import urlsplit
@@ -114,10 +113,13 @@ class Connection(asyncio.Protocol):
         # the last ``data_received``, not of the task's wake-up a loop turn or more later.
         self.arrived = 0.0
         self._waiter: asyncio.Future[None] | None = None
+        # Only during an exchange: the parser refers back to this protocol, and a cycle
+        # would keep a closed connection (its transport, buffers) until the collector
+        # runs, or for ever if it was alive at start-up's gc.freeze (app/heap.py).
+        self._parser: httptools.HttpResponseParser | None = None
         self._reset()
 
     def _reset(self) -> None:
-        self._parser = httptools.HttpResponseParser(self)
         self._active = False
         self.status: int | None = None
         self.complete = False
@@ -125,13 +127,14 @@ class Connection(asyncio.Protocol):
         self._framed = False  # Content-Length or chunked: an early end is a break
         self._head_bytes = 0  # of the status line and headers, as llhttp reports them
         self._raw_head = 0  # bytes received before the head was complete
-        self._body: deque[bytes] = deque()
+        self._body: list[bytes] = []  # 56 bytes empty (a deque: 600)
         self._error: Exception | None = None
 
     # --- the exchange -----------------------------------------------------------------
 
     def send(self, request: bytes) -> None:
-        self._reset()  # a fresh parser for each answer (a kept connection has had one)
+        self._reset()
+        self._parser = httptools.HttpResponseParser(self)  # fresh for each answer
         self._active = True
         assert self.transport is not None
         self.transport.write(request)
@@ -161,9 +164,14 @@ class Connection(asyncio.Protocol):
     def reusable(self) -> bool:
         return self.complete and self._keep_alive and not self.lost and self._error is None
 
+    def rest(self) -> None:
+        """Between exchanges (kept idle): no parser held."""
+        self._parser = None
+
     def close(self) -> None:
         """Close at once (mid-answer: the engine sees the client go and aborts)."""
         self.lost = True
+        self._parser = None
         if self.transport is not None:
             self.transport.abort()
 
@@ -193,11 +201,12 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.arrived = time.perf_counter()
-        if not self._active:
+        parser = self._parser
+        if not self._active or parser is None:
             self._fail(ResponseError("bytes from the server outside an exchange"))
             return
         try:
-            self._parser.feed_data(data)
+            parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._fail(ResponseError("the server switched protocols"))
         except httptools.HttpParserError as exc:
@@ -213,6 +222,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        self._parser = None
         self._wake()
 
     def _fail(self, error: Exception) -> None:
@@ -236,8 +246,10 @@ class Connection(asyncio.Protocol):
         if self.complete:
             self._error = ResponseError("bytes from the server after the answer")
             return
-        self.status = self._parser.get_status_code()
-        self._keep_alive = self._parser.should_keep_alive()
+        parser = self._parser
+        assert parser is not None  # llhttp calls this from inside its feed_data
+        self.status = parser.get_status_code()
+        self._keep_alive = parser.should_keep_alive()
 
     def on_body(self, body: bytes) -> None:
         if not self.complete:
@@ -296,6 +308,7 @@ class Connections:
             connection.close()
             return
         connection.idle_since = time.monotonic()
+        connection.rest()
         idle.append(connection)
 
     def close(self) -> None:
