@@ -768,16 +768,7 @@ def main() -> int:
             print(f"  state changes by cause: {row['causes']}; SLOW: {row['slow']}", flush=True)
     profile = ""
     if args.profile:
-        prof = run_on(
-            measure(
-                args.profile,
-                min(args.duration, 10.0),
-                args.ports_per_sim,
-                True,
-                workers=workers,
-            ),
-            args.loop,
-        )
+        prof = _traced_run(args, args.profile, profile=True)
         profile = (
             f"\n\ncProfile of the plugin at {args.profile} endpoints, 10 s (top functions "
             f"by cumulative time; profiling itself slows it: TTFT error p50 "
@@ -786,17 +777,7 @@ def main() -> int:
         )
     memory = ""
     if args.memory:
-        held = run_on(
-            measure(
-                args.memory,
-                min(args.duration, 10.0),
-                args.ports_per_sim,
-                False,
-                workers=workers,
-                memory=True,
-            ),
-            args.loop,
-        )
+        held = _traced_run(args, args.memory, memory=True)
         memory = (
             f"\n\nPython memory held at {args.memory} endpoints after the window "
             f"(tracemalloc, {MEMORY_FRAMES} frames; RSS under it {held['rss_mb']:.0f} MiB, "
@@ -830,6 +811,21 @@ def main() -> int:
     if memory:
         write_result("probe_scale_memory", memory.strip(), command)
     return 0
+
+
+def _traced_run(
+    args: argparse.Namespace, count: int, profile: bool = False, memory: bool = False
+) -> dict[str, Any]:
+    """Size ``count`` once more, at most 10 s, under cProfile or tracemalloc."""
+    job = measure(
+        count,
+        min(args.duration, 10.0),
+        args.ports_per_sim,
+        profile,
+        workers=args.workers,
+        memory=memory,
+    )
+    return run_on(job, args.loop)
 
 
 def _workers_note(workers: int | str | None) -> str:

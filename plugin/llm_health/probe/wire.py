@@ -23,6 +23,7 @@ Worker -> runtime:
 from __future__ import annotations
 
 import asyncio
+import os
 import pickle
 import struct
 from collections.abc import Callable, Iterator
@@ -82,3 +83,19 @@ class Outbox:
         if self._queued:
             queued, self._queued = self._queued, []
             self._write(frame(queued))
+
+
+async def open_pipes(
+    read_fd: int, write_fd: int, limit: int
+) -> tuple[asyncio.StreamReader, asyncio.WriteTransport]:
+    """A child's ends of its pipes to the runtime, on the running loop: a reader of what
+    the runtime writes and the transport to write frames to (an ``Outbox``'s)."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=limit)
+    await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb", buffering=0)
+    )
+    transport, _ = await loop.connect_write_pipe(
+        asyncio.Protocol, os.fdopen(write_fd, "wb", buffering=0)
+    )
+    return reader, transport

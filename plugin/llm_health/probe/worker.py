@@ -28,7 +28,7 @@ from llm_health.probe.loop import WORKER_ENV
 from llm_health.probe.loop import run as run_loop
 from llm_health.probe.signals import FIRST_TOKEN
 from llm_health.probe.target import ProbeTarget
-from llm_health.probe.wire import FrameReader, Message, Outbox
+from llm_health.probe.wire import FrameReader, Message, Outbox, open_pipes
 
 READ_CHUNK = 256 * 1024
 HEARTBEAT_S = 0.02  # as probe.pool.HEARTBEAT_S
@@ -93,14 +93,7 @@ class Worker:
 
 
 async def serve(read_fd: int, write_fd: int) -> None:
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=READ_CHUNK)
-    await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb", buffering=0)
-    )
-    transport, _ = await loop.connect_write_pipe(
-        asyncio.Protocol, os.fdopen(write_fd, "wb", buffering=0)
-    )
+    reader, transport = await open_pipes(read_fd, write_fd, READ_CHUNK)
     outbox = Outbox(transport.write)
     lag = LoopLagMonitor()
     ticker = asyncio.create_task(lag.run())

@@ -3,8 +3,9 @@
 
 Started by the runtime (``authz.component.process``) as ``python -m
 llm_health.authz.component.child``, over its stdin/stdout pipes (the messages of
-``authz.component.pipe``). It knows nothing of probes or the board. It binds only once it has a view, so it never answers from nothing; each view replaces
-the last whole (``PushedGate``). Its stdin closing (the runtime stopped, or died) stops
+``authz.component.pipe``). It knows nothing of probes or the board. It binds only once
+it has a view, so it never answers from nothing; each view replaces the last whole
+(``PushedGate``). Its stdin closing (the runtime stopped, or died) stops
 it. The token never appears in a log or a message it writes.
 """
 
@@ -26,7 +27,7 @@ from llm_health.core.problems import ProblemLog
 from llm_health.ops.logging_setup import setup_logging
 from llm_health.probe.loop import WORKER_ENV
 from llm_health.probe.loop import run as run_loop
-from llm_health.probe.wire import FrameReader, Message, Outbox
+from llm_health.probe.wire import FrameReader, Message, Outbox, open_pipes
 from llm_health.servers.auth import port_security
 from llm_health.servers.authz import add_authz_servicer
 from llm_health.servers.grpc import (
@@ -89,14 +90,7 @@ class _Child:
 
 
 async def serve(read_fd: int, write_fd: int) -> int:
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=READ_CHUNK)
-    await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb", buffering=0)
-    )
-    transport, _ = await loop.connect_write_pipe(
-        asyncio.Protocol, os.fdopen(write_fd, "wb", buffering=0)
-    )
+    reader, transport = await open_pipes(read_fd, write_fd, READ_CHUNK)
     child = _Child(Outbox(transport.write), PushedGate(), AuthzCounters(), GrpcAuthStats())
     reporter = asyncio.create_task(_report_every(child))
     frames = FrameReader()
