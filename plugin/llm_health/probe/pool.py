@@ -38,7 +38,7 @@ from llm_health.probe.client import Asked, MicroProbe, Question
 from llm_health.probe.loop import child_env
 from llm_health.probe.signals import FIRST_TOKEN, TokenListener
 from llm_health.probe.target import ProbeTarget
-from llm_health.probe.wire import FrameError, FrameReader, Message, Outbox
+from llm_health.probe.wire import FrameError, Message, Outbox, read_messages
 
 log = logging.getLogger("llm_health")
 READ_CHUNK = 256 * 1024
@@ -179,12 +179,9 @@ class WorkerPool:
     # --- from the workers ---------------------------------------------------------------
 
     async def _read(self, worker: _Worker, stream: asyncio.StreamReader) -> None:
-        frames = FrameReader()
         try:
-            while data := await stream.read(READ_CHUNK):
-                for messages in frames.feed(data):
-                    for message in messages:
-                        self._deliver(worker, message)
+            async for message in read_messages(stream, READ_CHUNK):
+                self._deliver(worker, message)
         except (FrameError, ValueError, EOFError) as exc:  # a worker bug: restart it
             log.error("probe worker wrote garbage", extra={"error": type(exc).__name__})
             self._kill(worker)

@@ -26,7 +26,7 @@ import asyncio
 import os
 import pickle
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 HEADER = struct.Struct(">I")
@@ -99,3 +99,13 @@ async def open_pipes(
         asyncio.Protocol, os.fdopen(write_fd, "wb", buffering=0)
     )
     return reader, transport
+
+
+async def read_messages(stream: asyncio.StreamReader, chunk: int) -> AsyncIterator[Message]:
+    """Every message the other end writes to ``stream``, in order, until it closes
+    (FrameError when it writes something that is not a frame)."""
+    frames = FrameReader()
+    while data := await stream.read(chunk):
+        for messages in frames.feed(data):
+            for message in messages:
+                yield message

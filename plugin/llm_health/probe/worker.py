@@ -28,7 +28,7 @@ from llm_health.probe.loop import WORKER_ENV
 from llm_health.probe.loop import run as run_loop
 from llm_health.probe.signals import FIRST_TOKEN
 from llm_health.probe.target import ProbeTarget
-from llm_health.probe.wire import FrameReader, Message, Outbox, open_pipes
+from llm_health.probe.wire import Message, Outbox, open_pipes, read_messages
 
 READ_CHUNK = 256 * 1024
 HEARTBEAT_S = 0.02  # as probe.pool.HEARTBEAT_S
@@ -103,12 +103,9 @@ async def serve(read_fd: int, write_fd: int) -> None:
         _settle_heap()  # before any probe: its pause can delay none
         outbox.put(("ready", 0))
         beat = asyncio.create_task(_heartbeat(outbox, lag))
-        frames = FrameReader()
         try:
-            while data := await reader.read(READ_CHUNK):
-                for messages in frames.feed(data):
-                    for message in messages:
-                        worker.handle(message)
+            async for message in read_messages(reader, READ_CHUNK):
+                worker.handle(message)
         finally:
             worker.cancel_all()
             for task in (ticker, beat):

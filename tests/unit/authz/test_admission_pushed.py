@@ -1,6 +1,6 @@
 """What crosses to the admission process (``server.authz_isolation: process``,
 docs/design.md §16.9): cluster facts instead of the snapshot, counters as plain data, a
-gate fed whole views. Pure: no process, no network."""
+gate fed whole views, and when the runtime sends one. No process, no network."""
 
 from __future__ import annotations
 
@@ -20,8 +20,11 @@ from llm_health.authz import (
     view_from_facts,
 )
 from llm_health.authz.component.pipe import ChildInit
+from llm_health.authz.component.process import AdmissionProcess
+from llm_health.core.hub import SnapshotHub
 from llm_health.model.states import State
-from llm_health.servers.auth import PortSecrets
+from llm_health.probe.wire import FrameReader, Outbox
+from llm_health.servers.auth import GrpcSecurity, PortSecrets
 from tests.unit.authz.test_authz import DEFAULT, NAME, cluster, req, run, snapshot
 
 H, D, U = State.HEALTHY, State.DEGRADED, State.UNHEALTHY
@@ -103,3 +106,29 @@ def test_no_secret_shows_in_what_is_logged_of_the_init() -> None:
     for secret in ("token-0123456789abcdef", "CERT-BYTES", "KEY-BYTES", "CA-BYTES"):
         assert secret not in shown
     assert pickle.loads(pickle.dumps(init)) == init  # it still crosses whole
+
+
+async def test_the_runtime_sends_a_view_only_for_new_facts_or_new_settings() -> None:
+    """``AdmissionProcess._send_view`` (the runtime's side, no process started): a poll
+    that finds the same snapshot and settings sends nothing; new settings (a reload) or
+    new facts do; a new revision with the same facts does not."""
+    hub = SnapshotHub(snapshot(cluster(H), revision=1))
+    live = {"settings": DEFAULT}
+    process = AdmissionProcess("127.0.0.1:9", hub, lambda: live["settings"], GrpcSecurity)
+    sent: list[bytes] = []
+    pipe = Outbox(sent.append)
+
+    def views() -> list[tuple[int, bool]]:
+        pipe.flush()
+        found = [m for data in sent for batch in FrameReader().feed(data) for m in batch]
+        sent.clear()
+        return [(m[1], m[3].enabled) for m in found if m[0] == "view"]
+
+    assert process._send_view(pipe) == 1 and views() == [(1, True)]
+    assert process._send_view(pipe) == 1 and views() == []  # nothing new
+    live["settings"] = DEFAULT.model_copy(update={"enabled": False})  # a reload
+    assert process._send_view(pipe) == 1 and views() == [(1, False)]
+    await hub.publish(snapshot(cluster(H), revision=2))  # same facts
+    assert process._send_view(pipe) == 2 and views() == []
+    await hub.publish(snapshot(cluster(U), revision=3))
+    assert process._send_view(pipe) == 3 and views() == [(3, False)]

@@ -5,8 +5,8 @@ Started by the runtime (``authz.component.process``) as ``python -m
 llm_health.authz.component.child``, over its stdin/stdout pipes (the messages of
 ``authz.component.pipe``). It knows nothing of probes or the board. It binds only once
 it has a view, so it never answers from nothing; each view replaces the last whole
-(``PushedGate``). Its stdin closing (the runtime stopped, or died) stops
-it. The token never appears in a log or a message it writes.
+(``PushedGate``). Its stdin closing (the runtime stopped, or died) stops it. The token
+never appears in a log or a message it writes.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from llm_health.core.problems import ProblemLog
 from llm_health.ops.logging_setup import setup_logging
 from llm_health.probe.loop import WORKER_ENV
 from llm_health.probe.loop import run as run_loop
-from llm_health.probe.wire import FrameReader, Message, Outbox, open_pipes
+from llm_health.probe.wire import Message, Outbox, open_pipes, read_messages
 from llm_health.servers.auth import port_security
 from llm_health.servers.authz import add_authz_servicer
 from llm_health.servers.grpc import (
@@ -93,13 +93,12 @@ async def serve(read_fd: int, write_fd: int) -> int:
     reader, transport = await open_pipes(read_fd, write_fd, READ_CHUNK)
     child = _Child(Outbox(transport.write), PushedGate(), AuthzCounters(), GrpcAuthStats())
     reporter = asyncio.create_task(_report_every(child))
-    frames = FrameReader()
     try:
-        while not child.failed and (data := await reader.read(READ_CHUNK)):
-            for messages in frames.feed(data):
-                for message in messages:
-                    child.handle(message)
+        async for message in read_messages(reader, READ_CHUNK):
+            child.handle(message)
             await child.start()
+            if child.failed:
+                break
     finally:
         reporter.cancel()
         if child.server is not None:

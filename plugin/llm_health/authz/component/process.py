@@ -4,8 +4,9 @@ docs/design.md §16.9): start it, feed it the health view, take its counters, re
 - The view crosses as ``ClusterFacts`` (per cluster: name, warm, capacity), not the
   snapshot: a few numbers per cluster, sent when they or the ``authz:`` settings change
   (checked on every publish and every ``SETTINGS_POLL_S`` for a reload).
-- Its counters come back every COUNTERS_EVERY_S (``reports`` in /status counts them); a process that ends has its last counts added to
-  a base, so the totals never go down. Its token rejections are added to ``grpc_auth``'s.
+- Its counters come back every COUNTERS_EVERY_S (``reports`` in /status counts them); a
+  process that ends has its last counts added to a base, so the totals never go down.
+  Its token rejections are added to ``grpc_auth``'s.
 - It is restarted when it exits, after RESTART_MIN_S doubling to RESTART_MAX_S (back to
   the minimum once it served HEALTHY_LIFE_S), and killed first when it stops reading its
   pipe (more than MAX_UNREAD_BYTES queued) or stops reporting (SILENT_S).
@@ -28,7 +29,7 @@ from llm_health.authz.component.pipe import MODULE, ChildInit
 from llm_health.core.control import SnapshotSource
 from llm_health.ops.logging_setup import current_logging
 from llm_health.probe.loop import child_env
-from llm_health.probe.wire import FrameError, FrameReader, Message, Outbox
+from llm_health.probe.wire import FrameError, Message, Outbox, read_messages
 from llm_health.servers.auth import SecurityProvider
 from llm_health.servers.grpc import GrpcAuthStats
 
@@ -69,6 +70,7 @@ class AdmissionProcess:
         self._base_rebuilds = self._rebuilds = self._rejected = 0
         self._heard = 0.0
         self._sent: _Sent | None = None
+        self._seen: tuple[int, AuthzConfig] | None = None  # revision and settings looked at
 
     # --- what the component shows ---------------------------------------------------------
 
@@ -126,7 +128,8 @@ class AdmissionProcess:
             env=child_env(),
         )
         assert process.stdin is not None and process.stdout is not None
-        self.pid, self._heard, self._sent = process.pid, time.monotonic(), None
+        self.pid, self._heard = process.pid, time.monotonic()
+        self._sent = self._seen = None
         pipe = Outbox(process.stdin.write)
         fmt, level = current_logging()
         pipe.put(("init", ChildInit(self.listen, secrets, fmt, level)))
@@ -190,8 +193,14 @@ class AdmissionProcess:
             revision = self._send_view(pipe)
 
     def _send_view(self, pipe: Outbox) -> int:
-        """Send the view when its facts or the settings changed; the revision seen."""
+        """Send the view when its facts or the settings changed; the revision seen. The
+        facts are worked out only for a new snapshot or settings (the poll that looks for
+        a reload mostly finds neither)."""
         snapshot, settings = self._published.current(), self._settings()
+        seen = self._seen
+        if seen is not None and seen[0] == snapshot.revision and seen[1] is settings:
+            return snapshot.revision
+        self._seen = (snapshot.revision, settings)
         facts = cluster_facts(snapshot)
         if self._sent is None or self._sent != (facts, settings):
             pipe.put(("view", snapshot.revision, facts, settings))
@@ -199,12 +208,9 @@ class AdmissionProcess:
         return snapshot.revision
 
     async def _read(self, stream: asyncio.StreamReader) -> None:
-        frames = FrameReader()
         try:
-            while data := await stream.read(READ_CHUNK):
-                for messages in frames.feed(data):
-                    for message in messages:
-                        self.take(message)
+            async for message in read_messages(stream, READ_CHUNK):
+                self.take(message)
         except FrameError as exc:
             log.error("admission process wrote garbage", extra={"error": str(exc)[:200]})
 
