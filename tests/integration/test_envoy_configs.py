@@ -29,6 +29,7 @@ from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from envoy.service.endpoint.v3 import eds_pb2_grpc
 from envoy.service.health.v3 import hds_pb2, hds_pb2_grpc
+from envoy.service.runtime.v3 import rtds_pb2, rtds_pb2_grpc
 from google.protobuf import any_pb2
 
 from tests.envoy_harness import (
@@ -58,6 +59,7 @@ pytestmark = pytest.mark.envoy
 SHIPPED = shipped_configs()
 SHIPPED_IDS = [p.name for p in SHIPPED]
 CLA_TYPE = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+RTDS_TYPE = "type.googleapis.com/envoy.service.runtime.v3.Runtime"
 
 
 def test_envoy_is_the_pinned_version() -> None:
@@ -389,6 +391,7 @@ class FakeXds(
     ads_pb2_grpc.AggregatedDiscoveryServiceServicer,  # type: ignore[misc]
     eds_pb2_grpc.EndpointDiscoveryServiceServicer,  # type: ignore[misc]
     hds_pb2_grpc.HealthDiscoveryServiceServicer,  # type: ignore[misc]
+    rtds_pb2_grpc.RuntimeDiscoveryServiceServicer,  # type: ignore[misc]
 ):
     """The least xDS server that serves fixed ClusterLoadAssignments over
     state-of-the-world ADS, standalone EDS and delta ADS, and records ACKs and NACKs.
@@ -407,6 +410,7 @@ class FakeXds(
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(self, self.server)
         eds_pb2_grpc.add_EndpointDiscoveryServiceServicer_to_server(self, self.server)
         hds_pb2_grpc.add_HealthDiscoveryServiceServicer_to_server(self, self.server)
+        rtds_pb2_grpc.add_RuntimeDiscoveryServiceServicer_to_server(self, self.server)
         self.port = self.server.add_insecure_port("127.0.0.1:0")
 
     def start(self) -> None:
@@ -525,6 +529,23 @@ class FakeXds(
         for request in requests:
             if request.HasField("health_check_request"):
                 yield hds_pb2.HealthCheckSpecifier()
+
+    def StreamRuntime(
+        self, requests: Iterator[Any], context: grpc.ServicerContext
+    ) -> Iterator[Any]:
+        """RTDS (envoy-configs/admission-native.yaml): an empty layer for each name asked,
+        once (Envoy logs a warning for a refused RTDS stream)."""
+        for request in requests:
+            if request.response_nonce:
+                continue
+            resources = []
+            for name in request.resource_names:
+                packed = any_pb2.Any()
+                packed.Pack(rtds_pb2.Runtime(name=name))
+                resources.append(packed)
+            yield discovery_pb2.DiscoveryResponse(
+                version_info="1", resources=resources, type_url=RTDS_TYPE, nonce="1"
+            )
 
 
 @pytest.fixture

@@ -35,6 +35,7 @@ from envoy.service.auth.v3 import external_auth_pb2, external_auth_pb2_grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from envoy.service.endpoint.v3 import eds_pb2_grpc
 from envoy.service.health.v3 import hds_pb2, hds_pb2_grpc
+from envoy.service.runtime.v3 import rtds_pb2_grpc
 
 from llm_health.adminpb import admin_pb2 as pb
 from llm_health.adminpb import admin_pb2_grpc as pb_grpc
@@ -45,6 +46,8 @@ from llm_health.errors import ConfigError
 from llm_health.model.states import State
 from llm_health.servers.grpc import BearerTokenInterceptor, GrpcAuthStats, start_grpc_server
 from llm_health.xds.resources import TYPE_URL
+from llm_health.xds.runtime import LAYER_NAME as LAYER
+from llm_health.xds.runtime import RUNTIME_TYPE_URL
 from tests.configs import Endpoints, plugin_yaml
 from tests.polling import wait_until_async
 from tests.ports import free_port
@@ -150,6 +153,12 @@ def xds_request(node: str) -> discovery_pb2.DiscoveryRequest:
     return request
 
 
+def rtds_request(node: str) -> discovery_pb2.DiscoveryRequest:
+    request = discovery_pb2.DiscoveryRequest(type_url=RUNTIME_TYPE_URL, resource_names=[LAYER])
+    request.node.id = node
+    return request
+
+
 SERVICES: dict[str, Callable[[grpc.aio.Channel, Metadata], Any]] = {
     "ads": lambda ch, md: first_of_stream(
         ads_pb2_grpc.AggregatedDiscoveryServiceStub(ch).StreamAggregatedResources,
@@ -161,6 +170,9 @@ SERVICES: dict[str, Callable[[grpc.aio.Channel, Metadata], Any]] = {
     ),
     "hds": lambda ch, md: first_of_stream(
         hds_pb2_grpc.HealthDiscoveryServiceStub(ch).StreamHealthCheck, hello("gw-hds"), md
+    ),
+    "rtds": lambda ch, md: first_of_stream(
+        rtds_pb2_grpc.RuntimeDiscoveryServiceStub(ch).StreamRuntime, rtds_request("gw-rtds"), md
     ),
     "ext_authz": lambda ch, md: external_auth_pb2_grpc.AuthorizationStub(ch).Check(
         external_auth_pb2.CheckRequest(), metadata=md, timeout=5
@@ -206,7 +218,7 @@ async def guarded() -> AsyncIterator[Runtime]:
 # Streams the client writes into at once (bidirectional): a client still writing when the
 # server's refusal arrives may see grpcio's client-side INTERNAL instead of the refusal.
 # The server's own count of refusals is what proves every call was refused.
-WRITING_STREAMS = {"ads", "eds", "hds"}
+WRITING_STREAMS = {"ads", "eds", "hds", "rtds"}
 
 
 @pytest.mark.parametrize("service", sorted(SERVICES))

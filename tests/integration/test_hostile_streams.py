@@ -3,8 +3,8 @@
 - One ADS request (SotW, and delta) naming 300,000 unknown clusters: the log stays small
   (one line per kind of problem, with a count), the event loop keeps answering /livez on
   the same loop within 100 ms, and the stream still serves a known cluster afterwards.
-- Bytes that are not a protobuf message, to every gRPC service we serve (ADS/EDS streams,
-  HDS, ext_authz Check, admin): INVALID_ARGUMENT, and no traceback in the log.
+- Bytes that are not a protobuf message, to every gRPC service we serve (ADS/EDS/RTDS
+  streams, HDS, ext_authz Check, admin): INVALID_ARGUMENT, and no traceback in the log.
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ from llm_health.servers.admin import AdminServicer, AuthStats, add_admin_service
 from llm_health.servers.authz import add_authz_servicer
 from llm_health.servers.grpc import start_grpc_server
 from llm_health.servers.hds import add_hds_servicer
-from llm_health.servers.xds import add_xds_servicers
+from llm_health.servers.xds import add_runtime_servicer, add_xds_servicers
 from llm_health.traffic.stream import LogStreams
 from llm_health.xds.protocol import MAX_UNKNOWN_NAMES
 from llm_health.xds.resources import TYPE_URL
-from llm_health.xds.stream import XdsStats
+from llm_health.xds.stream import XdsCounters, XdsStats
 from tests.integration.test_xds_grpc import make_board
 
 pytestmark = pytest.mark.timeout(60)
@@ -65,6 +65,7 @@ async def server() -> AsyncIterator[Server]:
     hds = HdsService(HdsConfig())
     grpc_server, port = await start_grpc_server("127.0.0.1:0")
     add_xds_servicers(grpc_server, hub, stats)
+    add_runtime_servicer(grpc_server, hub, lambda _snapshot: {"k": 0}, XdsCounters())
     add_hds_servicer(grpc_server, hds)
     gate = Gate(hub.current, AuthzConfig)
     add_authz_servicer(
@@ -234,11 +235,13 @@ STREAMS = [
     "/envoy.service.endpoint.v3.EndpointDiscoveryService/StreamEndpoints",
     "/envoy.service.endpoint.v3.EndpointDiscoveryService/DeltaEndpoints",
     "/envoy.service.health.v3.HealthDiscoveryService/StreamHealthCheck",
+    "/envoy.service.runtime.v3.RuntimeDiscoveryService/StreamRuntime",
 ]
 UNARY = [
     "/envoy.service.auth.v3.Authorization/Check",
     "/envoy.service.endpoint.v3.EndpointDiscoveryService/FetchEndpoints",
     "/envoy.service.health.v3.HealthDiscoveryService/FetchHealthCheck",
+    "/envoy.service.runtime.v3.RuntimeDiscoveryService/FetchRuntime",
     "/llm_health.v1.Admin/ListEndpoints",
     "/llm_health.v1.Admin/Drain",
     "/llm_health.v1.Admin/ForceState",

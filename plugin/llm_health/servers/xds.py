@@ -1,4 +1,5 @@
-"""gRPC adapters for xDS: ADS and standalone EDS, SotW and delta. One line per method.
+"""gRPC adapters for xDS: ADS and standalone EDS, SotW and delta; RTDS (one runtime layer).
+One line per method.
 
 The protocol lives in ``llm_health.xds.stream``; these classes only pick the engine and the
 stats bucket. The server they are registered on comes from ``servers.grpc``.
@@ -6,23 +7,36 @@ stats bucket. The server they are registered on comes from ``servers.grpc``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TypedDict
 
 import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from envoy.service.endpoint.v3 import eds_pb2_grpc
+from envoy.service.runtime.v3 import rtds_pb2_grpc
 
 from llm_health.core.control import SnapshotSource
+from llm_health.model.board import HealthSnapshot
 from llm_health.servers.decoding import rejecting_undecodable
 from llm_health.xds.nodes import OpenNodes
+from llm_health.xds.runtime import Layer
 from llm_health.xds.stream import (
     DEFAULT_COALESCE_S,
     XdsCounters,
     XdsStats,
     delta_stream,
+    runtime_stream,
     sotw_stream,
 )
+
+__all__ = [
+    "AggregatedDiscoveryServicer",
+    "EndpointDiscoveryServicer",
+    "RuntimeDiscoveryServicer",
+    "XdsCounters",
+    "add_runtime_servicer",
+    "add_xds_servicers",
+]
 
 SotwRequests = AsyncIterator[discovery_pb2.DiscoveryRequest]
 SotwResponses = AsyncIterator[discovery_pb2.DiscoveryResponse]
@@ -98,3 +112,52 @@ def add_xds_servicers(
     lenient = rejecting_undecodable(server)  # undecodable bytes: INVALID_ARGUMENT
     ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(ads, lenient)
     eds_pb2_grpc.add_EndpointDiscoveryServiceServicer_to_server(eds, lenient)
+
+
+class RuntimeDiscoveryServicer:
+    """``envoy.service.runtime.v3.RuntimeDiscoveryService``: one layer, ``layer_of`` the
+    snapshot (SotW only: Envoy's ``rtds_layer`` uses ``StreamRuntime``)."""
+
+    def __init__(
+        self,
+        hub: SnapshotSource,
+        layer_of: Callable[[HealthSnapshot], Layer],
+        stats: XdsCounters,
+        coalesce_s: float,
+    ) -> None:
+        self._hub, self._layer_of, self._stats = hub, layer_of, stats
+        self._coalesce_s = coalesce_s
+
+    async def StreamRuntime(self, requests: SotwRequests, _: object) -> SotwResponses:
+        stream = runtime_stream(
+            requests, self._hub, self._layer_of, stats=self._stats, coalesce_s=self._coalesce_s
+        )
+        async for response in stream:
+            yield response
+
+    async def DeltaRuntime(
+        self, _: object, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[discovery_pb2.DeltaDiscoveryResponse]:
+        """Not offered. An async generator all the same: grpc.aio (and the undecodable
+        bytes guard) stream a stream method's answers from one."""
+        nothing: tuple[discovery_pb2.DeltaDiscoveryResponse, ...] = ()
+        for never in nothing:
+            yield never
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "use StreamRuntime")
+
+    async def FetchRuntime(self, _: object, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "use StreamRuntime")
+
+
+def add_runtime_servicer(
+    server: grpc.aio.Server,
+    hub: SnapshotSource,
+    layer_of: Callable[[HealthSnapshot], Layer],
+    stats: XdsCounters,
+    *,
+    coalesce_s: float = DEFAULT_COALESCE_S,
+) -> None:
+    """Register RTDS on ``server`` (before it starts)."""
+    servicer = RuntimeDiscoveryServicer(hub, layer_of, stats, coalesce_s)
+    lenient = rejecting_undecodable(server)
+    rtds_pb2_grpc.add_RuntimeDiscoveryServiceServicer_to_server(servicer, lenient)

@@ -259,14 +259,10 @@ class SotwPush:
     clusters: tuple[ClusterSnapshot, ...]
 
 
-class SotwState:
-    """State of one SotW stream for one type URL.
-
-    Every push carries all requested, known, warm clusters: EDS may send only changed
-    resources ("Grouping Resources into Responses"), but the full set makes ``version_info``
-    mean "exactly these clusters at these versions", which keeps reconnects and NACKs simple
-    (a changed name set is a changed version, so newly requested names are always sent).
-    """
+class SotwTracker:
+    """What one SotW stream of any type URL keeps: the subscription, nonces and versions
+    (which request answers which response, what the client has, what it refused). The
+    type's own ``plan`` builds what to send and calls ``record`` when it sends it."""
 
     def __init__(self) -> None:
         self.subscription = Subscription()
@@ -311,23 +307,41 @@ class SotwState:
         """``names`` were reported unknown already (when the request was screened)."""
         new_unknown(names, self._reported)
 
+    def unreported(self, missing: Iterable[str]) -> tuple[str, ...]:
+        """The names of ``missing`` not reported before on this stream (now reported)."""
+        return new_unknown(missing, self._reported)
+
+    def needs(self, version: str) -> bool:
+        return sotw_needs_push(
+            version, client=self.client_version, sent=self.sent_version, nacked=self.nacked_version
+        )
+
+    def record(self, version: str) -> str:
+        """``version`` is being sent: its nonce."""
+        self._counter += 1
+        self.last_nonce, self.sent_version, self.answered = str(self._counter), version, False
+        return self.last_nonce
+
+
+class SotwState(SotwTracker):
+    """State of one SotW EDS stream.
+
+    Every push carries all requested, known, warm clusters: EDS may send only changed
+    resources ("Grouping Resources into Responses"), but the full set makes ``version_info``
+    mean "exactly these clusters at these versions", which keeps reconnects and NACKs simple
+    (a changed name set is a changed version, so newly requested names are always sent).
+    """
+
     def plan(self, snapshot: HealthSnapshot) -> Plan[SotwPush]:
         """The response to send now, if any; records it as sent."""
         if not self.started:
             return Plan(None)
         selection = select(interest(self.subscription, snapshot.clusters), snapshot)
-        unknown = new_unknown(selection.missing, self._reported)
+        unknown = self.unreported(selection.missing)
         version = set_version({c.name: c.envoy_version for c in selection.ready})
-        if not selection.ready or not self._needs(version):
+        if not selection.ready or not self.needs(version):
             return Plan(None, unknown)
-        self._counter += 1
-        self.last_nonce, self.sent_version, self.answered = str(self._counter), version, False
-        return Plan(SotwPush(self.last_nonce, version, selection.ready), unknown)
-
-    def _needs(self, version: str) -> bool:
-        return sotw_needs_push(
-            version, client=self.client_version, sent=self.sent_version, nacked=self.nacked_version
-        )
+        return Plan(SotwPush(self.record(version), version, selection.ready), unknown)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,5 @@
-"""The xDS stream engines: SotW and delta EDS over any request iterator (no gRPC here).
+"""The xDS stream engines: SotW and delta EDS, and SotW RTDS (one runtime layer,
+``xds.runtime``), over any request iterator (no gRPC here).
 
 Shape (a thin dispatcher): one task reads requests into the stream's pure state
 (``protocol.SotwState`` / ``DeltaState``), one task waits on ``SnapshotSource.wait_newer``;
@@ -6,8 +7,8 @@ either wakes the generator, which waits ``coalesce_s`` (a burst of board changes
 one push), then asks the state what to send and yields it. Both tasks are cancelled and
 awaited in ``finally`` when the client goes away or the caller stops iterating.
 
-Only the EDS type URL is served. Requests for other types (possible on ADS) are counted,
-logged, and ignored; the stream keeps working (spec "Aggregated Discovery Service": each
+Each stream serves one type URL (EDS; RTDS on its own stream). Requests for other types
+(possible on ADS) are counted, logged, and ignored; the stream keeps working (spec "Aggregated Discovery Service": each
 type URL is an independent request/response sequence).
 
 Logs stay bounded whatever a peer sends: one line per kind of problem per stream (other
@@ -21,6 +22,7 @@ so a request naming 300,000 clusters neither stalls the loop nor grows the strea
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Iterator, Sequence
@@ -29,6 +31,8 @@ from itertools import islice
 from typing import Protocol, TypeAlias, TypeVar
 
 from envoy.service.discovery.v3 import discovery_pb2
+from envoy.service.runtime.v3 import rtds_pb2
+from google.protobuf import any_pb2, struct_pb2
 
 from llm_health.core.control import SnapshotSource
 from llm_health.core.problems import ProblemLog
@@ -38,8 +42,10 @@ from llm_health.xds import protocol
 from llm_health.xds.nodes import OpenNodes
 from llm_health.xds.protocol import DeltaPush, RequestKind, RequestOutcome, SotwPush
 from llm_health.xds.resources import RESOURCES, TYPE_URL
+from llm_health.xds.runtime import LAYER_NAME, RUNTIME_TYPE_URL, Layer, LayerPush, LayerState
 
 DEFAULT_COALESCE_S = 0.02
+DEFAULT_LAYER_REFRESH_S = 1.0  # RTDS: how soon a settings-only reload reaches the layer
 MAX_ERROR_CHARS = 2000
 MAX_LOGGED_CHARS = 200  # any other peer-supplied text in a log line (names, node, type URL)
 MAX_SAMPLES = 3  # names quoted in one log line
@@ -47,6 +53,7 @@ REPEAT_LOG_S = 60.0  # a kind of problem already logged on a stream: again at mo
 SCREEN_CHUNK = 4096  # names screened between two yields to the event loop
 KIND_TYPES = "requests for other types ignored (only EDS)"
 KIND_UNKNOWN = "unknown clusters ignored"
+KIND_UNKNOWN_LAYERS = "unknown runtime layers ignored"
 _LOG = logging.getLogger("llm_health.xds")
 
 SotwRequest: TypeAlias = discovery_pb2.DiscoveryRequest
@@ -198,6 +205,7 @@ class _Base:
         self.known = known  # the current snapshot's cluster names
         self.problems = ProblemTally(log, self.label)
         self.nodes: OpenNodes | None = None  # registered in once the node is known
+        self.unknown_kind = KIND_UNKNOWN
 
     def accept(self, type_url: str, node_id: str) -> bool:
         """Count the request; False (counted and logged) if it is not our type URL.
@@ -252,11 +260,11 @@ class _Base:
     def screened(self, screen: protocol.NameScreen) -> list[str]:
         """Count a request's unknown names (logged with the next plan); the kept ones
         are returned, for the state not to report them again."""
-        self.problems.add(KIND_UNKNOWN, screen.unknown, screen.samples)
+        self.problems.add(self.unknown_kind, screen.unknown, screen.samples)
         return screen.kept_unknown
 
     def report(self, plan: protocol.Plan[object]) -> None:
-        self.problems.add(KIND_UNKNOWN, len(plan.unknown), plan.unknown)
+        self.problems.add(self.unknown_kind, len(plan.unknown), plan.unknown)
         self.problems.flush()
         if plan.push is not None:
             self.stats.pushes += 1
@@ -368,6 +376,51 @@ class _DeltaSession(_Base):
         )
 
 
+class _RuntimeSession(_Base):
+    """One RTDS stream: the layer is ``layer_of(snapshot)``, worked out at each plan."""
+
+    def __init__(
+        self, stats: XdsCounters, log: logging.Logger, layer_of: Callable[[HealthSnapshot], Layer]
+    ) -> None:
+        super().__init__(RUNTIME_TYPE_URL, stats, log, "rtds", lambda: (LAYER_NAME,))
+        self.unknown_kind = KIND_UNKNOWN_LAYERS
+        self.state = LayerState()
+        self.layer_of = layer_of
+
+    async def on_request(self, request: SotwRequest) -> None:
+        if not self.accept(request.type_url, request.node.id):
+            return
+        screen = protocol.NameScreen(self.known(), protocol.sotw_room())
+        names = await _screen(screen, request.resource_names)
+        self.state.note_reported(self.screened(screen))
+        self.count(
+            self.state.on_request(
+                version_info=request.version_info,
+                resource_names=names,
+                response_nonce=request.response_nonce,
+                error=_error(request),
+            )
+        )
+
+    def plan(self, snapshot: HealthSnapshot) -> SotwResponse | None:
+        plan = self.state.plan(self.layer_of(snapshot))
+        self.report(plan)
+        return None if plan.push is None else self._response(plan.push)
+
+    def _response(self, push: LayerPush) -> SotwResponse:
+        self.log.debug("%s rtds push %s nonce %s", self.node, push.version, push.nonce)
+        layer = struct_pb2.Struct()
+        layer.update(push.layer)
+        resource = any_pb2.Any()
+        resource.Pack(rtds_pb2.Runtime(name=push.name, layer=layer))
+        return SotwResponse(
+            version_info=push.version,
+            resources=[resource],
+            type_url=self.type_url,
+            nonce=push.nonce,
+        )
+
+
 async def sotw_stream(
     requests: AsyncIterator[SotwRequest],
     hub: SnapshotSource,
@@ -404,6 +457,24 @@ async def delta_stream(
         yield response
 
 
+async def runtime_stream(
+    requests: AsyncIterator[SotwRequest],
+    hub: SnapshotSource,
+    layer_of: Callable[[HealthSnapshot], Layer],
+    *,
+    stats: XdsCounters,
+    coalesce_s: float = DEFAULT_COALESCE_S,
+    refresh_s: float = DEFAULT_LAYER_REFRESH_S,
+    log: logging.Logger = _LOG,
+) -> AsyncIterator[SotwResponse]:
+    """Serve one RTDS stream (``StreamRuntime``). The layer is worked out again on every
+    newer snapshot and at least every ``refresh_s`` (``layer_of`` may read settings that a
+    reload changed without a new snapshot); it is sent only when it differs."""
+    session = _RuntimeSession(stats, log, layer_of)
+    async for response in _serve(requests, hub, session, stats, coalesce_s, refresh_s):
+        yield response
+
+
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 
@@ -414,8 +485,10 @@ async def _serve(
     session: _Session[Req, Resp],
     stats: XdsCounters,
     coalesce_s: float,
+    refresh_s: float | None = None,
 ) -> AsyncIterator[Resp]:
-    """The dispatcher: wake on a request or a newer snapshot, coalesce, plan, yield."""
+    """The dispatcher: wake on a request or a newer snapshot (or after ``refresh_s``, if
+    set), coalesce, plan, yield."""
     wake = asyncio.Event()
     reader = asyncio.create_task(_read(requests, session, wake))
     watcher = asyncio.create_task(_watch(hub, wake))
@@ -423,7 +496,8 @@ async def _serve(
     stats.streams_total += 1
     try:
         while not reader.done():
-            await wake.wait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), refresh_s)
             await asyncio.sleep(coalesce_s)
             wake.clear()
             response = session.plan(hub.current())

@@ -1,5 +1,10 @@
 """The ext_authz component: registers ``Authorization/Check`` and reports its counters.
 
+It also serves RTDS on the main gRPC server: the runtime layer ``authz.native`` works out
+from the published snapshot, for an Envoy that admits requests with its own filters
+instead of calling ``Check`` (docs/admission.md "Admission inside Envoy"); its stream
+counters are ``status()["native"]``.
+
 Settings follow config reloads: the gate asks the ``settings`` getter (the live
 ``authz:`` section, ``authz.settings.AuthzConfig``) on every check, and rebuilds its view
 only when that returns a new object.
@@ -33,9 +38,11 @@ from prometheus_client.metrics_core import Metric
 
 from llm_health.authz import PROBLEM_LOG_EVERY_S, AuthzConfig, AuthzCounters, Gate
 from llm_health.authz.component.process import AdmissionProcess
+from llm_health.authz.native import shed_layer
 from llm_health.core.control import SnapshotSource
 from llm_health.core.families import gauge
 from llm_health.core.problems import ProblemLog
+from llm_health.model.board import HealthSnapshot
 from llm_health.servers.auth import GrpcSecurity, SecurityProvider
 from llm_health.servers.authz import add_authz_servicer, add_threaded_authz_servicer
 from llm_health.servers.grpc import (
@@ -44,6 +51,7 @@ from llm_health.servers.grpc import (
     bind_grpc,
     create_threaded_grpc_server,
 )
+from llm_health.servers.xds import XdsCounters, add_runtime_servicer
 
 log = logging.getLogger("llm_health.authz")
 STOP_GRACE_S = 1.0
@@ -70,6 +78,8 @@ class AuthzComponent:
         auth_stats: GrpcAuthStats | None = None,
     ) -> None:
         self.settings = settings
+        self.published = published
+        self.runtime = XdsCounters()  # the RTDS streams (admission inside Envoy)
         self.counters = AuthzCounters()
         self.problems = ProblemLog(log, every_s=PROBLEM_LOG_EVERY_S)
         self.gate = Gate(published.current, settings)
@@ -83,8 +93,12 @@ class AuthzComponent:
             self.process = AdmissionProcess(listen, published, settings, security, auth_stats)
 
     def register(self, server: grpc.aio.Server) -> None:
+        add_runtime_servicer(server, self.published, self._layer, self.runtime)
         if self.listen is None:
             add_authz_servicer(server, self.gate, self.counters, self.problems)
+
+    def _layer(self, snapshot: HealthSnapshot) -> dict[str, float]:
+        return shed_layer(snapshot, self.settings())
 
     def tasks(self) -> list[Callable[[], Coroutine[Any, Any, None]]]:
         if self.process is not None:
@@ -145,6 +159,7 @@ class AuthzComponent:
             "view_rebuilds": rebuilds,
             "own_server": self._own_status() if self.listen is not None else None,
             **counters,
+            "native": _runtime_status(self.runtime),
         }
 
     def _own_status(self) -> dict[str, Any]:
@@ -201,6 +216,12 @@ class AuthzComponent:
                 self.process.restarts,
             )
         yield from found
+
+
+def _runtime_status(counters: XdsCounters) -> dict[str, Any]:
+    """The RTDS streams' counters (Envoys admitting with their own filters)."""
+    keys = ("streams_open", "streams_total", "pushes", "acks", "nacks", "last_nack")
+    return {key: getattr(counters, key) for key in keys}
 
 
 def _counter_families(counters: AuthzCounters) -> Iterator[Metric]:
