@@ -280,6 +280,23 @@ def _error(request: SotwRequest | DeltaRequest) -> str | None:
     return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + "..."
 
 
+async def _fold_sotw(session: _Base, state: protocol.SotwTracker, request: SotwRequest) -> None:
+    """One SotW request into ``state`` (EDS or RTDS): type, names screened, outcome counted."""
+    if not session.accept(request.type_url, request.node.id):
+        return
+    screen = protocol.NameScreen(session.known(), protocol.sotw_room())
+    names = await _screen(screen, request.resource_names)
+    state.note_reported(session.screened(screen))
+    session.count(
+        state.on_request(
+            version_info=request.version_info,
+            resource_names=names,
+            response_nonce=request.response_nonce,
+            error=_error(request),
+        )
+    )
+
+
 class _SotwSession(_Base):
     def __init__(
         self,
@@ -292,19 +309,7 @@ class _SotwSession(_Base):
         self.state = protocol.SotwState()
 
     async def on_request(self, request: SotwRequest) -> None:
-        if not self.accept(request.type_url, request.node.id):
-            return
-        screen = protocol.NameScreen(self.known(), protocol.sotw_room())
-        names = await _screen(screen, request.resource_names)
-        self.state.note_reported(self.screened(screen))
-        self.count(
-            self.state.on_request(
-                version_info=request.version_info,
-                resource_names=names,
-                response_nonce=request.response_nonce,
-                error=_error(request),
-            )
-        )
+        await _fold_sotw(self, self.state, request)
 
     def plan(self, snapshot: HealthSnapshot) -> SotwResponse | None:
         plan = self.state.plan(snapshot)
@@ -388,19 +393,7 @@ class _RuntimeSession(_Base):
         self.layer_of = layer_of
 
     async def on_request(self, request: SotwRequest) -> None:
-        if not self.accept(request.type_url, request.node.id):
-            return
-        screen = protocol.NameScreen(self.known(), protocol.sotw_room())
-        names = await _screen(screen, request.resource_names)
-        self.state.note_reported(self.screened(screen))
-        self.count(
-            self.state.on_request(
-                version_info=request.version_info,
-                resource_names=names,
-                response_nonce=request.response_nonce,
-                error=_error(request),
-            )
-        )
+        await _fold_sotw(self, self.state, request)
 
     def plan(self, snapshot: HealthSnapshot) -> SotwResponse | None:
         plan = self.state.plan(self.layer_of(snapshot))
