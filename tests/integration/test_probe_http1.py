@@ -281,3 +281,40 @@ async def test_a_stall_after_the_token_arrived_does_not_make_a_slow_engine_fast(
     assert result.ttft_ms is not None and result.ttft_ms >= 395, result
     assert result.loop_lag_ms >= 200  # the stall was seen ...
     assert result.outcome is Outcome.SLOW, result  # ... and not taken off the TTFT
+
+
+async def test_the_head_alone_wakes_no_one_and_is_timed_when_it_came() -> None:
+    """An engine sends its head at once and its first token later: the exchange waits
+    through both in one wake-up (``head()`` returns with the first body bytes), and the
+    head is still timed when its own bytes came (``head_at``), not with the token's."""
+    head = SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"
+    rest = ONE_TOKEN[len(head) :]
+    script = Script([([head, rest], "keep")], pause_s=0.15)
+    async with RawServer(script) as server, new_connections() as pool:
+        route = route_of(f"http://127.0.0.1:{server.port}/v1/completions")
+        connection, _ = await pool.take(route)
+        connection.send(request_head(route, {}, 2) + b"{}")
+        waiting = asyncio.create_task(connection.head())
+        await until(lambda: connection.head_at is not None)
+        head_came = time.perf_counter()
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # the head is in, and nobody was woken for it
+        assert await waiting == 200
+        assert connection.arrived - head_came >= 0.05  # the body came later
+        assert connection.head_at is not None and connection.head_at <= head_came
+        assert await connection.to_end(MAX_TAIL_BYTES) and connection.reusable
+        pool.release(connection, reuse=True)
+    async with probing(script) as (server, prober, _):
+        result = await prober.probe(target(server.port))
+    assert result.outcome is Outcome.FAST
+    assert result.headers_ms is not None and result.ttft_ms is not None
+    assert result.ttft_ms - result.headers_ms >= 100  # the pause between them
+
+
+async def test_a_timeout_after_the_head_says_the_headers_came() -> None:
+    head = SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"
+    async with probing(Script([(head, "hold")])) as (server, prober, _):
+        result = await prober.probe(target(server.port, timeout="300ms", healthy_ttft="100ms"))
+    assert result.outcome is Outcome.TIMEOUT
+    assert "no first token within 300 ms (headers after" in result.detail, result.detail
+    assert result.headers_ms is not None and result.headers_ms < 200

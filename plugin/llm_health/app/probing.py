@@ -75,12 +75,21 @@ class ProbeSlots:
         self._extra: dict[str, asyncio.Lock] = {}
 
     async def probe(self, target: ProbeTarget) -> ProbeResult:
-        async with self._main.setdefault(target.key, asyncio.Lock()):
+        async with _slot(self._main, target.key):
             return await self._probe(target)
 
     async def confirm(self, target: ProbeTarget) -> ProbeResult:
-        async with self._extra.setdefault(target.key, asyncio.Lock()):
+        async with _slot(self._extra, target.key):
             return await self._probe(target)
+
+
+def _slot(locks: dict[str, asyncio.Lock], key: str) -> asyncio.Lock:
+    """The endpoint's lock, made at its first probe (not a new one thrown away at every
+    probe, as ``setdefault(key, asyncio.Lock())`` would)."""
+    lock = locks.get(key)
+    if lock is None:
+        lock = locks[key] = asyncio.Lock()
+    return lock
 
 
 def bound_port(runner: web.AppRunner) -> int | None:

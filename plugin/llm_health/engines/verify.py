@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import enum
+import heapq
 import unicodedata
 from collections import Counter
 from collections.abc import Collection
@@ -29,6 +30,7 @@ from llm_health.model.redact import printable_line
 MIN_VOTERS = 3
 FRESH_EVERY = 2.5  # an answer older than this many ``every`` no longer votes
 SHOWN_CHARS = 60  # of an answer, in reasons
+AGES_SLACK = 64  # stale entries a cluster's vote heap may hold beyond twice its votes
 
 
 class Verdict(enum.Enum):
@@ -86,15 +88,71 @@ class _Vote:
     first: str | None
     first_top: tuple[str, ...]
     at: float
-    judged: bool = False
 
 
 @dataclass(slots=True)
 class _Cluster:
+    """The latest vote of each endpoint, and what keeps a known-answer probe's cost to
+    what it changes rather than the cluster's size (a serve process judges ~1,000
+    endpoints): ``counts``, the votes' texts counted; ``ages``, a heap of (at, address)
+    per vote cast, so expiry looks only at the oldest (an entry whose vote was since
+    replaced or dropped is skipped when it comes up); ``unjudged``, the voters the
+    majority has not judged yet.
+
+    A replaced vote keeps its place in ``votes``: the majority's first token is that of
+    the first vote in this order (``Verifier._elect``)."""
+
     votes: dict[str, _Vote] = field(default_factory=dict)
+    counts: Counter[str] = field(default_factory=Counter)
+    ages: list[tuple[float, str]] = field(default_factory=list)
+    unjudged: set[str] = field(default_factory=set)
     majority: str | None = None
     majority_first: str | None = None
     note: str = "no answers yet"
+
+    def cast(self, address: str, vote: _Vote) -> None:
+        """``address``'s new vote, in place of its last one."""
+        old = self.votes.get(address)
+        if old is not None:
+            self._uncount(old.text)
+        self.votes[address] = vote
+        self.counts[vote.text] += 1
+        self.unjudged.add(address)
+        heapq.heappush(self.ages, (vote.at, address))
+        if len(self.ages) > 2 * len(self.votes) + AGES_SLACK:  # stale entries piled up
+            self.ages = [(v.at, a) for a, v in self.votes.items()]
+            heapq.heapify(self.ages)
+
+    def drop(self, address: str) -> None:
+        vote = self.votes.pop(address, None)
+        if vote is not None:
+            self._uncount(vote.text)
+            self.unjudged.discard(address)
+
+    def expire(self, horizon: float) -> None:
+        """Drop the votes cast before ``horizon``: they no longer vote (§14.1)."""
+        while self.ages and self.ages[0][0] < horizon:
+            at, address = heapq.heappop(self.ages)
+            vote = self.votes.get(address)
+            if vote is not None and vote.at == at:  # else replaced, or dropped already
+                self.drop(address)
+
+    def rejudge(self) -> None:
+        """A new majority judges everyone again."""
+        self.unjudged = set(self.votes)
+
+    def _uncount(self, text: str) -> None:
+        self.counts[text] -= 1
+        if not self.counts[text]:  # most_common looks at the texts still voted only
+            del self.counts[text]
+
+
+def _outsiders(votes: dict[str, _Vote], members: Collection[str]) -> list[str]:
+    """Voters no longer among ``members``. Asked on every answer (``members`` may have
+    changed, even in place); with a set the usual answer, nobody, is one C-level pass."""
+    if isinstance(members, (set, frozenset)) and votes.keys() <= members:
+        return []
+    return [a for a in votes if a not in members]
 
 
 class Verifier:
@@ -120,7 +178,9 @@ class Verifier:
         cluster's endpoints now (answers of others stop voting)."""
         garbage = degenerate(answer)
         if garbage is not None:
-            self._clusters.get(cluster, _Cluster()).votes.pop(address, None)
+            book = self._clusters.get(cluster)
+            if book is not None:
+                book.drop(address)
             self._garbage.add((cluster, address))
             return [Judgement(address, Verdict.GARBAGE, garbage, down=True)]
         if not answer.complete:
@@ -157,7 +217,7 @@ class Verifier:
         self._garbage.intersection_update(keep)
         for name, book in self._clusters.items():
             for address in [a for a in book.votes if (name, a) not in keep]:
-                del book.votes[address]
+                book.drop(address)
 
     def _consensus(
         self,
@@ -170,20 +230,20 @@ class Verifier:
         members: Collection[str],
     ) -> list[Judgement]:
         book = self._clusters.setdefault(cluster, _Cluster())
-        book.votes[address] = _Vote(
-            normalized(answer.text), answer.first_token, answer.first_top, now
+        book.cast(
+            address, _Vote(normalized(answer.text), answer.first_token, answer.first_top, now)
         )
-        horizon = now - FRESH_EVERY * spec.every
-        for gone in [a for a, v in book.votes.items() if a not in members or v.at < horizon]:
-            del book.votes[gone]
+        book.expire(now - FRESH_EVERY * spec.every)
+        for gone in _outsiders(book.votes, members):
+            book.drop(gone)
         self._elect(book)
         if book.majority is None:
             return [Judgement(address, Verdict.NONE, book.note)]
+        voters = sorted(book.unjudged)
+        book.unjudged.clear()
         judged = []
-        for voter, vote in sorted(book.votes.items()):
-            if vote.judged:
-                continue
-            vote.judged = True
+        for voter in voters:
+            vote = book.votes[voter]
             agrees = vote.text == book.majority or (
                 book.majority_first is not None and book.majority_first in vote.first_top
             )
@@ -195,23 +255,21 @@ class Verifier:
         return judged
 
     def _elect(self, book: _Cluster) -> None:
-        counts = Counter(vote.text for vote in book.votes.values())
-        total = sum(counts.values())
+        total = len(book.votes)
         if total < MIN_VOTERS:
             book.majority, book.majority_first = None, None
             book.note = f"no verdict: {total} answers, at least {MIN_VOTERS} needed"
             return
-        text, count = counts.most_common(1)[0]
+        # Ties pick any text: a tie at the top is no strict majority.
+        text, count = book.counts.most_common(1)[0]
         if 2 * count <= total:
             if book.majority is not None:  # a new majority must judge everyone again
-                for vote in book.votes.values():
-                    vote.judged = False
+                book.rejudge()
             book.majority, book.majority_first = None, None
             book.note = f"no verdict: no strict majority among {total} answers"
             return
         if text != book.majority:
-            for vote in book.votes.values():
-                vote.judged = False
+            book.rejudge()
         book.majority = text
         book.majority_first = next(
             (v.first for v in book.votes.values() if v.text == text and v.first is not None),

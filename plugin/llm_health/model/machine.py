@@ -150,31 +150,45 @@ def _count(health: EndpointHealth, outcome: Outcome) -> EndpointHealth:
     """Update the streak counters for one outcome (state untouched)."""
     if outcome is Outcome.FAST:
         streak_fast = health.all_fast or health.successes == 0
-        return replace(
-            health,
-            successes=health.successes + 1,
-            all_fast=streak_fast,
-            fast_streak=health.fast_streak + 1,
-            failures=0,
-            failure_kinds=frozenset(),
-            last_outcome=outcome,
-        )
+        return _counted(health, health.successes + 1, streak_fast, health.fast_streak + 1)
     if outcome is Outcome.SLOW:
-        return replace(
-            health,
-            successes=health.successes + 1,
-            all_fast=False,
-            fast_streak=0,
-            failures=0,
-            failure_kinds=frozenset(),
-            last_outcome=outcome,
-        )
-    reset = replace(health, successes=0, all_fast=True, fast_streak=0, last_outcome=outcome)
+        return _counted(health, health.successes + 1, False, 0, last=outcome)
     if outcome is Outcome.OVERLOADED:
         # The engine answered: it is alive, so a failure run is broken too.
-        return replace(reset, failures=0, failure_kinds=frozenset())
-    return replace(
-        reset, failures=health.failures + 1, failure_kinds=health.failure_kinds | {outcome}
+        return _counted(health, 0, True, 0, last=outcome)
+    kinds = health.failure_kinds | {outcome}
+    return _counted(health, 0, True, 0, health.failures + 1, kinds, outcome)
+
+
+_NO_KINDS: frozenset[Outcome] = frozenset()
+
+
+def _counted(
+    health: EndpointHealth,
+    successes: int,
+    all_fast: bool,
+    fast_streak: int,
+    failures: int = 0,
+    failure_kinds: frozenset[Outcome] = _NO_KINDS,
+    last: Outcome = Outcome.FAST,
+) -> EndpointHealth:
+    """``health`` with new counters, built directly: ``dataclasses.replace`` costs four
+    times as much, on every probe (docs/design.md §16.10)."""
+    return EndpointHealth(
+        health.state,
+        health.since,
+        health.reason,
+        health.first_seen,
+        health.qualify_after,
+        health.known_at_boot,
+        successes,
+        all_fast,
+        fast_streak,
+        failures,
+        failure_kinds,
+        last,
+        health.cause,
+        health.silenced,
     )
 
 

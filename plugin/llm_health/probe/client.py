@@ -16,9 +16,9 @@ timeout, in a probe worker process as in the runtime.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import secrets
+import os
+import random
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
@@ -28,6 +28,7 @@ from llm_health.errors import ProtocolError
 from llm_health.model.answer import Answer
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.redact import printable_line, redact_secrets
+from llm_health.probe.alarms import Alarms, Deadline
 from llm_health.probe.answer import AnswerReader, answer_request
 from llm_health.probe.events import EventKind, error_message_from_body, interpret
 from llm_health.probe.http1 import (
@@ -36,6 +37,7 @@ from llm_health.probe.http1 import (
     ConnectionBroken,
     Connections,
     ResponseError,
+    Route,
     request_head,
     route_of,
 )
@@ -52,6 +54,15 @@ OVERLOAD_WORDS = ("overload", "too many", "capacity", "busy", "queue", "rate lim
 MAX_TAIL_BYTES = 64 * 1024  # read after the first token while waiting for the answer's end
 REUSE_GRACE_S = 0.05  # how soon the rest of a one-token stream must follow its token
 PROBE_HEADER = "X-LLM-Probe"
+NONCE_BYTES = 6  # the cache bypass's nonce: 12 hex digits
+# The nonce only has to differ from probe to probe (it keys no secret): a generator
+# seeded once from the OS, not a system call for every probe as ``secrets`` makes.
+_NONCES = random.Random(os.urandom(16))
+os.register_at_fork(after_in_child=lambda: _NONCES.seed(os.urandom(16)))  # never shared
+MAX_KEPT_REQUESTS = 20_000  # endpoints whose request is kept made (``_Requests``)
+# Stands for the nonce in a kept request (``_Requests``): as long as a nonce, and written
+# by JSON as it is, so the Content-Length is the same.
+NONCE_MARK = "<nonce-mark>"
 
 
 def new_connections() -> Connections:
@@ -148,6 +159,8 @@ class MicroProbe:
         self._lag = lag
         self._engines: Mapping[str, str] = engines if engines is not None else {}
         self.stale_resends = 0  # requests sent again after a dead pooled connection
+        self._alarms = Alarms()  # every probe's timeout, on one loop timer
+        self._requests = _Requests()
 
     async def probe(self, target: ProbeTarget) -> ProbeResult:
         """Probe once; the result arrives within ``target.timeout_s`` (plus scheduling)."""
@@ -184,7 +197,7 @@ class MicroProbe:
         held = _Held()
         try:
             try:
-                async with asyncio.timeout(target.timeout_s) as limit:
+                async with Deadline(self._alarms, time.monotonic() + target.timeout_s) as limit:
                     outcome, status, detail = await self._exchange(
                         target, timing, held, question, reader, limit, resend=resend
                     )
@@ -201,7 +214,7 @@ class MicroProbe:
             if reader is not None and timing.first_token is not None:
                 answer = reader.answer(complete=reader.finished)
             result = self._result(target, timing, wall, outcome, status, detail, answer)
-            held.reuse = status is not None and await _rest_follows(held.connection)
+            held.reuse = status is not None and await self._rest_follows(held.connection)
             return result
         finally:
             if held.connection is not None:
@@ -214,26 +227,30 @@ class MicroProbe:
         held: _Held,
         question: Question | None = None,
         reader: AnswerReader | None = None,
-        limit: asyncio.Timeout | None = None,
+        limit: Deadline | None = None,
         *,
         resend: bool = False,
     ) -> tuple[Outcome, int | None, str]:
-        body = json.dumps(probe_body(target, self.engine_of(target), question)).encode()
+        engine = self.engine_of(target)
         route = route_of(target.url)
-        headers = {**target.headers, PROBE_HEADER: "true", "Accept": "text/event-stream"}
-        request = request_head(route, headers, len(body)) + body
+        if question is None:
+            request = self._requests.get(target, engine)
+        else:
+            request = probe_request(target, engine, route, new_nonce(), question)
         connection, timing.reused = await self._connections.take(route, fresh=resend)
         held.connection = connection
         timing.connected = time.perf_counter()
         connection.send(request)
-        status = await connection.head()
-        timing.headers = connection.arrived  # as the first token: when the bytes came
+        try:
+            status = await connection.head()
+        finally:  # a timeout too: "no first token (headers after ...)"
+            timing.headers = connection.head_at  # as the first token: when the bytes came
         if status != 200:
             return await _classify_status(connection, status, target)
         decoder = SseDecoder()
         outcome, detail = await _read_first_token(connection, target, timing, decoder, reader)
         if reader is not None and outcome is Outcome.FAST and limit is not None:
-            limit.reschedule(asyncio.get_running_loop().time() + target.timeout_s)
+            limit.reschedule(time.monotonic() + target.timeout_s)
             await _read_answer(connection, decoder, reader)
         return outcome, 200, detail
 
@@ -262,10 +279,33 @@ class MicroProbe:
             headers_ms=timing.ms(timing.headers),
             total_ms=(time.perf_counter() - timing.start) * 1000,
             status=status,
-            detail=printable_line(redact_secrets(detail, target.secrets), MAX_DETAIL),
+            detail=_shown(detail, target),
             loop_lag_ms=lag_ms,
             answer=answer,
         )
+
+    async def _rest_follows(self, connection: Connection | None) -> bool:
+        """After the verdict: does the rest of the answer (a one-token stream's finish,
+        usage and ``[DONE]``; an error body) arrive whole within REUSE_GRACE_S, at most
+        MAX_TAIL_BYTES? Then the connection can be kept. Never raises: a connection that
+        breaks or dawdles is closed, which ends the engine's request (docs/design.md §2)."""
+        if connection is None or connection.lost:
+            return False
+        try:
+            if connection.complete:  # the rest came with the token: no wait, no timer
+                return await connection.to_end(MAX_TAIL_BYTES) and connection.reusable
+            async with Deadline(self._alarms, time.monotonic() + REUSE_GRACE_S):
+                return await connection.to_end(MAX_TAIL_BYTES) and connection.reusable
+        except (TimeoutError, OSError, ProtocolError):
+            return False
+
+
+def _shown(detail: str, target: ProbeTarget) -> str:
+    """A result's detail as logs and /status show it: secret-free, one printable line
+    (nothing to do for a FAST probe's empty detail: most probes)."""
+    if not detail:
+        return detail
+    return printable_line(redact_secrets(detail, target.secrets), MAX_DETAIL)
 
 
 def _fast_or_slow(ttft_ms: float, stalled_ms: float, healthy_ms: float) -> Outcome:
@@ -296,7 +336,10 @@ def cache_bust_for(target: ProbeTarget, engine: str | None) -> str:
 
 
 def probe_body(
-    target: ProbeTarget, engine: str | None = None, question: Question | None = None
+    target: ProbeTarget,
+    engine: str | None = None,
+    question: Question | None = None,
+    nonce: str | None = None,
 ) -> dict[str, Any]:
     """The request body: stream, 1 token, greedy; cache busting per ``target.cache_bust``.
 
@@ -306,9 +349,10 @@ def probe_body(
     ``prefix``: a random nonce in front of the prompt does the same on any engine (a few
     more prompt tokens). ``question``: the known-answer form: its prompt, ``max_tokens``,
     log-probabilities and token ids asked for; never a nonce prefix, which would change
-    the answer (the salt and cache_prompt do not).
+    the answer (the salt and cache_prompt do not). ``nonce``: 12 hex digits (random when
+    not given).
     """
-    nonce = secrets.token_hex(6)
+    nonce = new_nonce() if nonce is None else nonce
     bust = cache_bust_for(target, engine)
     prompt = question.prompt if question is not None else target.prompt
     if bust == "prefix" and question is None:
@@ -330,6 +374,56 @@ def probe_body(
         if engine == "vllm":
             body["return_token_ids"] = True  # vLLM >= 0.10; ids show token-0 garbage
     return body
+
+
+def new_nonce() -> str:
+    """12 hex digits, new for every probe (the cache bypass: ``probe_body``)."""
+    return f"{_NONCES.getrandbits(8 * NONCE_BYTES):0{2 * NONCE_BYTES}x}"
+
+
+def probe_request(
+    target: ProbeTarget,
+    engine: str | None,
+    route: Route,
+    nonce: str,
+    question: Question | None = None,
+) -> bytes:
+    """The whole request, head and body (``probe_body`` with this ``nonce``)."""
+    body = json.dumps(probe_body(target, engine, question, nonce)).encode()
+    headers = {**target.headers, PROBE_HEADER: "true", "Accept": "text/event-stream"}
+    return request_head(route, headers, len(body)) + body
+
+
+class _Requests:
+    """A probe's request per endpoint, made once per target and engine: only the nonce
+    differs from one probe to the next, and building the head and the JSON body each
+    time was a tenth of the exchange's CPU (docs/design.md §16.10). A request whose
+    nonce cannot be told apart (the prompt holds the mark) is built whole every time."""
+
+    def __init__(self) -> None:
+        self._made: dict[str, tuple[ProbeTarget, str | None, tuple[bytes, ...] | None]] = {}
+
+    def get(self, target: ProbeTarget, engine: str | None) -> bytes:
+        made = self._made.get(target.key)
+        if made is None or made[0] is not target or made[1] != engine:
+            if made is None and len(self._made) >= MAX_KEPT_REQUESTS:
+                self._made.clear()  # endpoints come and go (discovery): start afresh
+            made = target, engine, _split_at_nonce(target, engine)
+            self._made[target.key] = made
+        parts = made[2]
+        nonce = new_nonce()
+        if parts is None:
+            return probe_request(target, engine, route_of(target.url), nonce)
+        return nonce.encode().join(parts)
+
+
+def _split_at_nonce(target: ProbeTarget, engine: str | None) -> tuple[bytes, ...] | None:
+    """The request in pieces around its nonce (one nonce or none), or None if the mark
+    shows up elsewhere in it."""
+    marked = probe_request(target, engine, route_of(target.url), NONCE_MARK)
+    parts = tuple(marked.split(NONCE_MARK.encode()))
+    expected = 1 if cache_bust_for(target, engine) in ("prefix", "salt") else 0
+    return parts if len(parts) == expected + 1 else None
 
 
 async def _read_first_token(
@@ -445,32 +539,6 @@ async def _read_upto(response: Connection, limit: int) -> bytes:
         parts.append(chunk)
         size += len(chunk)
     return b"".join(parts)[:limit]
-
-
-async def _rest_follows(connection: Connection | None) -> bool:
-    """After the verdict: does the rest of the answer (a one-token stream's finish,
-    usage and ``[DONE]``; an error body) arrive whole within REUSE_GRACE_S, at most
-    MAX_TAIL_BYTES? Then the connection can be kept. Never raises: a connection that
-    breaks or dawdles is closed, which ends the engine's request (docs/design.md §2)."""
-    if connection is None or connection.lost:
-        return False
-    try:
-        if connection.complete:  # the rest came with the token: no wait, no timer
-            return await _tail_fits(connection) and connection.reusable
-        async with asyncio.timeout(REUSE_GRACE_S):
-            return await _tail_fits(connection) and connection.reusable
-    except (TimeoutError, OSError, ProtocolError):
-        return False
-
-
-async def _tail_fits(connection: Connection) -> bool:
-    """Read the answer's rest to its end: False once it passes MAX_TAIL_BYTES."""
-    received = 0
-    while chunk := await connection.read():
-        received += len(chunk)
-        if received > MAX_TAIL_BYTES:
-            return False
-    return True
 
 
 def _stale_connection(exc: BaseException, timing: _Timing) -> bool:

@@ -104,14 +104,16 @@ class Connection(asyncio.Protocol):
     ``head()`` and ``read()`` its answer. ``reusable`` once an answer was read whole on a
     connection both sides keep open."""
 
-    def __init__(self, route: Route) -> None:
+    def __init__(self, route: Route, loop: asyncio.AbstractEventLoop) -> None:
         self.route = route
+        self._loop = loop  # kept: asking asyncio for the running loop costs a syscall
         self.transport: asyncio.Transport | None = None
         self.lost = False
         self.idle_since = 0.0
         # When the bytes a ``read`` returns had all arrived (perf_counter): the moment of
         # the last ``data_received``, not of the task's wake-up a loop turn or more later.
         self.arrived = 0.0
+        self.head_at: float | None = None  # when the bytes that completed the head came
         self._waiter: asyncio.Future[None] | None = None
         # Only during an exchange: the parser refers back to this protocol, and a cycle
         # would keep a closed connection (its transport, buffers) until the collector
@@ -128,7 +130,10 @@ class Connection(asyncio.Protocol):
         self._head_bytes = 0  # of the status line and headers, as llhttp reports them
         self._raw_head = 0  # bytes received before the head was complete
         self._body: list[bytes] = []  # 56 bytes empty (a deque: 600)
+        self._body_size = 0  # of the whole answer's body so far
+        self._to_end: int | None = None  # ``to_end``: the most body bytes awaited
         self._error: Exception | None = None
+        self.head_at = None
 
     # --- the exchange -----------------------------------------------------------------
 
@@ -140,11 +145,34 @@ class Connection(asyncio.Protocol):
         self.transport.write(request)
 
     async def head(self) -> int:
-        """The answer's status code, once its headers have arrived."""
-        while self.status is None:
-            self._raise_if_failed(before_head=True)
+        """The answer's status code, once its headers and the first of its body (or its
+        end) have arrived: an engine sends the head at once and the first token later,
+        and waking for each costs a loop turn (docs/design.md §16.10). When the head
+        came: ``head_at``."""
+        while self.status is None or not self._news():
+            self._raise_if_failed(before_head=self.status is None)
             await self._wait()
         return self.status
+
+    async def to_end(self, limit: int) -> bool:
+        """Wait for the end of the answer, its body bytes (those not read yet included)
+        dropped; False once more than ``limit`` of them came first. Only the end wakes
+        the wait."""
+        unread = sum(len(chunk) for chunk in self._body)
+        self._to_end = self._body_size - unread + limit
+        self._body.clear()
+        try:
+            while not self.complete:
+                if self._body_size > self._to_end:
+                    return False
+                self._raise_if_failed(before_head=self.status is None)
+                if self.lost:
+                    return True  # an answer delimited by the connection's end
+                await self._wait()
+            return self._body_size <= self._to_end
+        finally:
+            self._to_end = None
+            self._body.clear()
 
     async def read(self) -> bytes:
         """The body bytes received since the last read (chunked framing removed), waiting
@@ -184,11 +212,20 @@ class Connection(asyncio.Protocol):
             raise ConnectionBroken("connection broke mid-stream")
 
     async def _wait(self) -> None:
-        self._waiter = asyncio.get_running_loop().create_future()
+        self._waiter = self._loop.create_future()
         try:
             await self._waiter
         finally:
             self._waiter = None
+
+    def _news(self) -> bool:
+        """Whether a waiting exchange has something new: body bytes (past ``to_end``'s
+        limit, while it waits), the answer's end, a failure."""
+        if self.complete or self.lost or self._error is not None:
+            return True
+        if self._to_end is not None:
+            return self._body_size > self._to_end
+        return bool(self._body)
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -215,7 +252,8 @@ class Connection(asyncio.Protocol):
             self._raw_head += len(data)  # llhttp buffers a header until it is whole
         if max(self._head_bytes, self._raw_head) > MAX_HEAD_BYTES and self._error is None:
             self._fail(ResponseError(f"response head longer than {MAX_HEAD_BYTES} bytes"))
-        self._wake()
+        if self._news():
+            self._wake()
 
     def eof_received(self) -> bool:
         return False  # close the transport: connection_lost follows
@@ -249,11 +287,14 @@ class Connection(asyncio.Protocol):
         parser = self._parser
         assert parser is not None  # llhttp calls this from inside its feed_data
         self.status = parser.get_status_code()
+        self.head_at = self.arrived
         self._keep_alive = parser.should_keep_alive()
 
     def on_body(self, body: bytes) -> None:
         if not self.complete:
-            self._body.append(body)
+            self._body_size += len(body)
+            if self._to_end is None:
+                self._body.append(body)
 
     def on_message_complete(self) -> None:
         self.complete = True
@@ -286,7 +327,9 @@ class Connections:
         """A connection to ``route`` and whether it was kept from an earlier exchange.
         ``fresh``: a new one, and the route's kept ones closed (one of them was just
         found dead: the others, kept as long, are as likely dead too)."""
-        self._sweep()
+        now = time.monotonic()
+        if now - self._swept >= SWEEP_EVERY_S:
+            self._sweep(now)
         if fresh:
             for connection in self._idle.pop(route.key, []):
                 connection.close()
@@ -319,7 +362,7 @@ class Connections:
 
     async def _open(self, route: Route) -> Connection:
         loop = asyncio.get_running_loop()
-        connection = Connection(route)
+        connection = Connection(route, loop)
         tls = self._tls_context() if route.tls else None
         try:
             transport, _ = await loop.create_connection(
@@ -336,13 +379,12 @@ class Connections:
             self._tls = ssl.create_default_context()  # verified, as aiohttp's default
         return self._tls
 
-    def _sweep(self) -> None:
+    def _sweep(self, now: float) -> None:
         """Close kept connections unused for IDLE_TIMEOUT_S (or closed by the server)."""
-        now = time.monotonic()
-        if now - self._swept < SWEEP_EVERY_S:
-            return
         self._swept = now
         for key, idle in list(self._idle.items()):
+            if all(not c.lost and now - c.idle_since < IDLE_TIMEOUT_S for c in idle):
+                continue  # the common case: nothing to close, nothing made
             kept = []
             for connection in idle:
                 if connection.lost or now - connection.idle_since >= IDLE_TIMEOUT_S:

@@ -517,3 +517,26 @@ def test_trusted_bounds_the_lag_a_verdict_may_bear(
     policy = Policy(timeout_s=timeout_s, max_loop_lag_s=0.1)
     result = ProbeResult(outcome, 0.0, ttft_ms=None, loop_lag_ms=lag_ms)
     assert trusted(result, policy) is expected
+
+
+def test_counting_keeps_every_field_but_the_counters() -> None:
+    """``_count`` builds the new health field by field (not ``dataclasses.replace``): every
+    field it does not count must come through as it was, whatever fields exist."""
+    from dataclasses import fields
+
+    from llm_health.model.causes import Cause
+    from llm_health.model.machine import _count
+
+    counters = {"successes", "all_fast", "fast_streak", "failures", "failure_kinds"}
+    counters.add("last_outcome")
+    health = EndpointHealth(
+        State.DEGRADED, 12.5, "some reason", 3.25, 4, True, 2, False, 1, 0,
+        frozenset(), Outcome.SLOW, Cause.SILENT, True,
+    )  # fmt: skip
+    assert len(fields(EndpointHealth)) == 14  # a new field: teach _counted about it
+    for outcome in Outcome:
+        counted = _count(health, outcome)
+        for f in fields(EndpointHealth):
+            if f.name not in counters:
+                assert getattr(counted, f.name) == getattr(health, f.name), (outcome, f.name)
+        assert counted.last_outcome is outcome

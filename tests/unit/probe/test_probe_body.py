@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 
 from llm_health.config.schema import ProbeSettings
 from llm_health.engines.settings import VerifyConfig
-from llm_health.probe.client import probe_body
+from llm_health.probe.client import cache_bust_for, probe_body
 from llm_health.probe.target import ProbeTarget
 
 
@@ -57,3 +58,40 @@ def test_the_known_answer_body_asks_for_the_answer_and_its_logprobs(api: str) ->
         assert body["logprobs"] == 5
     assert "return_token_ids" not in body
     assert probe_body(probe, "vllm", question)["return_token_ids"] is True
+
+
+@pytest.mark.parametrize("bust", ["auto", "salt", "prefix", "cache_prompt", "none"])
+@pytest.mark.parametrize("engine", [None, "vllm", "llamacpp", "tgi"])
+def test_a_kept_request_is_the_request_made_whole_with_a_new_nonce(
+    bust: str, engine: str | None
+) -> None:
+    """The request is made once per endpoint and engine and only its nonce put in for
+    each probe: byte for byte what building it whole with that nonce gives, the nonce
+    new for every probe."""
+    from llm_health.probe.client import _Requests, probe_request
+    from llm_health.probe.http1 import route_of
+
+    probe = target(cache_bust=bust)
+    requests = _Requests()
+    sent = [requests.get(probe, engine) for _ in range(3)]
+    route = route_of(probe.url)
+    busts = cache_bust_for(probe, engine) in ("prefix", "salt")
+    for request in sent:
+        nonces = re.findall(rb"[0-9a-f]{12}", request.partition(b"\r\n\r\n")[2])
+        assert len(nonces) == (1 if busts else 0)
+        nonce = nonces[0].decode() if nonces else "000000000000"
+        assert request == probe_request(probe, engine, route, nonce)
+    assert len(set(sent)) == (3 if busts else 1)
+
+
+def test_a_prompt_holding_the_nonce_mark_is_still_sent_right() -> None:
+    """The mark standing for the nonce in a kept request, found in the prompt itself: the
+    request is made whole each time, the prompt as written."""
+    from llm_health.probe.client import NONCE_MARK, _Requests
+
+    settings = ProbeSettings(model="m", prompt=f"odd {NONCE_MARK} prompt", cache_bust="salt")
+    probe = settings.to_target("c", "127.0.0.1:1")
+    body = _Requests().get(probe, "vllm").partition(b"\r\n\r\n")[2]
+    decoded = json.loads(body)
+    assert decoded["prompt"] == f"odd {NONCE_MARK} prompt"
+    assert re.fullmatch("[0-9a-f]{12}", decoded["cache_salt"])

@@ -1,0 +1,204 @@
+"""Many timers on one loop timer (probe.alarms): order, cancellation, the loop timer moved
+only for an earlier alarm, and ``Deadline`` keeping ``asyncio.timeout``'s rules."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import pytest
+
+from llm_health.probe.alarms import Alarms, Deadline
+
+
+def run(main: object) -> None:
+    asyncio.run(main)  # type: ignore[arg-type]
+
+
+def test_alarms_fire_in_time_order_never_early_and_cancelled_ones_never() -> None:
+    """Random times, some cancelled: each live one fires once, in order of its time
+    (ties in the order set), not before its time; a cancelled one never fires."""
+    fired: list[tuple[float, int]] = []
+    rng = random.Random(7)
+
+    async def main() -> None:
+        alarms = Alarms()
+        start = time.monotonic()
+        plans = [(start + rng.choice([0.01, 0.02, 0.03, 0.05, 0.08]), i) for i in range(60)]
+        handles = {}
+        for when, i in plans:
+
+            def note(at: float, i: int = i) -> None:
+                assert time.monotonic() >= at - 0.002  # the loop's millisecond, no more
+                fired.append((at, i))
+
+            handles[i] = alarms.at(when, note, when)
+        cancelled = set(rng.sample(range(60), 20))
+        for i in cancelled:
+            handles[i].cancel()
+        await asyncio.sleep(0.15)
+        expected = sorted((when, i) for when, i in plans if i not in cancelled)
+        assert fired == expected
+        assert len(alarms) == 0  # all fired or dropped
+
+    run(main())
+
+
+def test_one_loop_timer_for_many_alarms_moved_only_for_an_earlier_one() -> None:
+    """The loop's timer is set for the earliest alarm only: alarms after it add no loop
+    timer; an earlier one moves it."""
+
+    class CountingLoop(asyncio.SelectorEventLoop):
+        timers = 0
+
+        def call_at(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            CountingLoop.timers += 1
+            return super().call_at(*args, **kwargs)
+
+    async def main() -> None:
+        alarms = Alarms()
+        now = time.monotonic()
+        for i in range(100):  # later and later: one loop timer in all
+            alarms.at(now + 0.05 + i * 0.001, lambda _: None)
+        assert CountingLoop.timers == 1
+        alarms.at(now + 0.01, lambda _: None)  # earlier: moved once
+        assert CountingLoop.timers == 2
+        await asyncio.sleep(0.2)
+
+    loop = CountingLoop()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+
+def test_sleep_until_wakes_at_its_time_and_a_past_time_is_one_turn() -> None:
+    async def main() -> None:
+        alarms = Alarms()
+        start = time.monotonic()
+        await alarms.sleep_until(start + 0.03)
+        assert time.monotonic() - start >= 0.029
+        before = time.monotonic()
+        await alarms.sleep_until(before - 1)
+        assert time.monotonic() - before < 0.01
+
+    run(main())
+
+
+def test_a_cancelled_sleep_leaves_no_alarm_behind() -> None:
+    async def main() -> None:
+        alarms = Alarms()
+        task = asyncio.create_task(alarms.sleep_until(time.monotonic() + 10))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        alarms.at(time.monotonic(), lambda _: None)  # a firing drops the cancelled one
+        await asyncio.sleep(0.01)
+        assert len(alarms) == 0
+
+    run(main())
+
+
+def test_alarms_of_a_closed_loop_are_dropped_on_the_next() -> None:
+    """The same Alarms used by a second loop (tests, ``asyncio.run`` twice): the first
+    loop's pending alarms belong to tasks that are gone; the second loop's fire."""
+    alarms = Alarms()
+    fired: list[str] = []
+
+    async def first() -> None:
+        alarms.at(time.monotonic() + 5, lambda _: fired.append("first"))
+
+    async def second() -> None:
+        alarms.at(time.monotonic() + 0.01, lambda _: fired.append("second"))
+        await asyncio.sleep(0.05)
+
+    run(first())
+    run(second())
+    assert fired == ["second"]
+
+
+def test_deadline_raises_timeout_error_when_it_expires() -> None:
+    async def main() -> None:
+        alarms = Alarms()
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            async with Deadline(alarms, start + 0.03) as deadline:
+                await asyncio.sleep(1)
+        assert deadline.expired
+        assert 0.029 <= time.monotonic() - start < 0.5
+        task = asyncio.current_task()
+        assert task is not None and task.cancelling() == 0  # its cancel request taken back
+
+    run(main())
+
+
+def test_deadline_not_reached_changes_nothing() -> None:
+    async def main() -> None:
+        alarms = Alarms()
+        async with Deadline(alarms, time.monotonic() + 1) as deadline:
+            await asyncio.sleep(0.01)
+        assert not deadline.expired
+        await asyncio.sleep(0.01)  # and no cancellation comes later
+
+    run(main())
+
+
+def test_deadline_rescheduled_later_holds_off_and_earlier_fires_sooner() -> None:
+    async def main() -> None:
+        alarms = Alarms()
+        start = time.monotonic()
+        async with Deadline(alarms, start + 0.02) as deadline:
+            deadline.reschedule(start + 0.2)
+            await asyncio.sleep(0.05)  # past the first deadline: not expired
+        assert not deadline.expired
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            async with Deadline(alarms, start + 1) as deadline:
+                deadline.reschedule(start + 0.02)
+                await asyncio.sleep(1)
+        assert time.monotonic() - start < 0.5
+
+    run(main())
+
+
+def test_an_outside_cancellation_is_not_turned_into_a_timeout() -> None:
+    """As asyncio.timeout: a task cancelled from outside while its deadline also expired
+    stays cancelled (the deadline only owns its own cancel request)."""
+
+    async def victim(alarms: Alarms, ready: asyncio.Event) -> None:
+        async with Deadline(alarms, time.monotonic() + 0.02):
+            ready.set()
+            try:
+                await asyncio.sleep(1)
+            finally:
+                asyncio.current_task().cancel()  # type: ignore[union-attr]
+
+    async def main() -> None:
+        alarms = Alarms()
+        ready = asyncio.Event()
+        task = asyncio.create_task(victim(alarms, ready))
+        await ready.wait()
+        await asyncio.sleep(0.05)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    run(main())
+
+
+def test_cancelling_the_task_before_the_deadline_is_a_cancellation() -> None:
+    async def main() -> None:
+        alarms = Alarms()
+
+        async def body() -> None:
+            async with Deadline(alarms, time.monotonic() + 1):
+                await asyncio.sleep(1)
+
+        task = asyncio.create_task(body())
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    run(main())
