@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import heapq
 import logging
 import time
 from collections.abc import Callable, Coroutine, Iterator, Mapping
@@ -127,6 +128,7 @@ class EngineChecks:
         self._endpoints: dict[str, _Endpoint] = {}
         self._counters = _Counters()
         self._reads: set[asyncio.Task[None]] = set()
+        self._queue = _Queue()
         self.set_targets(targets)
 
     def set_targets(self, targets: list[ProbeTarget]) -> None:
@@ -135,6 +137,7 @@ class EngineChecks:
         released: a stale hold would outlive the check that set it."""
         released = [(t.cluster, t.address) for t in self._targets] if self._targets else []
         self._targets = targets
+        self._queue.reset(targets)
         self._checks = self._checks_now()
         self._schedule.plan(sum(1 for t in targets if self._metrics(t) is not None))
         self._members = {}
@@ -287,25 +290,44 @@ class EngineChecks:
                     task.cancel()
 
     def _tick(self, reads: SideReads) -> None:
+        """Start the reads now due: only the endpoints whose soonest read is due are
+        looked at (``_Queue``), not every endpoint every tick (docs/design.md §16.5)."""
         now = self._clock()
-        for target in self._targets:
-            state, key = self._endpoint(target.key), target.key
-            verify, metrics = self._checks.get(target.cluster, NO_CHECKS)
-            if metrics is not None and self._schedule.metrics_due(key, metrics.interval, now):
-                self._spawn(self._read_metrics(reads, target, metrics))
-            if target.model and target.models_path:
-                every = verify.every if verify is not None else MODELS_EVERY_S
-                if self._schedule.models_due(key, every, now):
-                    self._spawn(self._check_model(reads, target))
-            unknown = target.engine == "auto" and key not in self.engines
-            # Booked even when not tried now: while /metrics reads neither failed nor
-            # answered yet, they may still name the engine.
-            if (
-                unknown
-                and self._schedule.detect_due(key, now)
-                and (metrics is None or state.reading.failures or state.reading.load)
-            ):
-                self._spawn(self._detect(reads, target))
+        for target in list(self._queue.due(now)):  # taken out first: none comes up twice
+            self._check(reads, target, now)
+            self._queue.put(target, self._next_check(target))
+
+    def _check(self, reads: SideReads, target: ProbeTarget, now: float) -> None:
+        """Start the endpoint's reads that are due at ``now`` (each ``*_due`` that answers
+        True books the next)."""
+        state, key = self._endpoint(target.key), target.key
+        verify, metrics = self._checks.get(target.cluster, NO_CHECKS)
+        if metrics is not None and self._schedule.metrics_due(key, metrics.interval, now):
+            self._spawn(self._read_metrics(reads, target, metrics))
+        if target.model and target.models_path:
+            every = verify.every if verify is not None else MODELS_EVERY_S
+            if self._schedule.models_due(key, every, now):
+                self._spawn(self._check_model(reads, target))
+        unknown = target.engine == "auto" and key not in self.engines
+        # Booked even when not tried now: while /metrics reads neither failed nor
+        # answered yet, they may still name the engine.
+        if (
+            unknown
+            and self._schedule.detect_due(key, now)
+            and (metrics is None or state.reading.failures or state.reading.load)
+        ):
+            self._spawn(self._detect(reads, target))
+
+    def _next_check(self, target: ProbeTarget) -> float | None:
+        """When the endpoint's soonest read in force is due; None: none is. What is in
+        force changes only with ``set_targets`` (which queues every endpoint again) and
+        with the engine detected (which only takes detection out)."""
+        return self._schedule.next_due(
+            target.key,
+            metrics=self._metrics(target) is not None,
+            models=bool(target.model and target.models_path),
+            detect=target.engine == "auto" and target.key not in self.engines,
+        )
 
     def _spawn(self, job: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(job)
@@ -455,6 +477,43 @@ class EngineChecks:
         )
         if self._endpoints:
             yield from _load_families(sorted(self._endpoints.items()), self.engines)
+
+
+class _Queue:
+    """The endpoints by the time of their soonest side read: a heap with one live entry
+    per endpoint (``_at``); an entry replaced or dropped stays in the heap until it comes
+    up and is skipped, and the heap is rebuilt when those outnumber the live ones."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, str]] = []
+        self._at: dict[str, float] = {}
+        self._targets: dict[str, ProbeTarget] = {}
+
+    def reset(self, targets: list[ProbeTarget]) -> None:
+        """Exactly ``targets``, each due at once (what is in force may have changed)."""
+        self._targets = {t.key: t for t in targets}
+        self._at = dict.fromkeys(self._targets, 0.0)
+        self._heap = [(0.0, key) for key in self._at]
+        heapq.heapify(self._heap)
+
+    def due(self, now: float) -> Iterator[ProbeTarget]:
+        """The endpoints due at ``now``, each taken out (``put`` queues it again)."""
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            at, key = heapq.heappop(heap)
+            if self._at.get(key) != at:
+                continue  # replaced or dropped
+            del self._at[key]
+            yield self._targets[key]
+
+    def put(self, target: ProbeTarget, at: float | None) -> None:
+        if at is None:
+            return
+        self._at[target.key] = at
+        heapq.heappush(self._heap, (at, target.key))
+        if len(self._heap) > 4 * len(self._at) + 64:
+            self._heap = [(time, key) for key, time in self._at.items()]
+            heapq.heapify(self._heap)
 
 
 def _loop_running() -> bool:

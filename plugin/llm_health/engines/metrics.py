@@ -33,7 +33,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from llm_health.engines.detect import engine_of_names
+from llm_health.engines.detect import METRIC_PREFIXES
 from llm_health.model.engine_load import EngineLoad, Histogram
 
 MAX_DOCUMENT = 4 * 1024 * 1024  # bytes of /metrics read at most
@@ -76,21 +76,22 @@ class MetricsError(ValueError):
     """The document could not be read as Prometheus text (the message says why)."""
 
 
-_WANTED = tuple(
-    sorted(
-        {
-            n
-            for table in (_WAITING, _RUNNING, _KV_CACHE, _COMPLETED)
-            for names in table.values()
-            for n in names
-        }
-        | {f"{name}_bucket" for name in _TTFT.values()}
-        | {_STARTED}
-    )
-)
+def _names_read(engine: str, *, ttft: bool) -> tuple[str, ...]:
+    """The series an ``engine``'s document is read for (``ttft``: with its TTFT buckets)."""
+    names = [
+        n for table in (_WAITING, _RUNNING, _KV_CACHE, _COMPLETED) for n in table.get(engine, ())
+    ]
+    if ttft and engine in _TTFT:
+        names.append(f"{_TTFT[engine]}_bucket")
+    return tuple(dict.fromkeys([*names, _STARTED]))
 
 
-_GAUGES = tuple(n for n in _WANTED if not n.endswith("_bucket"))
+_READ = {
+    (engine, ttft): _names_read(engine, ttft=ttft)
+    for _, engine in METRIC_PREFIXES
+    for ttft in (True, False)
+}
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_:")
 
 
 def parse_load(text: str, *, ttft: bool = True) -> EngineLoad:
@@ -135,17 +136,55 @@ def parse_load(text: str, *, ttft: bool = True) -> EngineLoad:
 
 
 def _select(text: str, *, ttft: bool = True) -> tuple[str | None, list[str]]:
-    """The engine the names say, and the lines of the series read here."""
-    engine: str | None = None
-    lines = []
-    wanted = _WANTED if ttft else _GAUGES
-    for line in text.splitlines():
-        name = line[7:] if line.startswith(("# TYPE ", "# HELP ")) else line
-        if engine is None:
-            engine = engine_of_names((name,))
-        if name.startswith(wanted):
-            lines.append(line)
+    """The engine the names say, and the lines of the series its load is read from.
+
+    Each series' lines are found by ``str.find`` on the line break before its name
+    (lines are separated by ``\\n``: the text exposition format), not by a Python loop
+    over every line: an engine's document is mostly histograms nobody here reads (a
+    vLLM document runs to hundreds of lines), and the loop cost a microsecond a line on
+    every read (docs/design.md §16.5)."""
+    engine = _engine_in(text)
+    if engine is None:
+        return None, []
+    lines: list[str] = []
+    for name in _READ[(engine, ttft)]:
+        _lines_of(text, name, lines)
     return engine, lines
+
+
+def _engine_in(text: str) -> str | None:
+    """``detect.engine_of_names`` over the document's names in order (a sample's, or a
+    ``# TYPE`` / ``# HELP`` line's), line by line until one is an engine's: the first
+    line, in every engine's document."""
+    at, end = 0, len(text)
+    while at < end:
+        stop = text.find("\n", at)
+        stop = end if stop < 0 else stop
+        start = at + 7 if text.startswith(("# TYPE ", "# HELP "), at, stop) else at
+        for prefix, engine in METRIC_PREFIXES:
+            if text.startswith(prefix, start, stop):
+                return engine
+        at = stop + 1
+    return None
+
+
+def _lines_of(text: str, name: str, lines: list[str]) -> None:
+    """Append the sample lines of series ``name`` (the name whole, not a longer name it
+    begins), in document order."""
+    needle, size, end = "\n" + name, len(name), len(text)
+    start = 0 if text.startswith(name) else _after_break(text, needle, 0)
+    while start >= 0:
+        stop = text.find("\n", start + size)
+        stop = end if stop < 0 else stop
+        if start + size == end or text[start + size] not in _NAME_CHARS:
+            lines.append(text[start:stop])
+        start = _after_break(text, needle, stop)
+
+
+def _after_break(text: str, needle: str, at: int) -> int:
+    """Where the next line that ``needle`` (a line break and a name) begins, or -1."""
+    found = text.find(needle, at)
+    return found + 1 if found >= 0 else -1
 
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")

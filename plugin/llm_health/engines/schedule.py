@@ -73,6 +73,19 @@ class SideReadSchedule:
         dues.detect = now + _after(key, DETECT_RETRY_S, first=dues.detect == 0.0)
         return True
 
+    def next_due(self, key: str, *, metrics: bool, models: bool, detect: bool) -> float | None:
+        """The soonest of the key's reads in force (``metrics``, ``models``, ``detect``):
+        before it, no ``*_due`` call of the key answers True. None: no read in force."""
+        dues = self._of(key)
+        times = []
+        if metrics:
+            times.append(dues.reading if dues.reading is not None else 0.0)
+        if models:
+            times.append(dues.models)
+        if detect:
+            times.append(dues.detect)
+        return min(times) if times else None
+
     def forget(self, keep: Collection[str]) -> None:
         """Drop the endpoints not in ``keep`` (no longer checked here)."""
         for key in [k for k in self._dues if k not in keep]:

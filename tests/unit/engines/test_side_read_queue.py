@@ -1,0 +1,143 @@
+"""The engine checks' side reads are started from a queue of each endpoint's soonest
+read (``engines.component._Queue``), not by looking at every endpoint every tick: an
+oracle against the loop over every endpoint it replaced, through reloads, target
+changes, engine detection and read outcomes."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Coroutine
+from typing import Any
+
+import pytest
+
+from llm_health.config import parse_config
+from llm_health.engines.component import EngineChecks
+from llm_health.engines.metrics import Reading
+from llm_health.engines.schedule import MAX_TICK_S, MODELS_EVERY_S
+from llm_health.engines.settings import NO_CHECKS
+from llm_health.model.board import Board
+from llm_health.model.engine_load import EngineLoad
+from tests.fakes import Clock, FakeControl
+
+CONFIG = """
+clusters:
+  - name: plain
+    endpoints: [{address: "127.0.0.1:9001"}, {address: "127.0.0.1:9002"}]
+  - name: auto
+    probe: {engine: auto, engine_metrics: {interval: 2s}}
+    endpoints: [{address: "127.0.0.1:9003"}, {address: "127.0.0.1:9004"}]
+  - name: served
+    model: m
+    probe: {engine_metrics: null, verify: {every: 20s}}
+    endpoints: [{address: "127.0.0.1:9005"}, {address: "127.0.0.1:9006"}]
+  - name: detect
+    probe: {engine: auto, engine_metrics: null}
+    endpoints: [{address: "127.0.0.1:9007"}]
+"""
+RELOADED = CONFIG.replace("interval: 2s", "interval: 5s").replace(
+    "engine_metrics: null, verify", "engine_metrics: {interval: 1s}, verify"
+)
+
+
+def old_tick(checks: EngineChecks, reads: Any) -> None:
+    """The tick before: every endpoint looked at (kept here as the oracle)."""
+    now = checks._clock()
+    for target in checks._targets:
+        state, key = checks._endpoint(target.key), target.key
+        verify, metrics = checks._checks.get(target.cluster, NO_CHECKS)
+        if metrics is not None and checks._schedule.metrics_due(key, metrics.interval, now):
+            checks._spawn(checks._read_metrics(reads, target, metrics))
+        if target.model and target.models_path:
+            every = verify.every if verify is not None else MODELS_EVERY_S
+            if checks._schedule.models_due(key, every, now):
+                checks._spawn(checks._check_model(reads, target))
+        unknown = target.engine == "auto" and key not in checks.engines
+        if (
+            unknown
+            and checks._schedule.detect_due(key, now)
+            and (metrics is None or state.reading.failures or state.reading.load)
+        ):
+            checks._spawn(checks._detect(reads, target))
+
+
+class Recorded:
+    """An ``EngineChecks`` whose started reads are written down (and never run)."""
+
+    def __init__(self, clock: Clock, configs: dict[str, Any]) -> None:
+        self.configs = configs
+        targets = configs["now"].probe_targets()
+        config = configs["now"]
+        control = FakeControl(Board(config.cluster_specs(), clock(), 0.0), clock)
+        self.checks = EngineChecks(control, targets, lambda: configs["now"].engine_checks(), clock)
+        self.started: list[tuple[str, str]] = []
+        self.checks._spawn = self._record  # type: ignore[method-assign]
+
+    def _record(self, job: Coroutine[Any, Any, None]) -> None:
+        self.started.append((job.cr_code.co_name, job.cr_frame.f_locals["target"].key))
+        job.close()
+
+    def tick(self, *, old: bool) -> Counter[tuple[str, str]]:
+        self.started = []
+        if old:
+            old_tick(self.checks, None)
+        else:
+            self.checks._tick(None)  # type: ignore[arg-type]
+        return Counter(self.started)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_same_reads_start_on_the_same_ticks_as_looking_at_every_endpoint(seed: int) -> None:
+    chance = random.Random(seed)
+    configs = {
+        "now": parse_config(CONFIG, "test.yaml", {}),
+        "other": parse_config(RELOADED, "test.yaml", {}),
+    }
+    clock_new, clock_old = Clock(), Clock()
+    new, old = Recorded(clock_new, dict(configs)), Recorded(clock_old, dict(configs))
+    every = configs["now"].probe_targets() + configs["other"].probe_targets()
+    started = 0
+    for step in range(int(120 / MAX_TICK_S)):
+        for clock in (clock_new, clock_old):
+            clock.now += MAX_TICK_S
+        event = chance.random()
+        if event < 0.02:  # a reload: other settings, then the target set again
+            configs["now"], configs["other"] = configs["other"], configs["now"]
+            targets = configs["now"].probe_targets()
+            for side in (new, old):
+                side.configs["now"] = configs["now"]
+                side.checks.set_targets(targets)
+        elif event < 0.05:  # discovery or ownership: a subset of the endpoints
+            keep = [t for t in configs["now"].probe_targets() if chance.random() < 0.7]
+            for side in (new, old):
+                side.checks.set_targets(keep)
+        elif event < 0.08:  # an engine named (by a /metrics read or detection)
+            key = chance.choice(every).key
+            for side in (new, old):
+                side.checks.engines[key] = "vllm"
+        elif event < 0.12:  # a read came back, well or not
+            key = chance.choice(every).key
+            reading = Reading(EngineLoad("vllm")) if chance.random() < 0.5 else Reading(None, 1)
+            for side in (new, old):
+                side.checks._endpoint(key).reading = reading
+        found, expected = new.tick(old=False), old.tick(old=True)
+        assert found == expected, f"step {step}"
+        started += sum(expected.values())
+    assert started > 100  # reads of each kind did start
+
+
+def test_a_tick_looks_only_at_the_endpoints_due() -> None:
+    configs = {"now": parse_config(CONFIG, "test.yaml", {})}
+    clock = Clock()
+    side = Recorded(clock, configs)
+    side.tick(old=False)  # every endpoint's first placement
+    looked: list[str] = []
+    check = side.checks._check
+    side.checks._check = lambda reads, target, now: (
+        looked.append(target.key),
+        check(reads, target, now),
+    )  # type: ignore[method-assign,func-returns-value]
+    clock.now += MAX_TICK_S
+    side.tick(old=False)
+    assert len(looked) < len(configs["now"].probe_targets())
