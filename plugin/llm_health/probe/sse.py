@@ -20,19 +20,25 @@ class SseDecoder:
 
     def feed(self, chunk: bytes) -> list[str]:
         """Consume bytes; return the payloads of every event completed by them."""
-        self._pending += chunk
+        if b"\n" not in chunk:  # no line ends here: nothing to split
+            self._pending += chunk
+            self._check_pending()
+            return []
+        # One split for the whole chunk (the lines a probe's answer brings come together),
+        # not a find and a copy of the rest per line.
+        lines = (self._pending + chunk).split(b"\n")
+        self._pending = lines.pop()
         events: list[str] = []
-        while True:
-            newline = self._pending.find(b"\n")
-            if newline < 0:
-                break
-            line, self._pending = self._pending[:newline], self._pending[newline + 1 :]
+        for line in lines:
             event = self._line(line.rstrip(b"\r"))
             if event is not None:
                 events.append(event)
+        self._check_pending()
+        return events
+
+    def _check_pending(self) -> None:
         if len(self._pending) > self._max_line:
             raise ProtocolError(f"stream line longer than {self._max_line} bytes")
-        return events
 
     def close(self) -> str | None:
         """End of stream: an event still open (no trailing blank line) is delivered."""
