@@ -140,9 +140,9 @@ def _select(text: str, *, ttft: bool = True) -> tuple[str | None, list[str]]:
 
     Each series' lines are found by ``str.find`` on the line break before its name
     (lines are separated by ``\\n``: the text exposition format), not by a Python loop
-    over every line: an engine's document is mostly histograms nobody here reads (a
-    vLLM document runs to hundreds of lines), and the loop cost a microsecond a line on
-    every read (docs/design.md §16.5)."""
+    over every line: an engine's document is mostly histograms nobody here reads, and
+    the loop cost about half a microsecond a line on every read (docs/design.md §16.5,
+    ``bench/side_read_cost.py``)."""
     engine = _engine_in(text)
     if engine is None:
         return None, []
