@@ -90,8 +90,14 @@ class Roster:
         return was_fallback
 
     def evicted(self) -> None:
-        """Redis says we are no member (paused past ``member_ttl``): join again."""
+        """Redis says we are no member (paused past ``member_ttl``): join again. We own
+        nothing until then, so the join's member list hands every endpoint we own again
+        back as gained: a takeover, which publishes it in our new epoch (docs/design.md
+        §12.5). Readers apply only an owner's current epoch, and what we published while
+        evicted was fenced: kept as owned, an endpoint whose state did not change again
+        would show its old verdict, or none, on every other replica for good."""
         self.mode = "starting"
+        self.owned = frozenset()
 
     def set_members(
         self, membership: Membership, keys: Iterable[str], wall_now: float

@@ -106,6 +106,20 @@ def test_evicted_member_writes_nothing_until_it_joins_again() -> None:
     assert roster.write_epoch == 7
 
 
+def test_a_rejoin_takes_over_again_everything_it_owns() -> None:
+    # Evicted and back with a new epoch, the same endpoints are ours: all of them are
+    # gained (a takeover publishes them in the new epoch; readers apply no other).
+    roster = sharing(a=1, b=2)
+    mine = roster.owned
+    assert mine
+    roster.evicted()
+    assert roster.owned == frozenset() and not roster.owns(next(iter(mine)))
+    roster.joined(7)
+    roster.start_sharing()
+    gained = roster.set_members(membership(a=7, b=2), KEYS, 0.0)
+    assert gained == mine == roster.owned
+
+
 def test_fallback_after_member_ttl_of_silence_then_recovery() -> None:
     roster = Roster("a", now=100.0)
     assert roster.fallback_due(102.9, member_ttl=3.0) is None
