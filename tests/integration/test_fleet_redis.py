@@ -277,3 +277,40 @@ async def test_unreachable_redis_at_start_is_a_clear_fallback(
     catalog = runtime.catalog  # type: ignore[attr-defined]
     assert len(catalog.probed(catalog.targets())) == 2  # it probes everything itself
     assert fleet.status()["fallback"] is True
+
+
+@pytest.mark.alone  # members live 0.6 s without a heartbeat: a busy core evicts them
+async def test_an_evicted_member_publishes_what_it_owns_again_in_its_new_epoch(
+    redis_url: str,
+) -> None:
+    """Evicted (its heartbeat late past member_ttl) and back with a new epoch, a replica
+    publishes every endpoint it owns again: readers apply only an owner's current epoch,
+    so a verdict left in its former one would never reach them (docs/design.md §12.5)."""
+    _runtime, fleet = runtime_for(redis_url, "solo")
+    client = sync_redis.Redis.from_url(redis_url)
+    prefix = "llmh:{it}"
+    keys = ("c|127.0.0.1:8000", "c|127.0.0.2:8000")
+
+    def stored_epochs() -> set[int]:
+        found = client.hmget(f"{prefix}:verdicts", list(keys))
+        return {decode_stored(k, v).epoch for k, v in zip(keys, found, strict=True) if v}
+
+    await fleet.prepare()
+    first = fleet.status()["epoch"]
+    tasks = [asyncio.create_task(job()) for job in fleet.tasks()]
+    try:
+        await wait_until_async(lambda: stored_epochs() == {first}, 5, "both published")
+        client.zrem(f"{prefix}:members", "solo")  # as a late heartbeat would leave it
+        await wait_until_async(
+            lambda: fleet.status()["epoch"] not in (None, first) and fleet.mode == "sharing",
+            5,
+            "joined again with a new epoch",
+        )
+        again = fleet.status()["epoch"]
+        await wait_until_async(
+            lambda: stored_epochs() == {again}, 5, "both published again in the new epoch"
+        )
+        assert fleet.counters["rejoins_total"] == 1
+    finally:
+        await cancel_all(tasks)
+        client.close()

@@ -135,11 +135,13 @@ def takeover(
 ) -> Takeover:
     """Endpoints now ours (``keys``) continue from their last stored verdicts
     (``stored``): no return to STARTING, no state change unless our own probes say so.
-    Each is published in our name unless the stored verdict is already ours (a rejoin
-    after an eviction: republishing a thousand unchanged verdicts would only add load to
-    a replica that was evicted for being too busy)."""
+    Each is published in our name unless the stored verdict is already ours in this
+    epoch (the endpoint moved away and back within it). After a rejoin the epoch is new:
+    readers apply no verdict of a former one, and what we wrote while evicted was
+    fenced, so every endpoint is published again, or other replicas would keep what they
+    last applied (STARTING, at a start) until its state changed."""
     verdicts = list(stored)
-    ours = {key_of(v) for v in verdicts if v.owner == roster.me}
+    ours = {key_of(v) for v in verdicts if v.owner == roster.me and v.epoch == roster.epoch}
     return Takeover(
         adopt=[v for v in verdicts if handed_over(v, roster, ledger)],
         publish=frozenset(keys) - ours,

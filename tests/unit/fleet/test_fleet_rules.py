@@ -173,16 +173,17 @@ def test_only_the_owners_current_incarnation_and_newer_verdicts_are_acceptable()
 
 def test_takeover_adopts_a_live_former_owners_verdict_and_publishes_in_our_name() -> None:
     roster, ledger = sharing(a=1, b=2), Ledger()
-    k1, k2, k3, k4 = owned_by("b", "ab")[:4]
+    k1, k2, k3, k4, k5 = owned_by("b", "ab")[:5]
     stored = [
         verdict(k1, "b", 2),  # b alive (a join moved it): continue from its verdict
         verdict(k2, "b", 1),  # b before an outage: our board is newer
         verdict(k3, "gone", 4),  # a dead member
-        verdict(k4, "a", 1),  # ours already (a rejoin): no republishing
+        verdict(k4, "a", 1),  # ours already, in this epoch: no republishing
+        verdict(k5, "a", 0),  # ours in a former epoch (a rejoin): no reader applies it
     ]
-    plan = takeover({k1, k2, k3, k4}, stored, roster, ledger)
+    plan = takeover({k1, k2, k3, k4, k5}, stored, roster, ledger)
     assert plan.adopt == [stored[0]]
-    assert plan.publish == frozenset({k1, k2, k3})
+    assert plan.publish == frozenset({k1, k2, k3, k5})
     ledger.record([stored[0]])
     assert takeover({k1}, stored[:1], roster, ledger).adopt == []  # applied already
 
