@@ -95,9 +95,12 @@ class Roster:
         back as gained: a takeover, which publishes it in our new epoch (docs/design.md
         §12.5). Readers apply only an owner's current epoch, and what we published while
         evicted was fenced: kept as owned, an endpoint whose state did not change again
-        would show its old verdict, or none, on every other replica for good."""
+        would show its old verdict, or none, on every other replica for good. What we
+        own again counts as newly ours for vouching too (``vouches``): no probe result of
+        it was counted while we owned nothing."""
         self.mode = "starting"
         self.owned = frozenset()
+        self._vouched_for = frozenset()
 
     def set_members(
         self, membership: Membership, keys: Iterable[str], wall_now: float

@@ -111,13 +111,16 @@ def test_a_rejoin_takes_over_again_everything_it_owns() -> None:
     # gained (a takeover publishes them in the new epoch; readers apply no other).
     roster = sharing(a=1, b=2)
     mine = roster.owned
-    assert mine
+    assert mine and roster.vouches(now=1.0, stall_s=5.0)  # vouched for them before
     roster.evicted()
     assert roster.owned == frozenset() and not roster.owns(next(iter(mine)))
     roster.joined(7)
     roster.start_sharing()
     gained = roster.set_members(membership(a=7, b=2), KEYS, 0.0)
     assert gained == mine == roster.owned
+    # Owned afresh: vouched for from the rejoin on, not from before the eviction.
+    assert roster.vouches(now=100.0, stall_s=5.0) and roster.vouches(104.0, stall_s=5.0)
+    assert not roster.vouches(106.0, stall_s=5.0)
 
 
 def test_fallback_after_member_ttl_of_silence_then_recovery() -> None:
