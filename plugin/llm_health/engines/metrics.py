@@ -33,7 +33,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from llm_health.engines.detect import METRIC_PREFIXES
+from llm_health.engines.detect import METRIC_PREFIXES, engine_of_names
 from llm_health.model.engine_load import EngineLoad, Histogram
 
 MAX_DOCUMENT = 4 * 1024 * 1024  # bytes of /metrics read at most
@@ -161,9 +161,9 @@ def _engine_in(text: str) -> str | None:
         stop = text.find("\n", at)
         stop = end if stop < 0 else stop
         start = at + 7 if text.startswith(("# TYPE ", "# HELP "), at, stop) else at
-        for prefix, engine in METRIC_PREFIXES:
-            if text.startswith(prefix, start, stop):
-                return engine
+        engine = engine_of_names((text[start:stop],))
+        if engine is not None:
+            return engine
         at = stop + 1
     return None
 
