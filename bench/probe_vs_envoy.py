@@ -39,7 +39,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "plugin"), str(Path(__file__).resolve().pa
 
 from authz_overhead import process_tree_cpu  # noqa: E402
 from probe_scale import port_block, raise_fd_limit  # noqa: E402
-from procs import Sim, cpu_seconds, load_average  # noqa: E402
+from procs import Sim, cpu_seconds, cpu_split, load_average  # noqa: E402
 
 from common import add_workers_argument, write_result  # noqa: E402
 from tests.envoy_harness import EnvoyProcess  # noqa: E402
@@ -140,10 +140,15 @@ async def measure(count: int, args: argparse.Namespace, work: Path) -> dict[str,
             await asyncio.sleep(args.warmup)
             probes0, checks0 = await probes_completed(session, plugin), envoy_checks(envoy)
             cpu0 = process_tree_cpu(plugin.process.pid), cpu_seconds(envoy.pid)
+            split0 = cpu_split(plugin.process.pid), cpu_split(envoy.pid)
             wall0 = time.monotonic()
             await asyncio.sleep(args.duration)
             wall = time.monotonic() - wall0
             cpu = process_tree_cpu(plugin.process.pid) - cpu0[0], cpu_seconds(envoy.pid) - cpu0[1]
+            split = (
+                _since(cpu_split(plugin.process.pid), split0[0]),
+                _since(cpu_split(envoy.pid), split0[1]),
+            )
             probes = await probes_completed(session, plugin) - probes0
             checks = envoy_checks(envoy)
         states = plugin.states()
@@ -160,6 +165,8 @@ async def measure(count: int, args: argparse.Namespace, work: Path) -> dict[str,
         "wall": wall,
         "plugin_cpu": cpu[0],
         "envoy_cpu": cpu[1],
+        "plugin_split": split[0],  # (user, system) of the main process alone
+        "envoy_split": split[1],
         "probes": probes,
         "checks": attempts,
         "check_failures": failures,
@@ -167,11 +174,21 @@ async def measure(count: int, args: argparse.Namespace, work: Path) -> dict[str,
     }
 
 
+def _since(now: tuple[float, float], then: tuple[float, float]) -> tuple[float, float]:
+    return now[0] - then[0], now[1] - then[1]
+
+
+def _split_per(split: tuple[float, float], count: float) -> str:
+    """User + system CPU per probe (or check), in µs."""
+    return f"{split[0] / max(count, 1) * 1e6:.0f} + {split[1] / max(count, 1) * 1e6:.0f} µs"
+
+
 def render(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
         "| endpoints | plugin probes/s | Envoy checks/s | plugin CPU | Envoy CPU"
-        " | CPU per probe | CPU per check | ratio | plugin HEALTHY | Envoy check failures |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        " | CPU per probe | CPU per check | ratio | user + system per probe (main process)"
+        " | user + system per check | plugin HEALTHY | Envoy check failures |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         per_probe = r["plugin_cpu"] / max(r["probes"], 1)
@@ -180,7 +197,9 @@ def render(rows: list[dict[str, Any]]) -> list[str]:
             f"| {r['endpoints']} | {r['probes'] / r['wall']:.0f} | {r['checks'] / r['wall']:.0f}"
             f" | {r['plugin_cpu'] / r['wall']:.1%} | {r['envoy_cpu'] / r['wall']:.1%}"
             f" | {per_probe * 1e6:.0f} µs | {per_check * 1e6:.0f} µs"
-            f" | {per_probe / per_check:.2f}× | {r['healthy']} / {r['endpoints']}"
+            f" | {per_probe / per_check:.2f}× | {_split_per(r['plugin_split'], r['probes'])}"
+            f" | {_split_per(r['envoy_split'], r['checks'])}"
+            f" | {r['healthy']} / {r['endpoints']}"
             f" | {r['check_failures']} |"
         )
     return lines

@@ -92,8 +92,14 @@ class Sim:
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a live process (``/proc/PID/stat``)."""
+    return sum(cpu_split(pid))
+
+
+def cpu_split(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a live process (``/proc/PID/stat``'s utime, stime):
+    what ran in the process's own code, and what the kernel did for it (the syscalls)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
+    return int(fields[11]) / _TICKS, int(fields[12]) / _TICKS
 
 
 def rss_mb(pid: int | str = "self") -> float:
