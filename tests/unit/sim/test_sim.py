@@ -505,7 +505,9 @@ async def test_aborts_are_seen_without_handler_cancellation(
         await wait_until_async(
             lambda: state.counters.aborted == 1, 5, "state.counters.aborted == 1"
         )
-        state.set_fault(FaultSpec(ttft=0.0, tpot=0.005))
+        # [DONE] follows the one token after a tpot: long enough that the client's close
+        # always comes first, even on loaded cores (at 5 ms the stream could complete).
+        state.set_fault(FaultSpec(ttft=0.0, tpot=0.5))
         async with session.post(url, json=completion(max_tokens=1)) as resp:
             await resp.content.readline()  # the token event
             resp.close()
