@@ -128,9 +128,17 @@ async def test_the_answer_follows_the_published_health(running: Own) -> None:
         return all(e.state is State.UNHEALTHY for e in cluster.endpoints)
 
     await wait_until_async(out, 15, "the endpoint taken out")
-    response = await asyncio.to_thread(running.check)
-    assert response.status.code == PERMISSION_DENIED
-    assert response.denied_response.status.code == 503
+    # The board's verdict reaches the admission process through the published snapshot
+    # and the pipe, a hop after the board: on loaded cores the first check can still
+    # find the former view, so the denial is awaited (bounded), not expected at once.
+    denied: list[Any] = []
+
+    async def denies() -> bool:
+        denied[:] = [await asyncio.to_thread(running.check)]
+        return bool(denied[0].status.code == PERMISSION_DENIED)
+
+    await wait_until_async(denies, 5, "the check denied")
+    assert denied[0].denied_response.status.code == 503
     status = running.runtime.status()["authz"]
     own = status["own_server"]
     assert (own["listen"], own["serving"], own["isolation"]) == (
