@@ -366,8 +366,12 @@ async def test_forged_verdicts_of_live_looking_members_stay_within_the_ejection_
 
         ghosts = await forge_fleet(here, attacker, 20, now)
 
+        stop = asyncio.Event()
+
         async def keep_them_beating() -> None:  # the attacker keeps writing: they look live
-            while True:
+            # A flag as well as the cancel: a cancel that lands inside a redis call can be
+            # swallowed by the client, and the loop then never ended (a CI run timed out).
+            while not stop.is_set():
                 await attacker.zadd(MEMBERS, {g: await now() for g in ghosts})
                 await asyncio.sleep(0.1)
 
@@ -380,6 +384,7 @@ async def test_forged_verdicts_of_live_looking_members_stay_within_the_ejection_
                 most_out = max(most_out, len(out))
                 await asyncio.sleep(0.05)
         finally:
+            stop.set()
             beating.cancel()
             await asyncio.gather(beating, return_exceptions=True)
         states = here.states()
