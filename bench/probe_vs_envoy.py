@@ -39,7 +39,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "plugin"), str(Path(__file__).resolve().pa
 
 from authz_overhead import process_tree_cpu  # noqa: E402
 from probe_scale import port_block, raise_fd_limit  # noqa: E402
-from procs import Sim, cpu_seconds, cpu_split, load_average  # noqa: E402
+from procs import Sim, cpu_split, load_average  # noqa: E402
 
 from common import add_workers_argument, write_result  # noqa: E402
 from tests.envoy_harness import EnvoyProcess  # noqa: E402
@@ -139,16 +139,18 @@ async def measure(count: int, args: argparse.Namespace, work: Path) -> dict[str,
         async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
             await asyncio.sleep(args.warmup)
             probes0, checks0 = await probes_completed(session, plugin), envoy_checks(envoy)
-            cpu0 = process_tree_cpu(plugin.process.pid), cpu_seconds(envoy.pid)
+            cpu0 = process_tree_cpu(plugin.process.pid)
             split0 = cpu_split(plugin.process.pid), cpu_split(envoy.pid)
             wall0 = time.monotonic()
             await asyncio.sleep(args.duration)
             wall = time.monotonic() - wall0
-            cpu = process_tree_cpu(plugin.process.pid) - cpu0[0], cpu_seconds(envoy.pid) - cpu0[1]
             split = (
                 _since(cpu_split(plugin.process.pid), split0[0]),
                 _since(cpu_split(envoy.pid), split0[1]),
             )
+            # Envoy's all-in is its split's sum (one reading); the plugin's takes in its
+            # probe workers too, which the split of its main process does not.
+            cpu = process_tree_cpu(plugin.process.pid) - cpu0, sum(split[1])
             probes = await probes_completed(session, plugin) - probes0
             checks = envoy_checks(envoy)
         states = plugin.states()
