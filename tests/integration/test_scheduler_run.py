@@ -172,6 +172,37 @@ def test_failure_is_confirmed_at_once_then_back_to_the_interval() -> None:
     assert [c - calls[0] for c in calls] == pytest.approx([0.0, 0.05, 1.0, 2.0], abs=1e-9)
 
 
+def test_a_confirming_probe_is_not_moved_to_a_start_tick() -> None:
+    """Starts are gathered on ticks (80 ms at 200 endpoints), but a failure's confirmation
+    goes out confirm_delay after it, not on the next tick: a tick would only delay it."""
+    targets = targets_for(list(range(1, 201)), confirm_delay="50ms", unhealthy_after=3)
+    failing_key = targets[7].key
+    calls: list[float] = []
+
+    async def main() -> None:
+        clock = asyncio.get_running_loop().time
+
+        async def probe(target: ProbeTarget) -> ProbeResult:
+            if target.key != failing_key:
+                return ProbeResult(Outcome.FAST, time.time(), ttft_ms=20.0)
+            calls.append(clock())
+            return ProbeResult(Outcome.ERROR, time.time(), detail="fake")
+
+        async def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
+            return None
+
+        task = asyncio.create_task(Scheduler(targets, probe, ignore, clock=clock).run())
+        await asyncio.sleep(2.5)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    on_virtual_time(main())
+    assert start_tick(len(targets), INTERVAL_S) == pytest.approx(0.08)
+    gaps = [b - a for a, b in itertools.pairwise(calls)]
+    # failure, confirm at +50 ms, confirm at +50 ms (unhealthy_after 3), then its slot
+    assert gaps[:2] == pytest.approx([0.05, 0.05], abs=1e-9), gaps
+
+
 def test_update_adds_and_removes_endpoints_while_running() -> None:
     calls: dict[str, int] = defaultdict(int)
     a, b, c = targets_for([1, 2, 3], interval="200ms")
@@ -405,11 +436,11 @@ def test_a_token_already_in_the_loop_at_the_silence_point_is_not_silence(
 
 def test_starts_are_gathered_on_ticks_each_within_a_tick_of_its_slot() -> None:
     """200 endpoints every second: probes 5 ms apart would wake the prober 200 times a
-    second just to start them; gathered on 40 ms ticks (start_tick), each starts at most
+    second just to start them; gathered on 80 ms ticks (start_tick), each starts at most
     one tick after its own slot, never before it, and the first round keeps its spacing."""
     targets = targets_for(list(range(1, 201)))
     tick = start_tick(len(targets), INTERVAL_S)
-    assert tick == pytest.approx(0.04)
+    assert tick == pytest.approx(0.08)
     starts: dict[str, list[float]] = defaultdict(list)
     plan: dict[str, float] = {}
 

@@ -33,8 +33,8 @@ from llm_health.probe.target import ProbeTarget
 FIRST_ROUND_SPACING_S = 0.001  # first round: at most 1,000 probe starts per second
 # Probe starts are gathered on ticks (``start_tick``): a wake-up of the prober costs more
 # than the probe it starts when probes are a few milliseconds apart (docs/design.md §2).
-STARTS_PER_TICK = 8  # what a tick gathers on average
-MAX_START_TICK_S = 0.05  # a probe starts at most this long after its slot
+STARTS_PER_TICK = 16  # what a tick gathers on average
+MAX_START_TICK_S = 0.1  # a probe starts at most this long after its slot
 MIN_START_TICK_S = 0.001  # below this, probes are not gathered
 ProbeFn = Callable[[ProbeTarget], Awaitable[ProbeResult]]
 ResultFn = Callable[[ProbeTarget, ProbeResult], Awaitable[None]]
@@ -170,10 +170,13 @@ def start_tick(count: int, interval: float) -> float:
 
 
 def on_tick(due: float, origin: float, tick: float) -> float:
-    """``due``, moved to the first start tick at or after it (ticks from ``origin``)."""
+    """``due``, moved to the first start tick at or after it (ticks from ``origin``).
+    Never before ``due``: a slot a rounding error past a tick stays where it is (moved
+    back to that tick, it could be the tick that is now, and the probe would start again
+    at once, a second time in its slot)."""
     if tick <= 0:
         return due
-    return origin + math.ceil((due - origin) / tick - 1e-9) * tick
+    return max(due, origin + math.ceil((due - origin) / tick - 1e-9) * tick)
 
 
 def next_slot(now: float, origin: float, phase: float, interval: float) -> float:
@@ -305,6 +308,9 @@ class Scheduler:
                 self._remember(key, result)
                 failures = failures + 1 if result.outcome in FAILURES else 0
             due = self._next_due(target, self._phases[key], failures)
+            # A confirming probe keeps its own time: failures are rare, so a tick would
+            # gather nothing and only delay the verdict (docs/design.md §2).
+            spaced = 0 < failures < target.unhealthy_after
 
     async def _probe_round(self, target: ProbeTarget) -> list[ProbeResult]:
         """The scheduled probe; if it falls silent and the board asks for it, the
