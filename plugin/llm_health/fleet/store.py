@@ -127,7 +127,7 @@ class FleetStore:
                 if message is not None and isinstance(message.get("data"), bytes):
                     yield message["data"]
         finally:
-            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis 8.2
 
     async def close(self) -> None:
         await self._redis.aclose()
