@@ -9,6 +9,15 @@ loop timer, for the earliest; a cancelled alarm is only marked (it leaves the he
 it comes to the top), and the loop timer is moved only when an earlier alarm is added.
 Probes started on one tick share their wake-up.
 
+The heap holds one entry per millisecond that has alarms (a *bucket*: the loop's timer
+resolution under uvloop), not one per alarm: the probes a start tick gathers set their
+slot, silence and timeout alarms within a millisecond of each other, and a heap entry
+per alarm, pushed and later popped (mostly cancelled), was the larger part of firing
+them (measured: 13 µs of CPU per probe at 1,000 endpoints, docs/benchmarks.md). A bucket
+fires once its latest alarm is due, so an alarm is never early and at most a
+millisecond late; alarms fire in time order to the millisecond, and within one in the
+order they were set.
+
 ``Deadline`` is ``asyncio.timeout`` on an ``Alarms``: the same cancel-and-convert rules
 (the task is cancelled at the deadline; on the way out, that cancellation becomes
 ``TimeoutError`` unless someone else cancelled the task too).
@@ -22,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import itertools
 import math
 import time
 from collections.abc import Callable
@@ -44,29 +52,61 @@ class Alarm:
         self.arg = None
 
 
+class _Bucket:
+    """The alarms of one millisecond, in the order set; due once ``latest`` is. No link
+    back from an alarm: a cancel only marks it (no reference cycle to collect)."""
+
+    __slots__ = ("alarms", "latest")
+
+    def __init__(self, when: float) -> None:
+        self.alarms: list[Alarm] = []
+        self.latest = when
+
+    def live(self) -> bool:
+        return any(alarm.callback is not None for alarm in self.alarms)
+
+
+def _bucket_of(when: float) -> int:
+    """The millisecond nearest ``when`` (not the one it falls in: times a whole number of
+    milliseconds apart, give or take a rounding error, keep buckets of their own). Far-off
+    and infinite times share the last."""
+    return round(when * 1000) if -_FAR_S < when < _FAR_S else _FAR_BUCKET
+
+
+_FAR_S = 1e15
+_FAR_BUCKET = 2**62
+
+
 class Alarms:
     """Alarms at times of ``clock``, on one loop timer (see the module's docstring).
     Bound to the running loop of its first use; a closed loop's alarms are dropped."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._heap: list[tuple[float, int, Alarm]] = []
-        self._order = itertools.count()  # ties: in the order they were set
+        self._keys: list[int] = []  # a heap of the buckets' milliseconds
+        self._buckets: dict[int, _Bucket] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handle: asyncio.TimerHandle | None = None
         self._armed = math.inf  # when the loop timer fires
 
     def __len__(self) -> int:
-        """Alarms in the heap, cancelled ones not yet dropped included."""
-        return len(self._heap)
+        """Alarms held, cancelled ones not yet dropped included."""
+        return sum(len(bucket.alarms) for bucket in self._buckets.values())
 
     def at(self, when: float, callback: Callable[[Any], object], arg: Any = None) -> Alarm:
         """``callback(arg)`` at ``when`` (at once, on the loop's next turn, if past)."""
         self.loop()
         alarm = Alarm(callback, arg)
-        heapq.heappush(self._heap, (when, next(self._order), alarm))
-        if when < self._armed:
-            self._arm(when)
+        key = _bucket_of(when)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = _Bucket(when)
+            heapq.heappush(self._keys, key)
+        elif when > bucket.latest:
+            bucket.latest = when
+        bucket.alarms.append(alarm)
+        if bucket.latest < self._armed:
+            self._arm(bucket.latest)
         return alarm
 
     async def sleep_until(self, when: float) -> None:
@@ -92,7 +132,8 @@ class Alarms:
 
     def _bind(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._heap.clear()  # a closed loop's alarms: their tasks are gone
+        self._keys.clear()  # a closed loop's alarms: their tasks are gone
+        self._buckets.clear()
         self._handle = None
         self._armed = math.inf
 
@@ -104,22 +145,26 @@ class Alarms:
         self._handle = self._loop.call_later(max(0.0, when - self._clock()), self._fire)
 
     def _fire(self) -> None:
-        """Call every alarm that is due, drop the cancelled ones at the top, and set the
-        loop timer for the next live one."""
+        """Call every alarm of the buckets now due, drop the buckets at the top whose
+        alarms were all cancelled, and set the loop timer for the next live one."""
         # What the loop timer was set for is due, even if the loop fired it a little
         # early by our clock (uvloop keeps timers to the millisecond): asyncio.sleep's
         # rule. Anything else waits for its own time.
         due = max(self._armed, self._clock())
         self._handle, self._armed = None, math.inf
-        heap = self._heap
-        while heap and (heap[0][0] <= due or heap[0][2].callback is None):
-            alarm = heapq.heappop(heap)[2]
-            callback, arg = alarm.callback, alarm.arg
-            if callback is not None:
-                alarm.cancel()
-                callback(arg)
-        if heap:
-            self._arm(heap[0][0])
+        keys, buckets = self._keys, self._buckets
+        while keys:
+            bucket = buckets[keys[0]]
+            if bucket.latest > due and bucket.live():
+                break
+            del buckets[heapq.heappop(keys)]  # out first: a callback may set new alarms
+            for alarm in bucket.alarms:
+                callback, arg = alarm.callback, alarm.arg
+                if callback is not None:
+                    alarm.cancel()
+                    callback(arg)
+        if keys:
+            self._arm(buckets[keys[0]].latest)
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

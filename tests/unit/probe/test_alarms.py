@@ -73,6 +73,44 @@ def test_one_loop_timer_for_many_alarms_moved_only_for_an_earlier_one() -> None:
         loop.close()
 
 
+def test_alarms_within_a_millisecond_fire_together_in_the_order_set_never_early() -> None:
+    """A start tick's probes set their alarms microseconds apart: they share one heap
+    entry and one loop timer, fire on one wake-up, in the order set, none before its
+    time (the latest of them decides when)."""
+
+    class CountingLoop(asyncio.SelectorEventLoop):
+        timers = 0
+
+        def call_at(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            CountingLoop.timers += 1
+            return super().call_at(*args, **kwargs)
+
+    fired: list[tuple[int, float, float]] = []
+
+    async def main() -> None:
+        alarms = Alarms()
+        base = round(time.monotonic() * 1000) / 1000 + 0.05  # a millisecond's middle
+        whens = [base - 0.0004 + i * 0.00001 for i in range(50)]  # 10 µs apart
+        for i, when in reversed(list(enumerate(whens))):  # set latest first
+
+            def note(at: float, i: int = i) -> None:
+                fired.append((i, at, time.monotonic()))
+
+            alarms.at(when, note, when)
+        assert CountingLoop.timers == 1
+        await asyncio.sleep(0.1)
+        assert len(alarms) == 0
+
+    loop = CountingLoop()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert [i for i, _, _ in fired] == list(reversed(range(50)))  # the order set
+    assert all(now >= at - 0.002 for _, at, now in fired)  # the loop's millisecond, no more
+    assert max(now for _, _, now in fired) - min(now for _, _, now in fired) < 0.001
+
+
 def test_sleep_until_wakes_at_its_time_and_a_past_time_is_one_turn() -> None:
     async def main() -> None:
         alarms = Alarms()
