@@ -192,24 +192,48 @@ _LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\\n]|\
 _ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 
 
+# The common line in one match: labels with no escapes and no blanks around them, one
+# blank, a value of no whitespace at all, nothing after it. What it matches, the general
+# reading below reads the same (an oracle test holds the two together); anything else
+# (escapes, blanks, a timestamp, a broken line) is read, or refused, by that one.
+_PLAIN_LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*"'
+_PLAIN = re.compile(
+    rf"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{{((?:{_PLAIN_LABEL}(?:,{_PLAIN_LABEL})*,?)?)\}})?"
+    r"[ \t]([0-9A-Za-z.+\-_]+)"
+)
+_PLAIN_LABELS = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
+
+
 def _samples(lines: list[str]) -> Iterator[tuple[str, dict[str, str], float]]:
     """(name, labels, value) of each sample line (comments and blank lines skipped), as
     the text exposition format writes them: ``name{label="value",...} value [timestamp]``.
-    ValueError for a line that is not one. Each line is read left to right once."""
+    ValueError for a line that is not one. Each line is read left to right once (most in
+    a single match: ``_PLAIN``, about a third of the general reading's cost)."""
     for line in lines:
         if not line or line.startswith("#"):
             continue
-        name = _NAME.match(line)
-        if name is None:
-            raise ValueError(f"no metric name: {line[:60]!r}")
-        labels: dict[str, str] = {}
-        at = name.end()
-        if at < len(line) and line[at] == "{":
-            at = _labels(line, at + 1, labels)
-        rest = line[at:].split()
-        if not rest or len(rest) > 2 or (at < len(line) and line[at] not in " \t"):
-            raise ValueError(f"no value: {line[:60]!r}")
-        yield name.group(), labels, float(rest[0])
+        plain = _PLAIN.fullmatch(line)
+        if plain is not None:
+            name, block, value = plain.groups()
+            found = dict(_PLAIN_LABELS.findall(block)) if block else {}
+            yield name, found, float(value)
+            continue
+        yield _sample(line)
+
+
+def _sample(line: str) -> tuple[str, dict[str, str], float]:
+    """One sample line by the general rules (``_samples``)."""
+    name = _NAME.match(line)
+    if name is None:
+        raise ValueError(f"no metric name: {line[:60]!r}")
+    labels: dict[str, str] = {}
+    at = name.end()
+    if at < len(line) and line[at] == "{":
+        at = _labels(line, at + 1, labels)
+    rest = line[at:].split()
+    if not rest or len(rest) > 2 or (at < len(line) and line[at] not in " \t"):
+        raise ValueError(f"no value: {line[:60]!r}")
+    return name.group(), labels, float(rest[0])
 
 
 def _labels(line: str, at: int, labels: dict[str, str]) -> int:
