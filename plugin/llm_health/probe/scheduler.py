@@ -116,6 +116,12 @@ def _median(values: deque[float]) -> float:
     return (ordered[middle - 1] + ordered[middle]) / 2
 
 
+def _confirms(target: ProbeTarget, failures: int) -> bool:
+    """Whether the next probe confirms a failure: one that could still change the verdict
+    (fewer than ``unhealthy_after`` in a row)."""
+    return 0 < failures < target.unhealthy_after
+
+
 def _only_slow(results: list[ProbeResult]) -> bool:
     return len(results) == 1 and results[0].outcome is Outcome.SLOW
 
@@ -310,7 +316,7 @@ class Scheduler:
             due = self._next_due(target, self._phases[key], failures)
             # A confirming probe keeps its own time: failures are rare, so a tick would
             # gather nothing and only delay the verdict (docs/design.md §2).
-            spaced = 0 < failures < target.unhealthy_after
+            spaced = _confirms(target, failures)
 
     async def _probe_round(self, target: ProbeTarget) -> list[ProbeResult]:
         """The scheduled probe; if it falls silent and the board asks for it, the
@@ -432,7 +438,7 @@ class Scheduler:
         """Confirm a failure at once while it could still change the verdict (fewer than
         ``unhealthy_after`` in a row); otherwise back to the endpoint's own slot."""
         now = self._clock()
-        if 0 < failures < target.unhealthy_after:
+        if _confirms(target, failures):
             return now + target.confirm_delay_s
         return next_slot(now, self._origin, phase, target.interval_s)
 
