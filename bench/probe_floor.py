@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -37,12 +36,14 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "plugin"), str(Path(__file__).resolve().parent)]
 
+from probe_client_cost import cpu_s  # noqa: E402
 from probe_scale import port_block, raise_fd_limit  # noqa: E402
 from probe_vs_envoy import CHECK_BODY, PORTS_PER_SIM, envoy_checks, envoy_config  # noqa: E402
 from procs import Sim, child_env, cpu_split, load_average  # noqa: E402
 
 from common import write_result  # noqa: E402
-from llm_health.probe.scheduler import start_tick  # noqa: E402
+from llm_health.probe.http1 import request_head, route_of  # noqa: E402
+from llm_health.probe.scheduler import next_slot, on_tick, start_tick  # noqa: E402
 from tests.envoy_harness import EnvoyProcess  # noqa: E402
 
 INTERVAL_S = 1.0
@@ -97,7 +98,7 @@ class _Endpoint:
         self.token = False
         self.busy = False
         self.done = self.failed = 0
-        self.origin = self.phase = 0.0
+        self.origin = self.phase = self.tick = 0.0
 
     def start(self) -> None:
         self.schedule_next()
@@ -149,24 +150,16 @@ class _Endpoint:
         self.answer = None
 
     def schedule_next(self) -> None:
-        """The next slot after now: origin + phase + k * interval (no catch-up)."""
-        k = int((self.loop.time() - self.origin - self.phase) // INTERVAL_S) + 1
-        self.loop.call_at(self.origin + self.phase + k * INTERVAL_S, self.start)
+        """The next slot after now, moved to its start tick: the scheduler's own rules
+        (``next_slot``, ``on_tick``; no catch-up)."""
+        due = next_slot(self.loop.time(), self.origin, self.phase, INTERVAL_S)
+        self.loop.call_at(on_tick(due, self.origin, self.tick), self.start)
 
 
 def _request(port: int) -> bytes:
     body = json.dumps({**CHECK_BODY, "temperature": 0}).encode()
-    head = (
-        f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-        "Content-Type: application/json\r\nAccept: text/event-stream\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    )
-    return head.encode() + body
-
-
-def _cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+    route = route_of(f"http://127.0.0.1:{port}/v1/completions")
+    return request_head(route, {"Accept": "text/event-stream"}, len(body)) + body
 
 
 async def _floor(ports: list[int], gather: bool, warmup: float, duration: float) -> dict[str, Any]:
@@ -175,15 +168,14 @@ async def _floor(ports: list[int], gather: bool, warmup: float, duration: float)
     endpoints = [_Endpoint(loop, port, _request(port)) for port in ports]
     origin = loop.time() + 0.1
     for index, endpoint in enumerate(endpoints):
-        phase = index / len(endpoints) * INTERVAL_S
-        endpoint.origin = origin
-        endpoint.phase = (phase // tick) * tick if tick else phase
-        loop.call_at(origin + endpoint.phase, endpoint.start)
+        endpoint.origin, endpoint.tick = origin, tick
+        endpoint.phase = index / len(endpoints) * INTERVAL_S
+        loop.call_at(on_tick(origin + endpoint.phase, origin, tick), endpoint.start)
     try:
         await asyncio.sleep(warmup)
-        cpu0, done0 = _cpu_s(), sum(e.done + e.failed for e in endpoints)
+        cpu0, done0 = cpu_s(), sum(e.done + e.failed for e in endpoints)
         await asyncio.sleep(duration)
-        cpu, probes = _cpu_s() - cpu0, sum(e.done + e.failed for e in endpoints) - done0
+        cpu, probes = cpu_s() - cpu0, sum(e.done + e.failed for e in endpoints) - done0
         return {
             "cpu": cpu,
             "probes": probes,
