@@ -8,7 +8,7 @@ Single-owner: everything runs on the runtime's event loop.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from llm_health.core.control import (
@@ -73,24 +73,34 @@ class BoardKeeper:
         return result
 
     async def fold_probe(self, cluster: str, address: str, result: ProbeResult) -> None:
-        """Fold a scheduled (or probe-now) result in; publish only when what Envoy sees
-        may change (a state, or a cluster becoming warm): a FAST probe on a HEALTHY
-        endpoint wakes no xDS stream."""
-        if not self.board.has_endpoint(cluster, address):
-            return  # removed by a reload while this probe was in flight
+        """Fold a scheduled (or probe-now) result in, and publish what it changed."""
+        publish = self.fold_result(cluster, address, result)
+        if publish is not None:
+            await publish
+
+    def fold_result(
+        self, cluster: str, address: str, result: ProbeResult
+    ) -> Coroutine[Any, Any, None] | None:
+        """Fold a result in now (the scheduler's way: no task, no wait); returned, the
+        publish to await when what Envoy sees may change (a state, or a cluster becoming
+        warm): a FAST probe on a HEALTHY endpoint wakes no xDS stream."""
+        board = self.board
+        if not board.has_endpoint(cluster, address):
+            return None  # removed by a reload while this probe was in flight
         self.stats.probes_total += 1
-        if not trusted(result, self.board.policy(cluster)):
+        if not trusted(result, board.policy(cluster)):
             self.stats.probes_ignored_loop_lag += 1
             self._log_ignored(cluster, address, result)
-            return
+            return None
         for observe in self._probe_observers:
             observe(cluster, address, result)
-        was_warm = self.board.is_warm(cluster)
-        transition = self.board.record(cluster, address, result, self._clock())
+        was_warm = board.is_warm(cluster)
+        transition = board.record(cluster, address, result, self._clock())
         if transition.changed or transition.alert:
             self.notify(cluster, address, transition, result)
-        if transition.changed or was_warm != self.board.is_warm(cluster):
-            await self._publish()
+        if transition.changed or was_warm != board.is_warm(cluster):
+            return self._publish()
+        return None
 
     def _log_ignored(self, cluster: str, address: str, result: ProbeResult) -> None:
         """At most one line per IGNORED_LOG_EVERY_S, with how many were left out: an

@@ -5,7 +5,9 @@ keeper's board, how late the prober runs, and the port an HTTP server bound."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 
 from aiohttp import web
 
@@ -14,6 +16,7 @@ from llm_health.core.control import ProberStats
 from llm_health.model.outcome import ProbeResult
 from llm_health.probe.client import ProbeFn
 from llm_health.probe.scheduler import ResultFn, Scheduler, SilenceFn
+from llm_health.probe.signals import ProbeReceiver, Started, Starter, start_coroutine
 from llm_health.probe.target import ProbeTarget
 
 
@@ -30,8 +33,8 @@ def probe_scheduler(
     into the keeper's board (unless ``on_result`` / ``on_silence`` say otherwise), with
     the confirming probe beside a silent one (docs/design.md §2.7)."""
 
-    async def fold(target: ProbeTarget, result: ProbeResult) -> None:
-        await control.fold_probe(target.cluster, target.address, result)
+    def fold(target: ProbeTarget, result: ProbeResult) -> Awaitable[None] | None:
+        return control.fold_result(target.cluster, target.address, result)
 
     async def silence(target: ProbeTarget, silent_ms: float) -> bool:
         return await control.fold_silence(target.cluster, target.address, silent_ms)
@@ -44,6 +47,7 @@ def probe_scheduler(
         targets,
         slots.probe,
         on_result or fold,
+        start=slots.start,
         on_silence=on_silence or silence,
         confirm=confirm,
         lag=ProberLag(control.stats),
@@ -64,15 +68,19 @@ class ProberLag:
 
 
 class ProbeSlots:
-    """At most one probe in flight per endpoint through ``probe`` (scheduled probes and
-    probe-now share it), plus at most one through ``confirm``: the confirming probe
-    started beside a silent one. Never more than two (docs/design.md §2.7). An
-    uncontended asyncio.Lock does not yield: no added latency."""
+    """At most one probe in flight per endpoint through ``probe`` or ``start`` (scheduled
+    probes and probe-now share it), plus at most one through ``confirm``: the confirming
+    probe started beside a silent one. Never more than two (docs/design.md §2.7).
 
-    def __init__(self, probe: ProbeFn) -> None:
+    ``start`` (the scheduler's, no task: ``probe.signals``) takes a free slot at once
+    and starts the probe through ``starter``; a busy one (a probe-now in flight) is waited
+    for in a task, as ``probe`` waits."""
+
+    def __init__(self, probe: ProbeFn, starter: Starter | None = None) -> None:
         self._probe = probe
-        self._main: dict[str, asyncio.Lock] = {}
-        self._extra: dict[str, asyncio.Lock] = {}
+        self._starter: Starter = starter if starter is not None else partial(start_coroutine, probe)
+        self._main: dict[str, _Slot] = {}
+        self._extra: dict[str, _Slot] = {}
 
     async def probe(self, target: ProbeTarget) -> ProbeResult:
         async with _slot(self._main, target.key):
@@ -82,14 +90,96 @@ class ProbeSlots:
         async with _slot(self._extra, target.key):
             return await self._probe(target)
 
+    def start(self, target: ProbeTarget, receiver: ProbeReceiver) -> Started:
+        slot = _slot(self._main, target.key)
+        if not slot.take_now():
+            return start_coroutine(self.probe, target, receiver)
+        holding = _Holding(receiver, slot)
+        holding.started = self._starter(target, holding)
+        return holding
 
-def _slot(locks: dict[str, asyncio.Lock], key: str) -> asyncio.Lock:
-    """The endpoint's lock, made at its first probe (not a new one thrown away at every
-    probe, as ``setdefault(key, asyncio.Lock())`` would)."""
-    lock = locks.get(key)
-    if lock is None:
-        lock = locks[key] = asyncio.Lock()
-    return lock
+
+class _Slot:
+    """One endpoint's slot: held by one probe at a time, handed on in the order asked
+    (``asyncio.Lock``'s rules, plus ``take_now`` for a start that cannot wait)."""
+
+    __slots__ = ("_waiters", "held")
+
+    def __init__(self) -> None:
+        self.held = False
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    def take_now(self) -> bool:
+        if self.held or self._waiters:
+            return False
+        self.held = True
+        return True
+
+    def release(self) -> None:
+        """Hand the slot to the first waiter still waiting, or free it."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.held = False
+
+    async def __aenter__(self) -> None:
+        if self.take_now():
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter  # resolved: the slot was handed to us (still held)
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # handed to us as we were cancelled: hand it on
+            raise
+
+    async def __aexit__(self, *_exc: object) -> None:
+        self.release()
+
+
+class _Holding:
+    """A started probe holding its endpoint's slot: the slot is freed once, when the
+    probe ends (before its receiver hears of it, as ``probe`` frees it before returning)
+    or is cancelled."""
+
+    __slots__ = ("_receiver", "_slot", "started")
+
+    def __init__(self, receiver: ProbeReceiver, slot: _Slot) -> None:
+        self._receiver = receiver
+        self._slot: _Slot | None = slot
+        self.started: Started | None = None
+
+    def set(self) -> None:
+        self._receiver.set()
+
+    def done(self, result: ProbeResult) -> None:
+        self._free()
+        self._receiver.done(result)
+
+    def failed(self, error: Exception) -> None:
+        self._free()
+        self._receiver.failed(error)
+
+    def cancel(self) -> None:
+        self._free()
+        if self.started is not None:
+            self.started.cancel()
+
+    def _free(self) -> None:
+        slot, self._slot = self._slot, None
+        if slot is not None:
+            slot.release()
+
+
+def _slot(slots: dict[str, _Slot], key: str) -> _Slot:
+    """The endpoint's slot, made at its first probe."""
+    slot = slots.get(key)
+    if slot is None:
+        slot = slots[key] = _Slot()
+    return slot
 
 
 def bound_port(runner: web.AppRunner) -> int | None:

@@ -20,7 +20,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ from llm_health.probe.http1 import Connections
 from llm_health.probe.lag import LoopLagMonitor
 from llm_health.probe.pool import WorkerPool
 from llm_health.probe.scheduler import Scheduler
+from llm_health.probe.signals import Starter
 from llm_health.probe.target import ProbeTarget
 from llm_health.servers.auth import GrpcSecurity, SecurityProvider
 from llm_health.servers.grpc import start_grpc_server
@@ -128,8 +129,8 @@ class Runtime:
             await self._run(stop)
 
     async def _run(self, stop: asyncio.Event) -> None:
-        async with new_connections() as connections, self._probers(connections) as probe_fn:
-            slots = ProbeSlots(probe_fn)
+        async with new_connections() as connections, self._probers(connections) as probers:
+            slots = ProbeSlots(*probers)
             self.control.attach_prober(
                 lambda cluster, address: slots.probe(self._target(cluster, address))
             )
@@ -157,7 +158,7 @@ class Runtime:
                 await http.cleanup()
 
     @contextlib.asynccontextmanager
-    async def _probers(self, connections: Connections) -> AsyncIterator[ProbeFn]:
+    async def _probers(self, connections: Connections) -> AsyncIterator[tuple[ProbeFn, Starter]]:
         """The micro-probe (in-process, or in ``server.probe_workers`` processes: docs/
         design.md §16.2), through the engine checks when they run (known-answer probes in
         some slots; the request body by detected engine)."""
@@ -173,15 +174,19 @@ class Runtime:
             prober = self.workers
         self.prober = prober
         try:
-            yield wrapper.wrap(prober) if wrapper is not None else prober.probe
+            if wrapper is None:
+                yield prober.probe, prober.start_probe
+            else:
+                yield wrapper.wrap(prober), wrapper.starter(prober)
         finally:
             if self.workers is not None:
                 self.stats.worker_lag_ms = None
                 await self.workers.close()
 
-    async def on_result(self, target: ProbeTarget, result: ProbeResult) -> None:
-        """The scheduler's callback: fold the result into the board."""
-        await self.control.fold_probe(target.cluster, target.address, result)
+    def on_result(self, target: ProbeTarget, result: ProbeResult) -> Awaitable[None] | None:
+        """The scheduler's callback: fold the result into the board (what is returned,
+        the publish of a change, the scheduler awaits)."""
+        return self.control.fold_result(target.cluster, target.address, result)
 
     async def on_silence(self, target: ProbeTarget, silent_ms: float) -> bool:
         """The scheduler's silence callback: a probe in flight has no first token yet."""

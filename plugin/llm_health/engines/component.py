@@ -66,6 +66,7 @@ from llm_health.model.engine_load import EngineLoad
 from llm_health.model.outcome import ProbeResult
 from llm_health.model.redact import printable_line
 from llm_health.probe.client import ProbeFn, Prober
+from llm_health.probe.signals import ProbeReceiver, Started, Starter, start_coroutine
 from llm_health.probe.target import ProbeTarget
 
 log = logging.getLogger("llm_health")
@@ -186,6 +187,18 @@ class EngineChecks:
             return await self._verify(prober, target, verify)
 
         return probe
+
+    def starter(self, prober: Prober) -> Starter:
+        """``wrap``'s probe, started (``probe.signals``): the plain probe through
+        ``prober.start_probe`` with no task; a known-answer probe, when one is due, in a task."""
+        probe = self.wrap(prober)
+
+        def start(target: ProbeTarget, receiver: ProbeReceiver) -> Started:
+            if self._verify_due(target) is None:
+                return prober.start_probe(target, receiver)
+            return start_coroutine(probe, target, receiver)
+
+        return start
 
     def _verify_due(self, target: ProbeTarget) -> VerifyConfig | None:
         """The endpoint's ``probe.verify`` when its next probe is a known-answer probe."""

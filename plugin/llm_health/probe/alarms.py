@@ -163,9 +163,18 @@ class Alarms:
                 callback, arg = alarm.callback, alarm.arg
                 if callback is not None:
                     alarm.cancel()
-                    callback(arg)
+                    try:
+                        callback(arg)
+                    except Exception as exc:  # one alarm's bug must not lose the others'
+                        self._report(exc, callback)
         if keys:
             self._arm(buckets[keys[0]].latest)
+
+    def _report(self, exc: Exception, callback: Callable[[Any], object]) -> None:
+        """As the loop reports a failed callback (its exception handler logs it)."""
+        assert self._loop is not None
+        context = {"message": f"alarm {callback!r} failed", "exception": exc}
+        self._loop.call_exception_handler(context)
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

@@ -16,6 +16,7 @@ timeout, in a probe worker process as in the runtime.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -28,7 +29,7 @@ from llm_health.errors import ProtocolError
 from llm_health.model.answer import Answer
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.redact import printable_line, redact_secrets
-from llm_health.probe.alarms import Alarms, Deadline
+from llm_health.probe.alarms import Alarm, Alarms
 from llm_health.probe.answer import AnswerReader, answer_request
 from llm_health.probe.events import EventKind, error_message_from_body, interpret
 from llm_health.probe.http1 import (
@@ -42,7 +43,13 @@ from llm_health.probe.http1 import (
     route_of,
 )
 from llm_health.probe.lag import LoopLagMonitor
-from llm_health.probe.signals import first_token_seen
+from llm_health.probe.signals import (
+    FIRST_TOKEN,
+    ProbeReceiver,
+    Started,
+    Starter,
+    TokenListener,
+)
 from llm_health.probe.sse import SseDecoder
 from llm_health.probe.target import ProbeTarget
 
@@ -68,14 +75,6 @@ NONCE_MARK = "<nonce-mark>"
 def new_connections() -> Connections:
     """The prober's connections (``probe.http1``): ``async with new_connections() as c``."""
     return Connections()
-
-
-@dataclass(slots=True)
-class _Held:
-    """The connection of an attempt, released (kept or closed) whatever happens."""
-
-    connection: Connection | None = None
-    reuse: bool = False
 
 
 @dataclass(slots=True)
@@ -121,6 +120,10 @@ class Prober(Protocol):
 
     async def verify(self, target: ProbeTarget, question: Question) -> ProbeResult: ...
 
+    def start_probe(self, target: ProbeTarget, receiver: ProbeReceiver) -> Started:
+        """``probe`` without awaiting it (``probe.signals``)."""
+        ...
+
 
 class ProbeWrapper(Protocol):
     """A feature that takes part in every scheduled probe (the engine checks: docs/design.md
@@ -136,10 +139,18 @@ class ProbeWrapper(Protocol):
         """The scheduler's probe function, probing through ``prober``."""
         ...
 
+    def starter(self, prober: Prober) -> Starter:
+        """``wrap``'s probe, started (``probe.signals``): ``prober.start_probe`` itself when the
+        feature has nothing to add to this probe."""
+        ...
+
 
 class MicroProbe:
     """Sends micro-probes over the prober's own HTTP/1.1 exchange (``probe.http1``).
     Task-safe: each call is independent.
+
+    Each probe is an ``_Exchange`` driven by its connection's callbacks and one alarm:
+    ``start_probe`` runs it with no task (the scheduler's way), ``probe`` and ``verify`` await it.
 
     A connection is kept for the next probe only when the whole answer followed its first
     token within ``REUSE_GRACE_S`` (``max_tokens`` 1: the engine ends the stream at once);
@@ -159,8 +170,15 @@ class MicroProbe:
         self._lag = lag
         self._engines: Mapping[str, str] = engines if engines is not None else {}
         self.stale_resends = 0  # requests sent again after a dead pooled connection
-        self._alarms = Alarms()  # every probe's timeout, on one loop timer
+        self._alarms = Alarms()  # every probe's timeout and tail, on one loop timer
         self._requests = _Requests()
+
+    def start_probe(self, target: ProbeTarget, receiver: ProbeReceiver) -> Started:
+        """Probe once, telling ``receiver`` (``probe.signals``); its result comes within
+        ``target.timeout_s`` (plus scheduling)."""
+        exchange = _Exchange(self, target, None, receiver)
+        exchange.begin()
+        return exchange
 
     async def probe(self, target: ProbeTarget) -> ProbeResult:
         """Probe once; the result arrives within ``target.timeout_s`` (plus scheduling)."""
@@ -176,83 +194,21 @@ class MicroProbe:
         return self._engines.get(target.key) if target.engine == "auto" else target.engine
 
     async def _run(self, target: ProbeTarget, question: Question | None) -> ProbeResult:
-        """One probe. A request that fails before any answer on a *kept* connection the
-        server had closed meanwhile (an idle timeout, a restart) is sent once more on a new
-        connection: the engine never saw it, so that is no retry of a failed probe; it is
-        counted (``stale_resends``). Its timing starts with the resend."""
-        result = await self._attempt(target, question)
-        if result is None:
-            self.stale_resends += 1
-            result = await self._attempt(target, question, resend=True)
-        assert result is not None
-        return result
-
-    async def _attempt(
-        self, target: ProbeTarget, question: Question | None, *, resend: bool = False
-    ) -> ProbeResult | None:
-        timing = _Timing(time.perf_counter())
-        wall = time.time()
-        answer: Answer | None = None
-        reader = AnswerReader(target.api, target.secrets) if question is not None else None
-        held = _Held()
+        """One exchange, awaited; cancelling the wait ends it (its connection closed)."""
+        awaited = _Awaited(self._alarms.loop().create_future(), FIRST_TOKEN.get())
+        exchange = _Exchange(self, target, question, awaited)
+        exchange.begin()
         try:
-            try:
-                async with Deadline(self._alarms, time.monotonic() + target.timeout_s) as limit:
-                    outcome, status, detail = await self._exchange(
-                        target, timing, held, question, reader, limit, resend=resend
-                    )
-            except TimeoutError:
-                outcome, status, detail = Outcome.TIMEOUT, None, _timeout_detail(target, timing)
-                if reader is not None and timing.first_token is not None:
-                    outcome, status, detail = Outcome.FAST, 200, ""  # the answer ran late
-            except (OSError, ProtocolError, UnicodeError, ValueError) as exc:
-                if not resend and _stale_connection(exc, timing):
-                    return None
-                outcome, status, detail = Outcome.ERROR, None, _error_detail(exc)
-                if reader is not None and timing.first_token is not None:
-                    outcome, status, detail = Outcome.FAST, 200, f"answer cut: {_error_detail(exc)}"
-            if reader is not None and timing.first_token is not None:
-                answer = reader.answer(complete=reader.finished)
-            result = self._result(target, timing, wall, outcome, status, detail, answer)
-            held.reuse = status is not None and await self._rest_follows(held.connection)
-            return result
+            return await awaited.future
         finally:
-            if held.connection is not None:
-                self._connections.release(held.connection, reuse=held.reuse)
+            exchange.cancel()  # nothing once its result is out: its tail runs on
 
-    async def _exchange(
-        self,
-        target: ProbeTarget,
-        timing: _Timing,
-        held: _Held,
-        question: Question | None = None,
-        reader: AnswerReader | None = None,
-        limit: Deadline | None = None,
-        *,
-        resend: bool = False,
-    ) -> tuple[Outcome, int | None, str]:
+    def _request(self, target: ProbeTarget, question: Question | None) -> tuple[Route, bytes]:
         engine = self.engine_of(target)
         route = route_of(target.url)
         if question is None:
-            request = self._requests.get(target, engine)
-        else:
-            request = probe_request(target, engine, route, new_nonce(), question)
-        connection, timing.reused = await self._connections.take(route, fresh=resend)
-        held.connection = connection
-        timing.connected = time.perf_counter()
-        connection.send(request)
-        try:
-            status = await connection.head()
-        finally:  # a timeout too: "no first token (headers after ...)"
-            timing.headers = connection.head_at  # as the first token: when the bytes came
-        if status != 200:
-            return await _classify_status(connection, status, target)
-        decoder = SseDecoder()
-        outcome, detail = await _read_first_token(connection, target, timing, decoder, reader)
-        if reader is not None and outcome is Outcome.FAST and limit is not None:
-            limit.reschedule(time.monotonic() + target.timeout_s)
-            await _read_answer(connection, decoder, reader)
-        return outcome, 200, detail
+            return route, self._requests.get(target, engine)
+        return route, probe_request(target, engine, route, new_nonce(), question)
 
     def _result(
         self,
@@ -284,20 +240,388 @@ class MicroProbe:
             answer=answer,
         )
 
-    async def _rest_follows(self, connection: Connection | None) -> bool:
-        """After the verdict: does the rest of the answer (a one-token stream's finish,
-        usage and ``[DONE]``; an error body) arrive whole within REUSE_GRACE_S, at most
-        MAX_TAIL_BYTES? Then the connection can be kept. Never raises: a connection that
-        breaks or dawdles is closed, which ends the engine's request (docs/design.md §2)."""
-        if connection is None or connection.lost:
-            return False
+
+class _Awaited:
+    """The receiver of an awaited probe: its result (or the prober's own failure) into
+    ``future``, its first token to the ``FIRST_TOKEN`` listener of the awaiting task."""
+
+    __slots__ = ("_listener", "future")
+
+    def __init__(self, future: asyncio.Future[ProbeResult], listener: TokenListener | None) -> None:
+        self.future = future
+        self._listener = listener
+
+    def set(self) -> None:
+        if self._listener is not None:
+            self._listener.set()
+
+    def done(self, result: ProbeResult) -> None:
+        if not self.future.done():
+            self.future.set_result(result)
+
+    def failed(self, error: Exception) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
+# The steps of an exchange (``_Exchange._phase``).
+_IDLE, _CONNECTING, _HEAD, _TOKEN, _ERROR_BODY, _ANSWER, _TAIL, _OVER = range(8)
+# What the endpoint (or the network) can do wrong: a result, never an exception.
+ENDPOINT_FAULTS = (OSError, ProtocolError, UnicodeError, ValueError)
+
+
+class _Exchange:
+    """One probe: request, head, first token (and a known-answer probe's answer), then
+    the answer's tail, driven by its connection's news (``Connection.listener``) and its
+    alarms, with no task or coroutine of its own (docs/design.md §16.10). It tells its
+    receiver the first token, then once its result; the result is out as soon as the
+    verdict is known, and the tail (a one-token stream's finish, usage and ``[DONE]``)
+    is read after it, within ``REUSE_GRACE_S``, to keep the connection.
+
+    A request that fails before any answer on a *kept* connection the server had closed
+    meanwhile (an idle timeout, a restart) is sent once more on a new connection: the
+    engine never saw it, so that is no retry of a failed probe; it is counted
+    (``MicroProbe.stale_resends``). Its timing starts with the resend."""
+
+    __slots__ = (
+        "_connection",
+        "_deadline",
+        "_decoder",
+        "_grace",
+        "_opening",
+        "_owner",
+        "_parts",
+        "_phase",
+        "_question",
+        "_reader",
+        "_received",
+        "_receiver",
+        "_resend",
+        "_status",
+        "_target",
+        "_timing",
+        "_wall",
+    )
+
+    def __init__(
+        self,
+        owner: MicroProbe,
+        target: ProbeTarget,
+        question: Question | None,
+        receiver: ProbeReceiver,
+    ) -> None:
+        self._owner = owner
+        self._target = target
+        self._question = question
+        self._receiver = receiver
+        self._phase = _IDLE
+        self._connection: Connection | None = None
+        self._opening: asyncio.Task[None] | None = None
+        self._deadline: Alarm | None = None
+        self._grace: Alarm | None = None
+        self._resend = False
+        self._reader: AnswerReader | None = None
+        self._decoder = _NO_DECODER
+        self._received = 0
+        self._status: int | None = None
+        self._parts: list[bytes] = []
+
+    # --- the steps ----------------------------------------------------------------------
+
+    def begin(self, *, resend: bool = False) -> None:
+        owner, target = self._owner, self._target
+        self._resend = resend
+        self._timing = _Timing(time.perf_counter())
+        self._wall = time.time()
+        if self._question is not None:
+            self._reader = AnswerReader(target.api, target.secrets)
+        deadline = time.monotonic() + target.timeout_s
+        self._deadline = owner._alarms.at(deadline, _Exchange._timed_out, self)
         try:
-            if connection.complete:  # the rest came with the token: no wait, no timer
-                return await connection.to_end(MAX_TAIL_BYTES) and connection.reusable
-            async with Deadline(self._alarms, time.monotonic() + REUSE_GRACE_S):
-                return await connection.to_end(MAX_TAIL_BYTES) and connection.reusable
-        except (TimeoutError, OSError, ProtocolError):
-            return False
+            route, request = owner._request(target, self._question)
+        except ENDPOINT_FAULTS as exc:  # a header or URL that cannot be sent
+            self._finish(Outcome.ERROR, None, _error_detail(exc))
+            return
+        connection = owner._connections.take_kept(route, fresh=resend)
+        if connection is None:
+            self._phase = _CONNECTING
+            loop = owner._alarms.loop()
+            self._opening = loop.create_task(self._open(route, request))
+        else:
+            self._timing.reused = True
+            self._send(connection, request)
+
+    async def _open(self, route: Route, request: bytes) -> None:
+        try:
+            connection = await self._owner._connections.open(route)
+        except ENDPOINT_FAULTS as exc:
+            self._opening = None
+            self._on_fault(exc)
+            return
+        except Exception as exc:  # the prober's own bug: to the receiver
+            self._opening = None
+            self._crash(exc)
+            return
+        self._opening = None
+        if self._phase is not _CONNECTING:  # over meanwhile (its cancel came too late)
+            connection.close()
+            return
+        self._send(connection, request)
+
+    def _send(self, connection: Connection, request: bytes) -> None:
+        self._connection = connection
+        self._timing.connected = time.perf_counter()
+        self._phase = _HEAD
+        connection.listener = self._news
+        connection.send(request)
+
+    def _news(self) -> None:
+        """The connection has something new (bytes, its end, a failure)."""
+        try:
+            self._advance()
+        except ENDPOINT_FAULTS as exc:
+            self._on_fault(exc)
+        except Exception as exc:  # the prober's own bug: to the receiver
+            self._crash(exc)
+
+    def _advance(self) -> None:
+        connection = self._connection
+        phase = self._phase
+        if connection is None:
+            return
+        if phase is _HEAD:
+            if not connection.head_ready():
+                return
+            self._timing.headers = connection.head_at  # as the first token: when it came
+            self._status = connection.status
+            self._received = 0
+            if self._status != 200:
+                phase = self._phase = _ERROR_BODY
+            else:
+                self._decoder = SseDecoder()
+                phase = self._phase = _TOKEN
+        if phase is _TOKEN:
+            self._read_token(connection)
+        elif phase is _ANSWER:
+            self._read_answer(connection)
+        elif phase is _ERROR_BODY:
+            self._read_error(connection)
+        elif phase is _TAIL:
+            self._read_tail(connection)
+
+    def _read_token(self, connection: Connection) -> None:
+        """Events until one carries a token; FAST here means "got a token" (the result
+        splits FAST/SLOW by TTFT). A known-answer probe's reader is fed every event from
+        the first token on, the rest of the chunk that carried it included."""
+        while (chunk := connection.take_body()) is not None:
+            if not chunk:
+                last = self._decoder.close()
+                verdict = self._verdict(last, connection) if last is not None else None
+                self._token_verdict(
+                    verdict or (Outcome.ERROR, "stream ended before the first token")
+                )
+                return
+            self._received += len(chunk)
+            payloads = self._decoder.feed(chunk)
+            for index, payload in enumerate(payloads):
+                verdict = self._verdict(payload, connection)
+                if verdict is not None:
+                    if self._reader is not None and verdict[0] is Outcome.FAST:
+                        _feed_all(self._reader, payloads[index:])
+                    self._token_verdict(verdict)
+                    return
+            if self._received > MAX_BYTES_BEFORE_TOKEN:
+                detail = f"no token in the first {MAX_BYTES_BEFORE_TOKEN} bytes"
+                self._finish(Outcome.ERROR, 200, detail)
+                return
+
+    def _verdict(self, payload: str, connection: Connection) -> tuple[Outcome, str] | None:
+        verdict = _verdict(payload, self._target, self._timing, connection.arrived)
+        if self._timing.first_token is not None:
+            self._receiver.set()
+        return verdict
+
+    def _token_verdict(self, verdict: tuple[Outcome, str]) -> None:
+        outcome, detail = verdict
+        if self._reader is None or outcome is not Outcome.FAST:
+            self._finish(outcome, 200, detail)
+            return
+        # A known-answer probe: one more timeout for the rest of its answer.
+        self._cancel_alarms()
+        deadline = time.monotonic() + self._target.timeout_s
+        self._deadline = self._owner._alarms.at(deadline, _Exchange._timed_out, self)
+        self._phase, self._received = _ANSWER, 0
+        assert self._connection is not None
+        self._read_answer(self._connection)
+
+    def _read_answer(self, connection: Connection) -> None:
+        """After the first token: the rest of a known-answer stream, until a finish
+        reason, [DONE], the end of the body or MAX_ANSWER_BYTES."""
+        reader = self._reader
+        assert reader is not None
+        while not reader.finished:
+            chunk = connection.take_body()
+            if chunk is None:
+                return
+            if not chunk:
+                break
+            self._received += len(chunk)
+            if _feed_all(reader, self._decoder.feed(chunk)) or self._received > MAX_ANSWER_BYTES:
+                break
+        self._finish(Outcome.FAST, 200, "")
+
+    def _read_error(self, connection: Connection) -> None:
+        """A non-200 answer: at most MAX_ERROR_BODY of its body, then its class."""
+        while self._received < MAX_ERROR_BODY:
+            chunk = connection.take_body()
+            if chunk is None:
+                return
+            if not chunk:
+                break
+            self._parts.append(chunk)
+            self._received += len(chunk)
+        raw = b"".join(self._parts)[:MAX_ERROR_BODY]
+        assert self._status is not None
+        self._finish(*_classify_status(raw, self._status, self._target))
+
+    def _read_tail(self, connection: Connection) -> None:
+        ended = connection.drained()
+        if ended is not None:
+            self._release(reuse=ended and connection.reusable)
+
+    # --- endings ------------------------------------------------------------------------
+
+    def _finish(self, outcome: Outcome, status: int | None, detail: str) -> None:
+        """The verdict: the result to the receiver, then the tail (or the close)."""
+        timing, reader = self._timing, self._reader
+        answer = None
+        if reader is not None and timing.first_token is not None:
+            answer = reader.answer(complete=reader.finished)
+        result = self._owner._result(
+            self._target, timing, self._wall, outcome, status, detail, answer
+        )
+        self._cancel_alarms()
+        self._after_verdict(status)
+        try:
+            self._receiver.done(result)
+        except Exception as exc:  # the receiver's bug, not the endpoint's
+            _report(exc, "a probe's receiver failed")
+
+    def _after_verdict(self, status: int | None) -> None:
+        """Keep the connection if the rest of the answer (a one-token stream's finish,
+        usage and ``[DONE]``; an error body) arrives whole within REUSE_GRACE_S, at most
+        MAX_TAIL_BYTES; else close it, which ends the engine's request (docs/design.md
+        §2)."""
+        connection = self._connection
+        if connection is None or status is None or connection.lost:
+            self._release(reuse=False)
+            return
+        self._phase = _TAIL
+        connection.begin_drain(MAX_TAIL_BYTES)
+        try:
+            ended = connection.drained()
+        except ENDPOINT_FAULTS:
+            ended = False
+        if ended is not None:  # the rest came with the token: no wait, no alarm
+            self._release(reuse=ended and connection.reusable)
+            return
+        self._grace = self._owner._alarms.at(
+            time.monotonic() + REUSE_GRACE_S, _Exchange._grace_over, self
+        )
+
+    def _on_fault(self, exc: Exception) -> None:
+        """What the endpoint or the network did wrong: a result (or the resend)."""
+        phase = self._phase
+        if phase is _TAIL:
+            self._release(reuse=False)
+            return
+        if phase is _OVER:
+            return
+        if not self._resend and _stale_connection(exc, self._timing):
+            self._release(reuse=False)
+            self._cancel_alarms()
+            self._owner.stale_resends += 1
+            self.begin(resend=True)
+            return
+        outcome, status, detail = Outcome.ERROR, None, _error_detail(exc)
+        if self._reader is not None and self._timing.first_token is not None:
+            outcome, status, detail = Outcome.FAST, 200, f"answer cut: {_error_detail(exc)}"
+        self._finish(outcome, status, detail)
+
+    def _timed_out(self) -> None:
+        """The deadline: no first token (or a known-answer probe's answer ran late)."""
+        self._deadline = None
+        phase = self._phase
+        if phase is _TAIL or phase is _OVER:
+            return
+        timing = self._timing
+        if phase is _HEAD and self._connection is not None:
+            timing.headers = self._connection.head_at  # "no first token (headers after ...)"
+        if self._opening is not None:
+            self._opening.cancel()
+            self._opening = None
+        outcome, status, detail = Outcome.TIMEOUT, None, _timeout_detail(self._target, timing)
+        if self._reader is not None and timing.first_token is not None:
+            outcome, status, detail = Outcome.FAST, 200, ""  # the answer ran late
+        try:
+            self._finish(outcome, status, detail)
+        except Exception as exc:  # the prober's own bug: to the receiver
+            self._crash(exc)
+
+    def _grace_over(self) -> None:
+        self._grace = None
+        if self._phase is _TAIL:
+            self._release(reuse=False)
+
+    def _crash(self, exc: Exception) -> None:
+        """A bug of the prober's own (not the endpoint's doing): the receiver is told, as
+        an awaiting caller got the exception, unless it has its result already."""
+        told = self._phase is _TAIL or self._phase is _OVER
+        self.cancel()
+        self._phase = _OVER
+        if told:
+            raise exc
+        self._receiver.failed(exc)
+
+    def cancel(self) -> None:
+        """End the probe before its result, its connection closed (the engine aborts);
+        nothing once the result is out (its tail runs on to keep the connection)."""
+        if self._phase is _TAIL or self._phase is _OVER:
+            return
+        self._cancel_alarms()
+        if self._opening is not None:
+            self._opening.cancel()
+            self._opening = None
+        self._release(reuse=False)
+
+    def _cancel_alarms(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        if self._grace is not None:
+            self._grace.cancel()
+            self._grace = None
+
+    def _release(self, *, reuse: bool) -> None:
+        """The connection back to the pool (kept when ``reuse``) or closed; the exchange
+        is over."""
+        connection, self._connection = self._connection, None
+        if self._grace is not None:
+            self._grace.cancel()
+            self._grace = None
+        self._phase = _OVER
+        if connection is not None:
+            connection.end_drain()
+            self._owner._connections.release(connection, reuse=reuse)
+
+
+_NO_DECODER = SseDecoder()  # before the head: never fed
+
+
+def _report(exc: Exception, message: str) -> None:
+    """A bug met in a callback: to the loop's exception handler (logged), as asyncio
+    reports a failed callback, and never into the endpoint's verdict."""
+    asyncio.get_running_loop().call_exception_handler({"message": message, "exception": exc})
 
 
 def _shown(detail: str, target: ProbeTarget) -> str:
@@ -426,46 +750,6 @@ def _split_at_nonce(target: ProbeTarget, engine: str | None) -> tuple[bytes, ...
     return parts if len(parts) == expected + 1 else None
 
 
-async def _read_first_token(
-    response: Connection,
-    target: ProbeTarget,
-    timing: _Timing,
-    decoder: SseDecoder,
-    reader: AnswerReader | None = None,
-) -> tuple[Outcome, str]:
-    """Read events until one carries a token; FAST here means "got a token" (the caller
-    splits FAST/SLOW by TTFT). ``reader``: also fed every event from the first token on,
-    including the rest of the chunk that carried it."""
-    received = 0
-    while chunk := await response.read():
-        received += len(chunk)
-        payloads = decoder.feed(chunk)
-        for index, payload in enumerate(payloads):
-            verdict = _verdict(payload, target, timing, response.arrived)
-            if verdict is not None:
-                if reader is not None and verdict[0] is Outcome.FAST:
-                    _feed_all(reader, payloads[index:])
-                return verdict
-        if received > MAX_BYTES_BEFORE_TOKEN:
-            return Outcome.ERROR, f"no token in the first {MAX_BYTES_BEFORE_TOKEN} bytes"
-    last = decoder.close()
-    verdict = _verdict(last, target, timing, response.arrived) if last is not None else None
-    return verdict or (Outcome.ERROR, "stream ended before the first token")
-
-
-async def _read_answer(response: Connection, decoder: SseDecoder, reader: AnswerReader) -> None:
-    """After the first token: the rest of a known-answer stream, until a finish reason,
-    [DONE], the end of the body or MAX_ANSWER_BYTES."""
-    received = 0
-    while not reader.finished:
-        chunk = await response.read()
-        if not chunk:
-            break
-        received += len(chunk)
-        if _feed_all(reader, decoder.feed(chunk)) or received > MAX_ANSWER_BYTES:
-            break
-
-
 def _feed_all(reader: AnswerReader, payloads: list[str]) -> bool:
     """Feed decoded events; True once the stream says it is done ([DONE])."""
     for payload in payloads:
@@ -491,7 +775,6 @@ def _verdict(
         event = interpret(redact_secrets(payload, target.secrets), target.api)
     if event.kind is EventKind.TOKEN:
         timing.first_token = arrived
-        first_token_seen()
         return Outcome.FAST, ""
     if event.kind is EventKind.NO_TOKEN:
         return None
@@ -502,11 +785,9 @@ def _verdict(
     return Outcome.ERROR, f"malformed stream: {event.message}"
 
 
-async def _classify_status(
-    response: Connection, status: int, target: ProbeTarget
-) -> tuple[Outcome, int, str]:
-    """Non-200: FATAL on a fatal pattern, OVERLOADED on 429 or an overloaded 503, else ERROR."""
-    raw = await _read_upto(response, MAX_ERROR_BODY)
+def _classify_status(raw: bytes, status: int, target: ProbeTarget) -> tuple[Outcome, int, str]:
+    """Non-200 (``raw``: the start of its body): FATAL on a fatal pattern, OVERLOADED on
+    429 or an overloaded 503, else ERROR."""
     # Redact before anything clips the text: a clipped secret is a partial leak. The read
     # itself may have cut one: its start is redacted too (model.redact.MIN_PREFIX).
     text = redact_secrets(raw.decode("utf-8", "replace"), target.secrets)
@@ -529,16 +810,6 @@ def _classify_error_text(message: str, target: ProbeTarget, where: str) -> tuple
 def _mentions_overload(message: str) -> bool:
     lowered = message.lower()
     return any(word in lowered for word in OVERLOAD_WORDS)
-
-
-async def _read_upto(response: Connection, limit: int) -> bytes:
-    """At most ``limit`` bytes of the body (fewer if it ends first)."""
-    parts: list[bytes] = []
-    size = 0
-    while size < limit and (chunk := await response.read()):
-        parts.append(chunk)
-        size += len(chunk)
-    return b"".join(parts)[:limit]
 
 
 def _stale_connection(exc: BaseException, timing: _Timing) -> bool:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import urlsplit
@@ -115,6 +116,10 @@ class Connection(asyncio.Protocol):
         self.arrived = 0.0
         self.head_at: float | None = None  # when the bytes that completed the head came
         self._waiter: asyncio.Future[None] | None = None
+        # Called on news instead of waking a waiter: an exchange driven by the
+        # connection's own callbacks, with no task (``probe.client``, docs/design.md
+        # §16.10). It may be called again after the exchange is over: it must ignore that.
+        self.listener: Callable[[], None] | None = None
         # Only during an exchange: the parser refers back to this protocol, and a cycle
         # would keep a closed connection (its transport, buffers) until the collector
         # runs, or for ever if it was alive at start-up's gc.freeze (app/heap.py).
@@ -146,47 +151,81 @@ class Connection(asyncio.Protocol):
 
     async def head(self) -> int:
         """The answer's status code, once its headers and the first of its body (or its
-        end) have arrived: an engine sends the head at once and the first token later,
-        and waking for each costs a loop turn (docs/design.md §16.10). When the head
-        came: ``head_at``."""
-        while self.status is None or not self._news():
-            self._raise_if_failed(before_head=self.status is None)
+        end) have arrived (``head_ready``)."""
+        while not self.head_ready():
             await self._wait()
+        assert self.status is not None
         return self.status
 
     async def to_end(self, limit: int) -> bool:
         """Wait for the end of the answer, its body bytes (those not read yet included)
         dropped; False once more than ``limit`` of them came first. Only the end wakes
         the wait."""
-        unread = sum(len(chunk) for chunk in self._body)
-        self._to_end = self._body_size - unread + limit
-        self._body.clear()
+        self.begin_drain(limit)
         try:
-            while not self.complete:
-                if self._body_size > self._to_end:
-                    return False
-                self._raise_if_failed(before_head=self.status is None)
-                if self.lost:
-                    return True  # an answer delimited by the connection's end
+            while (ended := self.drained()) is None:
                 await self._wait()
-            return self._body_size <= self._to_end
+            return ended
         finally:
-            self._to_end = None
-            self._body.clear()
+            self.end_drain()
 
     async def read(self) -> bytes:
         """The body bytes received since the last read (chunked framing removed), waiting
         for some; ``b""`` at the end of the answer."""
-        while not self._body:
-            if self.complete:
-                return b""
-            self._raise_if_failed(before_head=False)
-            if self.lost:
-                return b""  # an answer delimited by the connection's end (HTTP/1.0 style)
+        while (chunk := self.take_body()) is None:
             await self._wait()
-        chunks = b"".join(self._body)
+        return chunk
+
+    # The same steps without waiting, for an exchange driven by ``listener`` (each returns
+    # at once: None or False means "not yet", to be asked again at the next news).
+
+    def head_ready(self) -> bool:
+        """Whether the status and the first of the body (or its end) are here: an engine
+        sends the head at once and the first token later, and waking for each costs a
+        loop turn (docs/design.md §16.10). When the head came: ``head_at``. Raises what
+        broke the exchange."""
+        if self.status is not None and self._news():
+            return True
+        self._raise_if_failed(before_head=self.status is None)
+        return False
+
+    def take_body(self) -> bytes | None:
+        """The body bytes received since the last take, ``b""`` at the end of the
+        answer, None while neither (raises what broke the exchange)."""
+        body = self._body
+        if body:
+            chunks = body[0] if len(body) == 1 else b"".join(body)
+            body.clear()
+            return chunks
+        if self.complete:
+            return b""
+        self._raise_if_failed(before_head=False)
+        if self.lost:
+            return b""  # an answer delimited by the connection's end (HTTP/1.0 style)
+        return None
+
+    def begin_drain(self, limit: int) -> None:
+        """From now on the answer's body is only counted, not kept (``drained``)."""
+        unread = sum(len(chunk) for chunk in self._body)
+        self._to_end = self._body_size - unread + limit
         self._body.clear()
-        return chunks
+
+    def drained(self) -> bool | None:
+        """After ``begin_drain``: True once the answer ended within the limit, False once
+        more than the limit came first, None until either (raises what broke it)."""
+        assert self._to_end is not None
+        if self.complete:
+            return self._body_size <= self._to_end
+        if self._body_size > self._to_end:
+            return False
+        self._raise_if_failed(before_head=self.status is None)
+        if self.lost:
+            return True  # an answer delimited by the connection's end
+        return None
+
+    def end_drain(self) -> None:
+        self._to_end = None
+        self._body.clear()
 
     @property
     def reusable(self) -> bool:
@@ -228,7 +267,10 @@ class Connection(asyncio.Protocol):
         return bool(self._body)
 
     def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
+        listener = self.listener
+        if listener is not None:
+            listener()
+        elif self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
     # --- asyncio.Protocol -------------------------------------------------------------
@@ -312,6 +354,9 @@ class Connections:
 
     def __init__(self) -> None:
         self._idle: dict[tuple[str, int, bool], list[Connection]] = {}
+        # Taken and not released yet: an exchange's, closed with the rest by ``close`` (an
+        # exchange reads its answer's tail after its result is out: docs/design.md §16.10).
+        self._lent: set[Connection] = set()
         self._tls: ssl.SSLContext | None = None
         self._swept = 0.0
         self.opened = 0
@@ -324,25 +369,37 @@ class Connections:
         self.close()
 
     async def take(self, route: Route, *, fresh: bool = False) -> tuple[Connection, bool]:
-        """A connection to ``route`` and whether it was kept from an earlier exchange.
-        ``fresh``: a new one, and the route's kept ones closed (one of them was just
-        found dead: the others, kept as long, are as likely dead too)."""
+        """A connection to ``route`` and whether it was kept from an earlier exchange
+        (``take_kept``, else ``open``)."""
+        kept = self.take_kept(route, fresh=fresh)
+        if kept is not None:
+            return kept, True
+        return await self.open(route), False
+
+    def take_kept(self, route: Route, *, fresh: bool = False) -> Connection | None:
+        """A connection to ``route`` kept from an earlier exchange, or None. ``fresh``:
+        none, and the route's kept ones closed (one of them was just found dead: the
+        others, kept as long, are as likely dead too)."""
         now = time.monotonic()
         if now - self._swept >= SWEEP_EVERY_S:
             self._sweep(now)
         if fresh:
             for connection in self._idle.pop(route.key, []):
                 connection.close()
+            return None
         idle = self._idle.get(route.key)
         while idle:
             connection = idle.pop()
             if not connection.lost:
                 self.reused += 1
-                return connection, True
-        return await self._open(route), False
+                self._lent.add(connection)
+                return connection
+        return None
 
     def release(self, connection: Connection, *, reuse: bool) -> None:
         """After the exchange: kept when ``reuse`` and the connection is reusable."""
+        connection.listener = None  # the exchange's: no cycle through it, no stale call
+        self._lent.discard(connection)
         if not (reuse and connection.reusable):
             connection.close()
             return
@@ -355,12 +412,17 @@ class Connections:
         idle.append(connection)
 
     def close(self) -> None:
+        """Close every connection: those kept and those an exchange still holds."""
         for idle in self._idle.values():
             for connection in idle:
                 connection.close()
         self._idle.clear()
+        lent, self._lent = self._lent, set()
+        for connection in lent:
+            connection.close()
 
-    async def _open(self, route: Route) -> Connection:
+    async def open(self, route: Route) -> Connection:
+        """A new connection to ``route`` (``ConnectFailed`` if none can be had)."""
         loop = asyncio.get_running_loop()
         connection = Connection(route, loop)
         tls = self._tls_context() if route.tls else None
@@ -372,6 +434,7 @@ class Connections:
             raise ConnectFailed(exc.errno, exc.strerror or str(exc)) from exc
         connection.transport = transport  # uvloop may call connection_made after this returns
         self.opened += 1
+        self._lent.add(connection)
         return connection
 
     def _tls_context(self) -> ssl.SSLContext:

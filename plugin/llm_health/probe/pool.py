@@ -36,7 +36,13 @@ from dataclasses import dataclass, field
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.probe.client import Asked, MicroProbe, Question
 from llm_health.probe.loop import child_env
-from llm_health.probe.signals import FIRST_TOKEN, TokenListener
+from llm_health.probe.signals import (
+    FIRST_TOKEN,
+    ProbeReceiver,
+    Started,
+    TokenListener,
+    start_coroutine,
+)
 from llm_health.probe.target import ProbeTarget
 from llm_health.probe.wire import FrameError, Message, Outbox, read_messages
 
@@ -131,6 +137,10 @@ class WorkerPool:
 
     async def verify(self, target: ProbeTarget, question: Question) -> ProbeResult:
         return await self._run(target, Asked(question.prompt, question.max_tokens))
+
+    def start_probe(self, target: ProbeTarget, receiver: ProbeReceiver) -> Started:
+        """``probe`` in a task (the exchange is the worker's; this side only waits)."""
+        return start_coroutine(self.probe, target, receiver)
 
     # --- one probe ----------------------------------------------------------------------
 

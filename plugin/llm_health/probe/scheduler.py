@@ -10,9 +10,10 @@ The first round after a start re-checks a SLOW result once before handing it on 
 start-up burst is the prober's own load, docs/design.md §16); every other result is handed
 on as measured.
 
-``phases`` and ``next_slot`` are pure; ``Scheduler`` runs one task per endpoint inside its
-own TaskGroup and is cancelled as a whole on shutdown (in-flight probes are cancelled too,
-which closes their connections).
+``phases`` and ``next_slot`` are pure; ``Scheduler`` keeps every endpoint's next round on
+one set of alarms and starts its probes without a task (docs/design.md §16.10); it is
+cancelled as a whole on shutdown (in-flight probes are cancelled too, which closes their
+connections).
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Protocol
+from functools import partial
+from typing import Any, Protocol
 
 from llm_health.model.outcome import FAILURES, Outcome, ProbeResult
-from llm_health.probe.alarms import Alarms
-from llm_health.probe.signals import FIRST_TOKEN
+from llm_health.probe.alarms import Alarm, Alarms
+from llm_health.probe.signals import Started, Starter, start_coroutine
 from llm_health.probe.target import ProbeTarget
 
 FIRST_ROUND_SPACING_S = 0.001  # first round: at most 1,000 probe starts per second
@@ -37,7 +39,9 @@ STARTS_PER_TICK = 16  # what a tick gathers on average
 MAX_START_TICK_S = 0.1  # a probe starts at most this long after its slot
 MIN_START_TICK_S = 0.001  # below this, probes are not gathered
 ProbeFn = Callable[[ProbeTarget], Awaitable[ProbeResult]]
-ResultFn = Callable[[ProbeTarget, ProbeResult], Awaitable[None]]
+# A result handed on: None when it is folded in at once, else what to await before the
+# endpoint's next round (the publish a state change needs).
+ResultFn = Callable[[ProbeTarget, ProbeResult], Awaitable[None] | None]
 SilenceFn = Callable[[ProbeTarget, float], Awaitable[bool]]  # (target, silent ms) -> overlap?
 RECENT_TTFTS = 8  # successful probes an endpoint's "recent TTFT" is the median of
 # The probe's own clock starts a little after the scheduler's (task switch, the slot
@@ -122,7 +126,7 @@ def _confirms(target: ProbeTarget, failures: int) -> bool:
     return 0 < failures < target.unhealthy_after
 
 
-def _only_slow(results: list[ProbeResult]) -> bool:
+def _only_slow(results: Sequence[ProbeResult]) -> bool:
     return len(results) == 1 and results[0].outcome is Outcome.SLOW
 
 
@@ -204,14 +208,73 @@ def _tick_for(targets: Iterable[ProbeTarget]) -> float:
     return start_tick(len(intervals), min(intervals)) if intervals else 0.0
 
 
-class Scheduler:
-    """Runs ``probe`` for every target until cancelled; hands results to ``on_result``.
+class _Endpoint:
+    """One endpoint's place in the schedule: when its next round is due and what the
+    rounds before it left (failures to confirm, the first round's re-check)."""
 
-    ``on_result`` is awaited before the endpoint's next probe is scheduled, so results of
-    one endpoint are delivered in order. ``update`` replaces the target set while running
-    (hot reload): new endpoints start probing, removed ones stop (an in-flight probe is
-    cancelled), changed settings apply from the next probe. Clock: ``time.monotonic``.
-    Task safety: call ``update`` from the loop that runs ``run``.
+    __slots__ = ("alarm", "due", "failures", "key", "recheck", "round", "spaced", "task")
+
+    def __init__(self, key: str, due: float, *, first: bool) -> None:
+        self.key = key
+        self.due = due
+        self.failures = 0
+        self.recheck = first  # the first round re-checks a SLOW first result
+        self.spaced = first  # the compressed first round (and its re-check) keeps its spacing
+        self.alarm: Alarm | None = None  # the next round's start
+        self.round: _Round | None = None  # the round in flight
+        self.task: asyncio.Task[None] | None = None  # a round's rare awaited part
+
+
+class _Round(_Watch):
+    """One probe round: the scheduled probe (its receiver: ``probe.signals``), its silence
+    watch, and the confirming probe started beside it if it fell silent."""
+
+    __slots__ = (
+        "after",
+        "endpoint",
+        "probe",
+        "scheduler",
+        "silence",
+        "started",
+        "target",
+        "watcher",
+    )
+
+    def __init__(self, scheduler: Scheduler, endpoint: _Endpoint, target: ProbeTarget) -> None:
+        self.token = False
+        self.ended = False
+        self._waiter = None
+        self.scheduler = scheduler
+        self.endpoint = endpoint
+        self.target = target
+        self.started = 0.0
+        self.after = 0.0
+        self.probe: Started | None = None
+        self.silence: Alarm | None = None
+        self.watcher: asyncio.Task[ProbeResult | None] | None = None
+
+    def done(self, result: ProbeResult) -> None:
+        self.scheduler._first_done(self, result)
+
+    def failed(self, error: Exception) -> None:
+        self.scheduler._crash(error)
+
+
+class Scheduler:
+    """Runs probes for every target until cancelled; hands results to ``on_result``.
+
+    No task per endpoint: every endpoint's next round is an alarm (``probe.alarms``), and
+    its probe is started through ``start`` (``probe.signals.Starter``; without one,
+    ``probe`` is run in a task of its own), so a round that ends in time costs no task,
+    no coroutine and no wait of its own (docs/design.md §16.10). Only the rare parts are
+    tasks: a silent probe's watch and its confirming probe, and an ``on_result`` that
+    returns an awaitable (awaited before the endpoint's next round, so results of one
+    endpoint are delivered in order, and what they publish is out before the next probe).
+
+    ``update`` replaces the target set while running (hot reload): new endpoints start
+    probing, removed ones stop (an in-flight probe is cancelled), changed settings apply
+    from the next probe. Clock: ``time.monotonic``. A bug in a callback ends ``run`` with
+    its exception. Task safety: call ``update`` from the loop that runs ``run``.
     """
 
     def __init__(
@@ -221,6 +284,7 @@ class Scheduler:
         on_result: ResultFn,
         clock: Callable[[], float] = time.monotonic,
         *,
+        start: Starter | None = None,
         on_silence: SilenceFn | None = None,
         confirm: ProbeFn | None = None,
         lag: LagReader | None = None,
@@ -229,20 +293,24 @@ class Scheduler:
         self._targets = {t.key: t for t in targets}
         self._skip = skip
         self._probe = probe
+        self._start: Starter = start if start is not None else partial(start_coroutine, probe)
         self._on_result = on_result
         self._clock = clock
         self._phases = phases(targets)
         self._tick = _tick_for(targets)
         self._origin = clock()
         self._alarms = Alarms(clock)  # slots and silence points: one loop timer for all
-        self._group: asyncio.TaskGroup | None = None
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._endpoints: dict[str, _Endpoint] = {}
+        self._running: asyncio.Future[None] | None = None
+        self._stopping: list[asyncio.Task[Any]] = []
         self.in_flight: dict[str, int] = dict.fromkeys(self._targets, 0)
         self._on_silence = on_silence
         self._confirm = confirm
         self._lag = lag
         self._recent: dict[str, deque[float]] = {}
         self.first_slow_rechecks = 0  # first-round SLOW results re-checked before use
+        self._slot_due_call = self._slot_due  # made once: an alarm's callback per round
+        self._silence_call = self._silence_point_reached
 
     def phase_of(self, key: str) -> float:
         return self._phases[key]
@@ -257,19 +325,26 @@ class Scheduler:
     async def run(self) -> None:
         """Probe until cancelled."""
         self._origin = self._clock()
-        async with asyncio.TaskGroup() as group:
-            self._group = group
+        self._running = self._alarms.loop().create_future()
+        try:
             for key in self._targets:
-                self._start(key, first=True)
-            await asyncio.Future()  # keep the group open for `update` until cancelled
+                self._add(key, first=True)
+            await self._running  # ends only with a callback's bug, or cancelled
+        finally:
+            self._running = None
+            for endpoint in self._endpoints.values():
+                self._drop(endpoint)
+            self._endpoints.clear()
+            stopping, self._stopping = self._stopping, []
+            await asyncio.gather(*stopping, return_exceptions=True)
 
     def update(self, targets: Sequence[ProbeTarget]) -> None:
         """Replace the target set (see class docstring)."""
         wanted = {t.key: t for t in targets}
         for key in set(self._targets) - set(wanted):
-            task = self._tasks.pop(key, None)
-            if task is not None:
-                task.cancel()
+            endpoint = self._endpoints.pop(key, None)
+            if endpoint is not None:
+                self._drop(endpoint)
             self.in_flight.pop(key, None)
             self._recent.pop(key, None)
         added = set(wanted) - set(self._targets)
@@ -278,78 +353,184 @@ class Scheduler:
         self._tick = _tick_for(targets)
         for key in added:
             self.in_flight[key] = 0
-            if self._group is not None:
-                self._start(key, first=False)
+            if self._running is not None:
+                self._add(key, first=False)
 
-    def _start(self, key: str, *, first: bool) -> None:
-        assert self._group is not None
-        self._tasks[key] = self._group.create_task(self._run_endpoint(key, first=first))
+    # --- an endpoint's rounds --------------------------------------------------------------
 
-    async def _run_endpoint(self, key: str, *, first: bool) -> None:
+    def _add(self, key: str, *, first: bool) -> None:
         target = self._targets[key]
-        offset = first_round(self._phases[key], target.interval_s, len(self._targets))
-        due = self._origin + offset if first else self._clock()
-        # spaced: the compressed first round (and its re-check) keeps its own spacing
-        failures, recheck, spaced = 0, first, first
-        while True:
-            if not spaced:
-                due = on_tick(due, self._origin, self._tick)
-            spaced = False
-            await self._alarms.sleep_until(due)
-            target = self._targets[key]  # settings may have been reloaded
-            if failures == 0 and self._skip is not None and self._skip(target):
+        if first:
+            offset = first_round(self._phases[key], target.interval_s, len(self._targets))
+            due = self._origin + offset
+        else:
+            due = self._clock()
+        endpoint = self._endpoints[key] = _Endpoint(key, due, first=first)
+        self._arm(endpoint)
+
+    def _arm(self, endpoint: _Endpoint) -> None:
+        """The endpoint's next round at ``endpoint.due`` (on a start tick unless spaced)."""
+        if not endpoint.spaced:
+            endpoint.due = on_tick(endpoint.due, self._origin, self._tick)
+        endpoint.spaced = False
+        endpoint.alarm = self._alarms.at(endpoint.due, self._slot_due_call, endpoint)
+
+    def _slot_due(self, endpoint: _Endpoint) -> None:
+        endpoint.alarm = None
+        if self._endpoints.get(endpoint.key) is not endpoint:
+            return
+        try:
+            target = self._targets[endpoint.key]  # settings may have been reloaded
+            if endpoint.failures == 0 and self._skip is not None and self._skip(target):
                 # Real traffic proves this endpoint (backoff_when_busy): this slot is left
                 # out; never while a failure awaits its confirmation.
-                due = next_slot(self._clock(), self._origin, self._phases[key], target.interval_s)
-                continue
-            results = await self._probe_round(target)
-            if recheck and _only_slow(results):
-                due = self._recheck_due(key, target)
-                recheck, spaced = False, True
-                self.first_slow_rechecks += 1
-                continue
-            recheck = False
-            for result in results:
-                await self._on_result(target, result)
-                self._remember(key, result)
-                failures = failures + 1 if result.outcome in FAILURES else 0
-            due = self._next_due(target, self._phases[key], failures)
-            # A confirming probe keeps its own time: failures are rare, so a tick would
-            # gather nothing and only delay the verdict (docs/design.md §2).
-            spaced = _confirms(target, failures)
+                phase = self._phases[endpoint.key]
+                endpoint.due = next_slot(self._clock(), self._origin, phase, target.interval_s)
+                self._arm(endpoint)
+                return
+            self._begin_round(endpoint, target)
+        except Exception as exc:
+            self._crash(exc)
 
-    async def _probe_round(self, target: ProbeTarget) -> list[ProbeResult]:
-        """The scheduled probe; if it falls silent and the board asks for it, the
-        confirming probe, started beside it once it has been silent for the confirm point
-        too. Results in start order.
-
-        The probe runs in the endpoint's own task; its silence point is one timer, which
-        starts a watcher task only if it fires before the first token (docs/design.md
-        §3.2): the common round costs no task and no wait of its own."""
+    def _begin_round(self, endpoint: _Endpoint, target: ProbeTarget) -> None:
+        """The scheduled probe, started; its silence point is one alarm, which starts a
+        watcher task only if it comes before the first token (docs/design.md §3.2)."""
+        round_ = endpoint.round = _Round(self, endpoint, target)
         after = self._silence_point(target)
-        if after is None:
-            return [await self._probe_once(target, self._probe)]
-        started, watch = self._clock(), _Watch()
-        watcher: asyncio.Task[ProbeResult | None] | None = None
-        loop = self._alarms.loop()
+        if after is not None:
+            round_.started, round_.after = self._clock(), after
+            round_.silence = self._alarms.at(round_.started + after, self._silence_call, round_)
+        key = endpoint.key
+        self.in_flight[key] = self.in_flight.get(key, 0) + 1
+        probe = self._start(target, round_)
+        if round_.probe is None and not round_.ended:  # not already over (told at once)
+            round_.probe = probe
 
-        def silence_point(_: None) -> None:
-            nonlocal watcher
-            if not watch.answered:
-                watcher = loop.create_task(self._on_silent(target, watch, started, after))
+    def _silence_point_reached(self, round_: _Round) -> None:
+        round_.silence = None
+        if round_.answered or round_.endpoint.round is not round_:
+            return
+        watcher = self._on_silent(round_.target, round_, round_.started, round_.after)
+        round_.watcher = self._alarms.loop().create_task(watcher)
 
-        timer = self._alarms.at(started + after, silence_point)
-        reset = FIRST_TOKEN.set(watch)
+    def _first_done(self, round_: _Round, result: ProbeResult) -> None:
+        """The scheduled probe's result: the round is over, unless a confirming probe
+        runs beside it (then both results are handed on, in start order, once it ends)."""
+        endpoint = round_.endpoint
         try:
-            first = await self._probe_once(target, self._probe)
-            watch.end()
-            confirm = None if watcher is None else await watcher
-            return [first] if confirm is None else [first, confirm]
-        finally:
-            FIRST_TOKEN.reset(reset)
-            timer.cancel()
-            if watcher is not None and not watcher.done():
-                watcher.cancel()
+            if endpoint.key in self.in_flight:
+                self.in_flight[endpoint.key] -= 1
+            round_.probe = None
+            round_.end()
+            if round_.silence is not None:
+                round_.silence.cancel()
+                round_.silence = None
+            if endpoint.round is not round_:
+                return
+            if round_.watcher is None:
+                self._round_over(endpoint, round_, (result,))
+            else:
+                loop = self._alarms.loop()
+                endpoint.task = loop.create_task(self._after_confirm(endpoint, round_, result))
+        except Exception as exc:
+            self._crash(exc)
+
+    async def _after_confirm(self, endpoint: _Endpoint, round_: _Round, first: ProbeResult) -> None:
+        try:
+            assert round_.watcher is not None
+            confirm = await round_.watcher
+            if self._endpoints.get(endpoint.key) is endpoint:
+                results = (first,) if confirm is None else (first, confirm)
+                self._round_over(endpoint, round_, results)
+        except Exception as exc:
+            self._crash(exc)
+
+    def _round_over(
+        self, endpoint: _Endpoint, round_: _Round, results: tuple[ProbeResult, ...]
+    ) -> None:
+        endpoint.round = None
+        if endpoint.recheck and _only_slow(results):
+            endpoint.due = self._recheck_due(endpoint.key, round_.target)
+            endpoint.recheck, endpoint.spaced = False, True
+            self.first_slow_rechecks += 1
+            self._arm(endpoint)
+            return
+        endpoint.recheck = False
+        self._hand_on(endpoint, round_.target, results, 0)
+
+    def _hand_on(
+        self,
+        endpoint: _Endpoint,
+        target: ProbeTarget,
+        results: tuple[ProbeResult, ...],
+        first: int,
+    ) -> None:
+        """``results[first:]`` to ``on_result`` in order, then the next round. An
+        awaitable ``on_result`` returns is awaited (in a task) before the next result."""
+        for index in range(first, len(results)):
+            result = results[index]
+            pending = self._on_result(target, result)
+            self._remember(endpoint.key, result)
+            endpoint.failures = endpoint.failures + 1 if result.outcome in FAILURES else 0
+            if pending is not None:
+                awaited = self._await_then(endpoint, target, results, index + 1, pending)
+                endpoint.task = self._alarms.loop().create_task(awaited)
+                return
+        endpoint.due = self._next_due(target, self._phases[endpoint.key], endpoint.failures)
+        # A confirming probe keeps its own time: failures are rare, so a tick would
+        # gather nothing and only delay the verdict (docs/design.md §2).
+        endpoint.spaced = _confirms(target, endpoint.failures)
+        self._arm(endpoint)
+
+    async def _await_then(
+        self,
+        endpoint: _Endpoint,
+        target: ProbeTarget,
+        results: tuple[ProbeResult, ...],
+        first: int,
+        pending: Awaitable[None],
+    ) -> None:
+        try:
+            await pending
+            if self._endpoints.get(endpoint.key) is endpoint:
+                self._hand_on(endpoint, target, results, first)
+        except Exception as exc:
+            self._crash(exc)
+
+    def _drop(self, endpoint: _Endpoint) -> None:
+        """Stop the endpoint: its alarm, its probe in flight (its connection closed), its
+        round's tasks (awaited when ``run`` ends)."""
+        if endpoint.alarm is not None:
+            endpoint.alarm.cancel()
+            endpoint.alarm = None
+        round_, endpoint.round = endpoint.round, None
+        if round_ is not None:
+            if round_.probe is not None:
+                probe, round_.probe = round_.probe, None
+                probe.cancel()
+            if round_.silence is not None:
+                round_.silence.cancel()
+            if round_.watcher is not None:
+                self._cancel(round_.watcher)
+        if endpoint.task is not None:
+            self._cancel(endpoint.task)
+            endpoint.task = None
+
+    def _cancel(self, task: asyncio.Task[Any]) -> None:
+        if not task.done():
+            task.cancel()
+            self._stopping.append(task)
+
+    def _crash(self, exc: Exception) -> None:
+        """A bug in a callback: ``run`` ends with it (as a task of its own would have)."""
+        running = self._running
+        if running is not None and not running.done():
+            running.set_exception(exc)
+            return
+        context = {"message": "probe scheduler callback failed", "exception": exc}
+        self._alarms.loop().call_exception_handler(context)
+
+    # --- silence ---------------------------------------------------------------------------
 
     def _silence_point(self, target: ProbeTarget) -> float | None:
         """Seconds after the start at which a probe without its first token is silent
