@@ -98,7 +98,7 @@ class BoardKeeper:
         transition = board.record(cluster, address, result, self._clock())
         if transition.changed or transition.alert:
             self.notify(cluster, address, transition, result)
-        if transition.changed or was_warm != board.is_warm(cluster):
+        if transition.changed or (not was_warm and board.is_warm(cluster)):  # never unwarms
             return self._publish()
         return None
 

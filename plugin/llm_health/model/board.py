@@ -202,7 +202,7 @@ class Board:
         transition = step(entry.health, result, now, policy)
         if entry.signals and entry.health.state is State.UNHEALTHY:
             transition = _held(entry, transition)
-        elif _ejects_by_failure(transition, result):
+        elif transition.changed and _ejects_by_failure(transition, result):
             transition = self._cap_ejection(entry_cluster, entry, transition)
         if entry.limits and transition.after.state in (State.HEALTHY, State.DEGRADED):
             transition = _limited(entry, transition, now)

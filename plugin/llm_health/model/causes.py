@@ -12,6 +12,10 @@ from llm_health.model.outcome import Outcome
 
 
 class Cause(enum.Enum):
+    # A member is its own only instance: hashed by identity (C), not by enum's own
+    # ``__hash__`` (Python code, run on every set or dict lookup: several a probe).
+    __hash__ = object.__hash__
+
     STARTUP = "startup"  # STARTING -> HEALTHY/DEGRADED: became ready
     STARTUP_TIMEOUT = "startup_timeout"  # STARTING -> UNHEALTHY: not ready within startup_grace
     RECOVERED = "recovered"  # back to HEALTHY, or UNHEALTHY -> DEGRADED

@@ -22,15 +22,16 @@ Rules (docs/design.md §3):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from llm_health.model.causes import Cause, outcome_cause
 from llm_health.model.outcome import FAILURES, Outcome, ProbeResult
 from llm_health.model.policy import Policy
 from llm_health.model.states import EndpointHealth, State
+from llm_health.model.value import value
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Transition:
     """The machine's answer: ``from_state`` -> ``after`` (the endpoint's new health).
 
@@ -65,6 +66,12 @@ def initial_health(now: float, policy: Policy, *, known_at_boot: bool = False) -
 
 def step(health: EndpointHealth, result: ProbeResult, now: float, policy: Policy) -> Transition:
     """Fold one probe result into ``health``. Callers own ordering (one probe at a time)."""
+    if result.outcome is Outcome.FAST and health.state is State.HEALTHY:
+        # Most probes: a FAST one on a HEALTHY endpoint, counted, no change (what
+        # ``_count`` and ``_decide_healthy`` give, in fewer steps: docs/design.md §16.10).
+        streak_fast = health.all_fast or health.successes == 0
+        counted = _counted(health, health.successes + 1, streak_fast, health.fast_streak + 1)
+        return Transition(State.HEALTHY, counted, changed=False, cause=Cause.OTHER)
     if health.silenced and health.state is State.DEGRADED:
         return _after_silence(health, result, now, policy)
     counted = _count(health, result.outcome)

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 
 from llm_health.model.answer import Answer
+from llm_health.model.value import value
 
 
 class Outcome(enum.Enum):
     """The six classifications of one probe."""
+
+    # A member is its own only instance: hashed by identity (C), not by enum's own
+    # ``__hash__`` (Python code, run on every set or dict lookup: several a probe).
+    __hash__ = object.__hash__
 
     FAST = "fast"  # first token within healthy_ttft
     SLOW = "slow"  # first token after healthy_ttft, within timeout
@@ -28,7 +32,7 @@ SUCCESSES = frozenset({Outcome.FAST, Outcome.SLOW})
 FAILURES = frozenset({Outcome.TIMEOUT, Outcome.ERROR})
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class ProbeResult:
     """One probe's outcome and timings, all in milliseconds from the request start.
 

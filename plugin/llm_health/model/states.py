@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 
 from llm_health.model.causes import Cause
 from llm_health.model.outcome import Outcome
+from llm_health.model.value import value
 
 EndpointKey = tuple[str, str]  # (cluster, address): names one endpoint everywhere
 
 
 class State(enum.Enum):
+    # A member is its own only instance: hashed by identity (C), not by enum's own
+    # ``__hash__`` (Python code, run on every set or dict lookup: several a probe).
+    __hash__ = object.__hash__
+
     STARTING = "starting"  # new endpoint, model loading or warming: not routed
     HEALTHY = "healthy"
     DEGRADED = "degraded"  # routed with a reduced weight
@@ -19,7 +23,7 @@ class State(enum.Enum):
     DRAINING = "draining"  # operator or discovery took it out; removed after drain_time
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class EndpointHealth:
     """Immutable state of one endpoint plus the streak counters the machine needs.
 

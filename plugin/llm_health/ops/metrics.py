@@ -47,7 +47,7 @@ from llm_health.core.control import BoardControl, ProberStats
 from llm_health.model.board import EndpointSnapshot, HealthSnapshot
 from llm_health.model.causes import Cause
 from llm_health.model.machine import Transition
-from llm_health.model.outcome import ProbeResult
+from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.states import EndpointKey, State
 from llm_health.ops.endpoint_series import (
     TTFT_BUCKETS_S,
@@ -77,6 +77,10 @@ disable_created_metrics()  # type: ignore[no-untyped-call]
 def _probe_histogram(name: str, what: str, buckets: tuple[float, ...]) -> EndpointHistogram:
     help_text = f"Probe {what}, seconds from the request start, per endpoint."
     return EndpointHistogram(f"llm_health_probe_{name}_seconds", help_text, buckets)
+
+
+# Each outcome's label, looked up (an enum's ``.value`` is Python code: one call a probe).
+_OUTCOME_LABELS = {outcome: outcome.value for outcome in Outcome}
 
 
 class RuntimeMetrics:
@@ -120,7 +124,7 @@ class RuntimeMetrics:
 
     def on_probe(self, cluster: str, address: str, result: ProbeResult) -> None:
         key = (cluster, address)
-        self.outcomes.inc(key, result.outcome.value)
+        self.outcomes.inc(key, _OUTCOME_LABELS[result.outcome])
         if result.ttft_ms is not None:
             self.ttft.observe(key, result.ttft_ms / 1000)
         if result.connect_ms is not None:

@@ -64,18 +64,14 @@ class _Bucket:
         self.latest = when
 
     def live(self) -> bool:
-        return any(alarm.callback is not None for alarm in self.alarms)
+        for alarm in self.alarms:  # noqa: SIM110 - a loop: no generator made each time
+            if alarm.callback is not None:
+                return True
+        return False
 
 
 _FAR_S = 1e15  # beyond this, times share one bucket (``round`` cannot take infinity)
 _FAR_BUCKET = 2**62
-
-
-def _bucket_of(when: float) -> int:
-    """The millisecond nearest ``when`` (not the one it falls in: times a whole number of
-    milliseconds apart, give or take a rounding error, keep buckets of their own). Far-off
-    and infinite times share the last."""
-    return round(when * 1000) if -_FAR_S < when < _FAR_S else _FAR_BUCKET
 
 
 class Alarms:
@@ -96,9 +92,14 @@ class Alarms:
 
     def at(self, when: float, callback: Callable[[Any], object], arg: Any = None) -> Alarm:
         """``callback(arg)`` at ``when`` (at once, on the loop's next turn, if past)."""
-        self.loop()
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            self._bind()
         alarm = Alarm(callback, arg)
-        key = _bucket_of(when)
+        # The bucket: the millisecond nearest ``when`` (not the one it falls in: times a
+        # whole number of milliseconds apart, give or take a rounding error, keep buckets
+        # of their own); far-off and infinite times share the last.
+        key = round(when * 1000) if -_FAR_S < when < _FAR_S else _FAR_BUCKET
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = self._buckets[key] = _Bucket(when)

@@ -50,7 +50,7 @@ from llm_health.probe.signals import (
     Starter,
     TokenListener,
 )
-from llm_health.probe.sse import SseDecoder
+from llm_health.probe.sse import SseDecoder, simple_event
 from llm_health.probe.target import ProbeTarget
 
 MAX_ERROR_BODY = 64 * 1024
@@ -203,13 +203,6 @@ class MicroProbe:
         finally:
             exchange.cancel()  # nothing once its result is out: its tail runs on
 
-    def _request(self, target: ProbeTarget, question: Question | None) -> tuple[Route, bytes]:
-        engine = self.engine_of(target)
-        route = route_of(target.url)
-        if question is None:
-            return route, self._requests.get(target, engine)
-        return route, probe_request(target, engine, route, new_nonce(), question)
-
     def _result(
         self,
         target: ProbeTarget,
@@ -220,20 +213,21 @@ class MicroProbe:
         detail: str,
         answer: Answer | None = None,
     ) -> ProbeResult:
-        ttft_ms = timing.ms(timing.first_token)
-        lag_ms = self._lag.max_since(timing.start) if self._lag else 0.0
-        if outcome is Outcome.FAST and ttft_ms is not None and timing.first_token is not None:
-            stalled_ms = (
-                self._lag.stalled_within(timing.start, timing.first_token) if self._lag else 0.0
-            )
+        start, token = timing.start, timing.first_token
+        ttft_ms = None if token is None else (token - start) * 1000
+        lag_ms = stalled_ms = 0.0
+        if self._lag is not None:
+            lag_ms, stalled_ms = self._lag.over(start, token)
+        if outcome is Outcome.FAST and ttft_ms is not None:
             outcome = _fast_or_slow(ttft_ms, stalled_ms, target.healthy_ttft_s * 1000)
+        connected, headers = timing.connected, timing.headers
         return ProbeResult(
             outcome=outcome,
             started_at=wall,
             ttft_ms=ttft_ms,
-            connect_ms=timing.ms(timing.connected),
-            headers_ms=timing.ms(timing.headers),
-            total_ms=(time.perf_counter() - timing.start) * 1000,
+            connect_ms=None if connected is None else (connected - start) * 1000,
+            headers_ms=None if headers is None else (headers - start) * 1000,
+            total_ms=(time.perf_counter() - start) * 1000,
             status=status,
             detail=_shown(detail, target),
             loop_lag_ms=lag_ms,
@@ -338,7 +332,12 @@ class _Exchange:
         deadline = time.monotonic() + target.timeout_s
         self._deadline = owner._alarms.at(deadline, _Exchange._timed_out, self)
         try:
-            route, request = owner._request(target, self._question)
+            route = route_of(target.url)
+            engine = owner._engines.get(target.key) if target.engine == "auto" else target.engine
+            if self._question is None:
+                request = owner._requests.get(target, engine)
+            else:
+                request = probe_request(target, engine, route, new_nonce(), self._question)
         except ENDPOINT_FAULTS as exc:  # a header or URL that cannot be sent
             self._finish(Outcome.ERROR, None, _error_detail(exc))
             return
@@ -376,38 +375,37 @@ class _Exchange:
         connection.send(request)
 
     def _news(self) -> None:
-        """The connection has something new (bytes, its end, a failure)."""
+        """The connection has something new (bytes, its end, a failure): the next steps."""
+        connection = self._connection
+        if connection is None:
+            return
         try:
-            self._advance()
+            phase = self._phase
+            if phase is _HEAD:
+                if not connection.head_ready():
+                    return
+                self._timing.headers = connection.head_at  # as the first token: when it came
+                self._status = connection.status
+                self._received = 0
+                if self._status != 200:
+                    phase = self._phase = _ERROR_BODY
+                else:
+                    self._decoder = SseDecoder()
+                    phase = self._phase = _TOKEN
+            if phase is _TOKEN:
+                self._read_token(connection)
+            elif phase is _ANSWER:
+                self._read_answer(connection)
+            elif phase is _ERROR_BODY:
+                self._read_error(connection)
+            elif phase is _TAIL:
+                ended = connection.drained()
+                if ended is not None:
+                    self._release(reuse=ended)
         except ENDPOINT_FAULTS as exc:
             self._on_fault(exc)
         except Exception as exc:  # the prober's own bug: to the receiver
             self._crash(exc)
-
-    def _advance(self) -> None:
-        connection = self._connection
-        phase = self._phase
-        if connection is None:
-            return
-        if phase is _HEAD:
-            if not connection.head_ready():
-                return
-            self._timing.headers = connection.head_at  # as the first token: when it came
-            self._status = connection.status
-            self._received = 0
-            if self._status != 200:
-                phase = self._phase = _ERROR_BODY
-            else:
-                self._decoder = SseDecoder()
-                phase = self._phase = _TOKEN
-        if phase is _TOKEN:
-            self._read_token(connection)
-        elif phase is _ANSWER:
-            self._read_answer(connection)
-        elif phase is _ERROR_BODY:
-            self._read_error(connection)
-        elif phase is _TAIL:
-            self._read_tail(connection)
 
     def _read_token(self, connection: Connection) -> None:
         """Events until one carries a token; FAST here means "got a token" (the result
@@ -422,6 +420,11 @@ class _Exchange:
                 )
                 return
             self._received += len(chunk)
+            if self._reader is None and self._decoder.idle:
+                skimmed = self._skim(chunk, connection)
+                if skimmed is None:
+                    return
+                chunk = skimmed
             payloads = self._decoder.feed(chunk)
             for index, payload in enumerate(payloads):
                 verdict = self._verdict(payload, connection)
@@ -434,6 +437,20 @@ class _Exchange:
                 detail = f"no token in the first {MAX_BYTES_BEFORE_TOKEN} bytes"
                 self._finish(Outcome.ERROR, 200, detail)
                 return
+
+    def _skim(self, chunk: bytes, connection: Connection) -> bytes | None:
+        """A plain probe's chunk read event by event while they have the common shape
+        (``sse.simple_event``): the verdict of the first that has one (then None), else
+        what is left for the decoder. The rest of a one-token stream (finish, usage,
+        ``[DONE]``) is not decoded at all: it cannot change the verdict."""
+        start = 0
+        while (event := simple_event(chunk, start)) is not None:
+            payload, start = event
+            verdict = self._verdict(payload, connection)
+            if verdict is not None:
+                self._token_verdict(verdict)
+                return None
+        return chunk[start:] if start else chunk
 
     def _verdict(self, payload: str, connection: Connection) -> tuple[Outcome, str] | None:
         verdict = _verdict(payload, self._target, self._timing, connection.arrived)
@@ -484,11 +501,6 @@ class _Exchange:
         assert self._status is not None
         self._finish(*_classify_status(raw, self._status, self._target))
 
-    def _read_tail(self, connection: Connection) -> None:
-        ended = connection.drained()
-        if ended is not None:
-            self._release(reuse=ended and connection.reusable)
-
     # --- endings ------------------------------------------------------------------------
 
     def _finish(self, outcome: Outcome, status: int | None, detail: str) -> None:
@@ -517,13 +529,12 @@ class _Exchange:
             self._release(reuse=False)
             return
         self._phase = _TAIL
-        connection.begin_drain(MAX_TAIL_BYTES)
         try:
-            ended = connection.drained()
+            ended = connection.drain(MAX_TAIL_BYTES)
         except ENDPOINT_FAULTS:
             ended = False
         if ended is not None:  # the rest came with the token: no wait, no alarm
-            self._release(reuse=ended and connection.reusable)
+            self._release(reuse=ended)  # kept only if reusable (Connections.release)
             return
         self._grace = self._owner._alarms.at(
             time.monotonic() + REUSE_GRACE_S, _Exchange._grace_over, self
@@ -609,9 +620,10 @@ class _Exchange:
         if self._grace is not None:
             self._grace.cancel()
             self._grace = None
-        self._phase = _OVER
+        draining, self._phase = self._phase is _TAIL, _OVER
         if connection is not None:
-            connection.end_drain()
+            if draining:
+                connection.end_drain()
             self._owner._connections.release(connection, reuse=reuse)
 
 

@@ -24,10 +24,16 @@ class StreamEvent:
     message: str = ""
 
 
+# The events that carry no text: made once (one is made for every probe).
+TOKEN_EVENT = StreamEvent(EventKind.TOKEN)
+NO_TOKEN_EVENT = StreamEvent(EventKind.NO_TOKEN)
+DONE_EVENT = StreamEvent(EventKind.DONE)
+
+
 def interpret(payload: str, api: str) -> StreamEvent:
     """Classify one SSE ``data`` payload for ``api`` (openai-completions | openai-chat)."""
     if payload.strip() == "[DONE]":
-        return StreamEvent(EventKind.DONE)
+        return DONE_EVENT
     try:
         event = json.loads(payload)
     except ValueError:
@@ -64,11 +70,11 @@ def _error_message(event: dict[str, Any]) -> str | None:
 
 def _choice_event(choices: Any, api: str) -> StreamEvent:
     if not isinstance(choices, list):
-        return StreamEvent(EventKind.NO_TOKEN)  # e.g. a usage-only chunk
+        return NO_TOKEN_EVENT  # e.g. a usage-only chunk
     for choice in choices:
         if isinstance(choice, dict) and _carries_token(choice, api):
-            return StreamEvent(EventKind.TOKEN)
-    return StreamEvent(EventKind.NO_TOKEN)
+            return TOKEN_EVENT
+    return NO_TOKEN_EVENT
 
 
 def _carries_token(choice: dict[str, Any], api: str) -> bool:

@@ -21,7 +21,7 @@ import asyncio
 import ssl
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from urllib.parse import urlsplit
 
@@ -32,7 +32,7 @@ from llm_health.errors import ProtocolError
 MAX_HEAD_BYTES = 64 * 1024  # status line and headers; llhttp itself has no limit
 MAX_IDLE_PER_ENDPOINT = 2  # kept connections per endpoint (one probe in flight, plus one)
 IDLE_TIMEOUT_S = 15.0  # a kept connection unused this long is closed (aiohttp's default)
-SWEEP_EVERY_S = 1.0
+SWEEP_EVERY_S = 5.0  # a walk over every endpoint: not at every probe, nor every second
 USER_AGENT = "llm-health-probe"
 
 
@@ -50,17 +50,18 @@ class ResponseError(ProtocolError):
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """Where a probe URL's request goes: ``authority`` is the Host header."""
+    """Where a probe URL's request goes: ``authority`` is the Host header. ``key``: the
+    connection pool's, made once (it is read twice a probe)."""
 
     host: str
     port: int
     tls: bool
     path: str
     authority: str
+    key: tuple[str, int, bool] = field(init=False, repr=False, compare=False)
 
-    @property
-    def key(self) -> tuple[str, int, bool]:
-        return self.host, self.port, self.tls
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", (self.host, self.port, self.tls))
 
 
 @lru_cache(maxsize=8192)
@@ -204,9 +205,16 @@ class Connection(asyncio.Protocol):
             return b""  # an answer delimited by the connection's end (HTTP/1.0 style)
         return None
 
+    def drain(self, limit: int) -> bool | None:
+        """``begin_drain`` and ``drained`` at once."""
+        self.begin_drain(limit)
+        return self.drained()
+
     def begin_drain(self, limit: int) -> None:
         """From now on the answer's body is only counted, not kept (``drained``)."""
-        unread = sum(len(chunk) for chunk in self._body)
+        unread = 0
+        for chunk in self._body:
+            unread += len(chunk)
         self._to_end = self._body_size - unread + limit
         self._body.clear()
 
@@ -232,8 +240,9 @@ class Connection(asyncio.Protocol):
         return self.complete and self._keep_alive and not self.lost and self._error is None
 
     def rest(self) -> None:
-        """Between exchanges (kept idle): no parser held."""
+        """Between exchanges (kept idle): no parser held, no bytes of the last answer."""
         self._parser = None
+        self._body.clear()
 
     def close(self) -> None:
         """Close at once (mid-answer: the engine sees the client go and aborts)."""
@@ -292,9 +301,15 @@ class Connection(asyncio.Protocol):
             self._fail(ResponseError(f"malformed HTTP response: {_reason(exc)}"))
         if self.status is None:
             self._raw_head += len(data)  # llhttp buffers a header until it is whole
-        if max(self._head_bytes, self._raw_head) > MAX_HEAD_BYTES and self._error is None:
+        over = self._head_bytes > MAX_HEAD_BYTES or self._raw_head > MAX_HEAD_BYTES
+        if over and self._error is None:
             self._fail(ResponseError(f"response head longer than {MAX_HEAD_BYTES} bytes"))
-        if self._news():
+        # ``_news``, inline (once for every read)
+        if self._to_end is None:
+            news = bool(self._body) or self.complete or self.lost or self._error is not None
+        else:
+            news = self._news()
+        if news:
             self._wake()
 
     def eof_received(self) -> bool:
@@ -446,7 +461,7 @@ class Connections:
         """Close kept connections unused for IDLE_TIMEOUT_S (or closed by the server)."""
         self._swept = now
         for key, idle in list(self._idle.items()):
-            if all(not c.lost and now - c.idle_since < IDLE_TIMEOUT_S for c in idle):
+            if not _any_stale(idle, now):
                 continue  # the common case: nothing to close, nothing made
             kept = []
             for connection in idle:
@@ -458,3 +473,11 @@ class Connections:
                 self._idle[key] = kept
             else:
                 del self._idle[key]
+
+
+def _any_stale(idle: list[Connection], now: float) -> bool:
+    """Whether a kept connection is to be closed: lost, or unused for IDLE_TIMEOUT_S."""
+    for connection in idle:  # a loop, not all(...): no generator made per endpoint
+        if connection.lost or now - connection.idle_since >= IDLE_TIMEOUT_S:
+            return True
+    return False

@@ -47,6 +47,27 @@ class LoopLagMonitor:
             worst = max(worst, lag)
         return worst
 
+    def over(self, start: float, end: float | None) -> tuple[float, float]:
+        """``max_since(start)`` and ``stalled_within(start, end)`` (0 when ``end`` is
+        None) in one pass over the samples: what a probe's result reads."""
+        now = time.perf_counter()
+        worst = stalled = 0.0
+        if self._running:
+            due = self._last_tick + self._tick_s
+            worst = max(0.0, (now - due) * 1000)
+            if end is not None:
+                stalled = max(0.0, min(end, now) - max(due, start))
+        for at, lag in reversed(self._samples):
+            if at < start:
+                break
+            if lag > worst:
+                worst = lag
+            if end is not None:
+                part = min(at, end) - max(at - lag / 1000, start)
+                if part > stalled:
+                    stalled = part
+        return worst, stalled * 1000
+
     def stalled_within(self, start: float, end: float) -> float:
         """The longest stretch (ms) of ``[start, end]`` (perf_counter times) the loop spent
         stalled. A sample of lag L taken at t says the loop was stalled over [t - L, t];

@@ -75,11 +75,13 @@ class _Watch:
 
     def set(self) -> None:
         self.token = True
-        self._wake()
+        if self._waiter is not None:  # only a silence waits: rare
+            self._wake()
 
     def end(self) -> None:
         self.ended = True
-        self._wake()
+        if self._waiter is not None:
+            self._wake()
 
     async def wait(self, timeout_s: float) -> None:
         """Until the token or the end, or ``timeout_s``, whichever comes first."""
@@ -476,10 +478,16 @@ class Scheduler:
                 awaited = self._await_then(endpoint, target, results, index + 1, pending)
                 endpoint.task = self._alarms.loop().create_task(awaited)
                 return
-        endpoint.due = self._next_due(target, self._phases[endpoint.key], endpoint.failures)
-        # A confirming probe keeps its own time: failures are rare, so a tick would
-        # gather nothing and only delay the verdict (docs/design.md §2).
-        endpoint.spaced = _confirms(target, endpoint.failures)
+        # Confirm a failure at once while it could still change the verdict; otherwise back
+        # to the endpoint's own slot. A confirming probe keeps its own time: failures are
+        # rare, so a tick would gather nothing and only delay the verdict (docs/design.md
+        # §2).
+        now = self._clock()
+        if _confirms(target, endpoint.failures):
+            endpoint.due, endpoint.spaced = now + target.confirm_delay_s, True
+        else:
+            phase = self._phases[endpoint.key]
+            endpoint.due = next_slot(now, self._origin, phase, target.interval_s)
         self._arm(endpoint)
 
     async def _await_then(
@@ -537,7 +545,9 @@ class Scheduler:
         (with the margin); None when silence is not watched."""
         if self._on_silence is None:
             return None
-        after = target.silence_after_s(self._recent_ttft(target.key))
+        # The recent TTFT (a median) only where the silence point follows it.
+        recent = self._recent_ttft(target.key) if target.silence_degrade is not None else None
+        after = target.silence_after_s(recent)
         return None if after is None else after + SILENCE_MARGIN_S
 
     async def _on_silent(
@@ -614,14 +624,6 @@ class Scheduler:
         if not recent or len(recent) < 3:
             return None
         return _median(recent) / 1000
-
-    def _next_due(self, target: ProbeTarget, phase: float, failures: int) -> float:
-        """Confirm a failure at once while it could still change the verdict (fewer than
-        ``unhealthy_after`` in a row); otherwise back to the endpoint's own slot."""
-        now = self._clock()
-        if _confirms(target, failures):
-            return now + target.confirm_delay_s
-        return next_slot(now, self._origin, phase, target.interval_s)
 
     async def _probe_once(self, target: ProbeTarget, probe: ProbeFn) -> ProbeResult:
         self.in_flight[target.key] = self.in_flight.get(target.key, 0) + 1

@@ -1,7 +1,8 @@
 """Incremental Server-Sent Events decoding with hard bounds (pure, no I/O).
 
 Only what engines emit matters: ``data:`` lines, events ended by a blank line, ``:``
-comment lines (keep-alives) skipped. A line longer than ``max_line`` bytes raises
+comment lines (keep-alives) skipped. ``simple_event`` reads the common shape (an event of
+one ``data:`` line) without a decoder, as the decoder would. A line longer than ``max_line`` bytes raises
 ProtocolError: a garbage or hostile stream cannot make the prober buffer without end.
 """
 
@@ -40,6 +41,11 @@ class SseDecoder:
         if len(self._pending) > self._max_line:
             raise ProtocolError(f"stream line longer than {self._max_line} bytes")
 
+    @property
+    def idle(self) -> bool:
+        """Nothing held: no line begun, no event begun (what comes next starts afresh)."""
+        return not self._pending and not self._data
+
     def close(self) -> str | None:
         """End of stream: an event still open (no trailing blank line) is delivered."""
         return self._flush()
@@ -59,3 +65,27 @@ class SseDecoder:
             return None
         payload, self._data = "\n".join(self._data), []
         return payload
+
+
+def simple_event(chunk: bytes, start: int) -> tuple[str, int] | None:
+    """The event at ``start`` of ``chunk`` when it is the common shape, one ``data:`` line
+    and a blank line (``\n`` or ``\r\n`` ends), and where it ends; None for anything
+    else (another field, a comment, several lines, a part of an event), which only an
+    ``SseDecoder`` reads. What it gives is what the decoder would: the payload of that
+    event, decoded alike, and nothing of the rest."""
+    if not chunk.startswith(b"data:", start):
+        return None
+    end = chunk.find(b"\n", start)
+    if end < 0:
+        return None
+    after = end + 1
+    if chunk.startswith(b"\n", after):
+        after += 1
+    elif chunk.startswith(b"\r\n", after):
+        after += 2
+    else:
+        return None
+    value = chunk[start + 5 : end].rstrip(b"\r")
+    if value.startswith(b" "):
+        value = value[1:]
+    return value.decode("utf-8", "replace"), after

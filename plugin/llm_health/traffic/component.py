@@ -211,9 +211,11 @@ class TrafficComponent:
 
     def skip(self, target: ProbeSlot) -> bool:
         """Whether the scheduler may leave out this slot's probe (backoff_when_busy)."""
-        settings = self._busy(target.cluster)
+        settings = self._cached.get(target.cluster, (None, None))[1]  # _busy, inline
+        if settings is None:
+            return False
         entry = self._endpoints.get((target.cluster, target.address))
-        if settings is None or entry is None:
+        if entry is None:
             return False
         healthy = self._control.probe_state(target.cluster, target.address) is State.HEALTHY
         recent = entry.window.recent(self._clock(), target.interval_s)
@@ -247,7 +249,7 @@ class TrafficComponent:
         for key, entry in self._endpoints.items():
             quality = self._quality(key[0])
             reason = None
-            if quality is not None and key in self._probed:
+            if quality is not None and key in self._probed and not entry.window.empty(now):
                 reason = verdict(entry.window.summary(now), quality)
             if reason != entry.limit:
                 changes[key], judged[key] = reason, entry

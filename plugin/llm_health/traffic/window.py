@@ -133,6 +133,7 @@ class Window:
         self._slots: list[_Slot | None] = [None] * (SLOTS + 1)
         self._seconds: list[_Second | None] = [None] * RECENT
         self._ttft_bounds: tuple[float, ...] = ()
+        self._latest = -SLOTS  # the index of the latest slot anything was added to
 
     def add(self, now: float, *, success: bool, error: bool, duration_s: float) -> None:
         slot = self._slot(now)
@@ -201,11 +202,17 @@ class Window:
                 latest += second.successes
         return Recent(successes, errors, long, latest)
 
+    def empty(self, now: float) -> bool:
+        """Nothing added within the window (its counts are all 0): an endpoint with no
+        traffic, which the judge need not summarise every second."""
+        return self._index(now) - self._latest > SLOTS - 1
+
     def _index(self, now: float) -> int:
         return math.floor(now / self.slot_s)
 
     def _slot(self, now: float) -> _Slot:
         index = self._index(now)
+        self._latest = max(self._latest, index)
         position = index % len(self._slots)
         slot = self._slots[position]
         if slot is None or slot.index != index:

@@ -540,3 +540,30 @@ def test_counting_keeps_every_field_but_the_counters() -> None:
             if f.name not in counters:
                 assert getattr(counted, f.name) == getattr(health, f.name), (outcome, f.name)
         assert counted.last_outcome is outcome
+
+
+def test_the_steady_state_path_is_the_general_one() -> None:
+    """``step``'s short way for a FAST probe on a HEALTHY endpoint gives exactly what
+    counting it and ``_decide_healthy`` give, whatever the counters and flags."""
+    import random
+    from dataclasses import replace
+
+    from llm_health.model.machine import _count, _decide_healthy
+
+    rng = random.Random(5)
+    policy = Policy()
+    for _ in range(500):
+        health = replace(
+            initial_health(0.0, policy, known_at_boot=rng.random() < 0.5),
+            state=State.HEALTHY,
+            successes=rng.randint(0, 5),
+            all_fast=rng.random() < 0.5,
+            fast_streak=rng.randint(0, 5),
+            failures=rng.choice([0, 0, 1]),
+            failure_kinds=rng.choice([frozenset(), frozenset({Outcome.TIMEOUT})]),
+            last_outcome=rng.choice(list(Outcome)),
+            silenced=rng.random() < 0.2,
+        )
+        result = ProbeResult(Outcome.FAST, 0.0, ttft_ms=rng.uniform(1, 100))
+        expected = _decide_healthy(health, _count(health, Outcome.FAST), result, 1.0, policy)
+        assert step(health, result, 1.0, policy) == expected

@@ -4,6 +4,7 @@ from its TTFT, and one before it is."""
 
 from __future__ import annotations
 
+import random
 import time
 
 import pytest
@@ -47,3 +48,23 @@ def test_a_tick_overdue_now_counts_up_to_the_end() -> None:
     assert lag.stalled_within(now - 1.0, now - 0.2) == pytest.approx(80.0, abs=1.0)
     assert lag.stalled_within(now - 1.0, now - 0.29) == 0.0
     assert lag.max_since(now - 1.0) >= 279  # the whole-probe figure keeps all of it
+
+
+def test_one_pass_gives_what_the_two_readings_give() -> None:
+    """``over`` (a result's one reading) against ``max_since`` and ``stalled_within`` on
+    random samples, windows and ends; the overdue tick grows between the readings, by
+    microseconds."""
+    rng = random.Random(11)
+    for _ in range(300):
+        now = time.perf_counter()
+        samples = sorted(
+            (now - rng.uniform(0, 2.0), rng.choice([0.0, 0.3, 5.0, 40.0, 250.0]))
+            for _ in range(rng.randint(0, 30))
+        )
+        lag = monitor(samples, last_tick=now - rng.choice([0.0, 0.01, 0.3]))
+        start = now - rng.uniform(0, 2.5)
+        end = rng.choice([None, start + rng.uniform(0, 2.5)])
+        worst, stalled = lag.over(start, end)
+        assert worst == pytest.approx(lag.max_since(start), abs=1.0)
+        expected = 0.0 if end is None else lag.stalled_within(start, end)
+        assert stalled == pytest.approx(expected, abs=1.0)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from llm_health.errors import ProtocolError
 from llm_health.probe.events import EventKind, error_message_from_body, interpret
-from llm_health.probe.sse import SseDecoder
+from llm_health.probe.sse import SseDecoder, simple_event
 
 # A realistic vLLM chat stream: keep-alive comment, role-only delta, content, finish, DONE.
 CHAT_EVENTS = [
@@ -375,3 +375,55 @@ def test_error_message_from_long_body_is_clipped() -> None:
     message = error_message_from_body(body)
     assert message.startswith("<html>")
     assert len(message) < 300
+
+
+# --- simple_event: the common shape read without a decoder ----------------------------------
+
+LINE_PIECES = [
+    b"data: ",
+    b"data:",
+    b"data:  ",
+    b"event: x",
+    b": ping",
+    b"id: 1",
+    b"\r",
+    b"\n",
+    b"\r\n",
+    b'{"choices":[{"text":"a"}]}',
+    b"[DONE]",
+    b"\xff\xfe",
+    b"x",
+    b"",
+]
+
+
+@given(pieces=st.lists(st.sampled_from(LINE_PIECES), max_size=30), start_events=st.integers(0, 3))
+@settings(max_examples=500, deadline=None)
+def test_a_simple_event_is_what_the_decoder_reads_and_the_rest_reads_on_alike(
+    pieces: list[bytes], start_events: int
+) -> None:
+    """Events taken one by one with ``simple_event`` while they have the common shape, and
+    whatever is left fed to a fresh decoder, give exactly the decoder's events for the
+    whole chunk, in order (the prober's skim: ``client._Exchange._skim``)."""
+    chunk = b"".join(pieces)
+    whole = SseDecoder()
+    expected = whole.feed(chunk)
+    skimmed: list[str] = []
+    start = 0
+    while (event := simple_event(chunk, start)) is not None:
+        payload, start = event
+        skimmed.append(payload)
+    rest = SseDecoder()
+    got = skimmed + rest.feed(chunk[start:])
+    assert got == expected
+    assert rest.close() == whole.close()
+
+
+def test_the_common_shape_is_read_and_anything_else_is_left() -> None:
+    chunk = b'data: {"a":1}\n\ndata:[DONE]\r\n\r\n: ping\n\ndata: x\n'
+    assert simple_event(chunk, 0) == ('{"a":1}', 15)
+    assert simple_event(chunk, 15) == ("[DONE]", 30)
+    assert simple_event(chunk, 30) is None  # a comment: the decoder's
+    assert simple_event(b"data: x\nid: 2\n\n", 0) is None  # another field in the event
+    assert simple_event(b"data: x\n", 0) is None  # not ended yet
+    assert simple_event(b"data: a\ndata: b\n\n", 0) is None  # two lines

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import random
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -100,6 +101,26 @@ def test_the_window_counts_requests_and_errors_and_forgets_old_slots() -> None:
     assert (summary.requests, summary.errors) == (100, 5)
     assert summary.error_rate == 0.05
     assert window.summary(1000.0 + 60 + 10).requests == 0  # a minute later: all gone
+
+
+def test_a_window_is_empty_exactly_when_its_counts_are_all_zero() -> None:
+    """The judge skips an empty window (``Window.empty``): it must be empty exactly when a
+    summary would find nothing, whatever was added when."""
+    rng = random.Random(7)
+    for _ in range(200):
+        window = Window(rng.choice([1.0, 15.0, 60.0]), long_after_s=0.8)
+        now = rng.uniform(0, 1e4)
+        assert window.empty(now)
+        for _ in range(rng.randint(0, 6)):
+            now += rng.expovariate(1 / window.window_s)
+            if rng.random() < 0.5:
+                window.add(now, success=True, error=False, duration_s=0.1)
+            else:
+                window.add_ttft(now, [0.1, math.inf], [1, 0])
+            later = now + rng.uniform(0, 2 * window.window_s)
+            counts = window.counts(later)
+            nothing = counts.requests == 0 and sum(counts.ttft) == 0
+            assert window.empty(later) is nothing, (window.window_s, now, later)
 
 
 def test_quantiles_interpolate_inside_buckets_like_prometheus() -> None:
