@@ -39,7 +39,13 @@ from prometheus_client.metrics_core import Metric
 from llm_health.core.control import BoardControl
 from llm_health.core.families import counter, gauge
 from llm_health.engines.metrics import Reading, parse_load, saturation
-from llm_health.engines.schedule import MAX_TICK_S, MODELS_EVERY_S, SideReadSchedule, with_ttft
+from llm_health.engines.schedule import (
+    MAX_TICK_S,
+    MODELS_EVERY_S,
+    SideReadSchedule,
+    next_after,
+    with_ttft,
+)
 from llm_health.engines.served_model import wrong_model
 from llm_health.engines.settings import (
     NO_CHECKS,
@@ -216,7 +222,8 @@ class EngineChecks:
         """One known-answer probe, judged and applied; a miss that does not yet decide is
         re-checked after ``confirm_delay`` (at most ``unhealthy_after`` answers per slot)."""
         state = self._endpoint(target.key)
-        state.verify_due = self._clock() + verify.every
+        first = state.verify_due == 0.0  # then the next by the endpoint's hash: no burst
+        state.verify_due = self._clock() + next_after(target.key, verify.every, first=first)
         result = await prober.verify(target, verify)
         for _ in range(target.unhealthy_after - 1):
             if not await self._judge(target, verify, result):

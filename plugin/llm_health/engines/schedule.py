@@ -10,9 +10,11 @@
   lines) is parsed on every TTFT_HISTOGRAM_EVERY-th read only.
 - /v1/models at start and every ``verify.every`` (MODELS_EVERY_S when verify is off).
 - Engine detection (``engine: auto``, while unknown) at most every DETECT_RETRY_S.
-- Both are placed by the same hash after their first: endpoints started together (a
-  whole fleet at start) were otherwise all read in the same tick every period ever after
-  (1,000 endpoints: 335 reads queued at once every 30 s, beside the probes' loop).
+- Both are placed by the same hash after their first, and so are known-answer probes
+  (``next_after``): endpoints started together (a whole fleet at start) were otherwise
+  all checked in the same tick every period ever after (1,000 endpoints: 335 reads queued
+  at once every 30 s, beside the probes' loop; 1,000 known-answer probes judged within a
+  second every 30 s).
 """
 
 from __future__ import annotations
@@ -63,14 +65,14 @@ class SideReadSchedule:
         dues = self._of(key)
         if now < dues.models:
             return False
-        dues.models = now + _after(key, every_s, first=dues.models == 0.0)
+        dues.models = now + next_after(key, every_s, first=dues.models == 0.0)
         return True
 
     def detect_due(self, key: str, now: float) -> bool:
         dues = self._of(key)
         if now < dues.detect:
             return False
-        dues.detect = now + _after(key, DETECT_RETRY_S, first=dues.detect == 0.0)
+        dues.detect = now + next_after(key, DETECT_RETRY_S, first=dues.detect == 0.0)
         return True
 
     def next_due(self, key: str, *, metrics: bool, models: bool, detect: bool) -> float | None:
@@ -98,8 +100,8 @@ class SideReadSchedule:
         return dues
 
 
-def _after(key: str, every_s: float, *, first: bool) -> float:
-    """How long after this read the next is due: ``every_s``, but after the first, a
+def next_after(key: str, every_s: float, *, first: bool) -> float:
+    """How long after this check the next is due: ``every_s``, but after the first, a
     place in [every_s / 2, every_s) by the endpoint's hash (never later than every_s)."""
     return every_s * (1 + phase(key)) / 2 if first else every_s
 

@@ -23,7 +23,7 @@ from llm_health.engines.metrics import MAX_DOCUMENT, MetricsError
 from llm_health.engines.served_model import model_ids
 from llm_health.errors import ProtocolError
 from llm_health.model.redact import printable_line, redact_secrets
-from llm_health.probe.client import PROBE_HEADER
+from llm_health.probe.client import MAX_KEPT_REQUESTS, PROBE_HEADER
 from llm_health.probe.http1 import (
     Connection,
     ConnectionBroken,
@@ -53,6 +53,7 @@ class SideReads:
     def __init__(self, connections: Connections) -> None:
         self._connections = connections
         self._limits = asyncio.Semaphore(MAX_CONCURRENT_READS)
+        self._requests: dict[tuple[str, str], tuple[ProbeTarget, Route, bytes]] = {}
         self.stale_resends = 0  # requests sent again after a kept connection had died
 
     async def metrics(self, target: ProbeTarget, path: str, interval_s: float) -> str:
@@ -91,8 +92,7 @@ class SideReads:
     ) -> tuple[int, bytes]:
         """GET ``path`` on the endpoint with the probe's headers (its auth), bounded: the
         status and at most ``limit`` bytes of the body."""
-        route = route_of(target.base_url + path)
-        request = request_head(route, {**target.headers, PROBE_HEADER: "true"}, None)
+        route, request = self._request(target, path)
         async with self._limits, asyncio.timeout(within_s):
             answer = await self._exchange(route, request, limit, resend=False)
             if answer is None:
@@ -100,6 +100,18 @@ class SideReads:
                 answer = await self._exchange(route, request, limit, resend=True)
             assert answer is not None
             return answer
+
+    def _request(self, target: ProbeTarget, path: str) -> tuple[Route, bytes]:
+        """The GET of ``path`` with the probe's headers (its auth), made once per target
+        and path (a hundred reads a second would each format it anew)."""
+        made = self._requests.get((target.key, path))
+        if made is None or made[0] is not target:
+            if made is None and len(self._requests) >= MAX_KEPT_REQUESTS:
+                self._requests.clear()  # endpoints come and go (discovery): start afresh
+            route = route_of(target.base_url + path)
+            head = request_head(route, {**target.headers, PROBE_HEADER: "true"}, None)
+            made = self._requests[(target.key, path)] = target, route, head
+        return made[1], made[2]
 
     async def _exchange(
         self, route: Route, request: bytes, limit: int, *, resend: bool

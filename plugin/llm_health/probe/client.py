@@ -31,7 +31,7 @@ from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.redact import printable_line, redact_secrets
 from llm_health.probe.alarms import Alarm, Alarms
 from llm_health.probe.answer import AnswerReader, answer_request
-from llm_health.probe.events import EventKind, error_message_from_body, interpret
+from llm_health.probe.events import EventKind, error_message_from_body, interpret, loads
 from llm_health.probe.http1 import (
     ConnectFailed,
     Connection,
@@ -769,7 +769,7 @@ def _feed_all(reader: AnswerReader, payloads: list[str]) -> bool:
             reader.finished = True
             return True
         try:
-            reader.feed(json.loads(payload))
+            reader.feed(loads(payload))
         except ValueError:
             continue  # not JSON: the answer is judged on what could be read
     return reader.finished

@@ -427,3 +427,48 @@ def test_the_common_shape_is_read_and_anything_else_is_left() -> None:
     assert simple_event(b"data: x\nid: 2\n\n", 0) is None  # another field in the event
     assert simple_event(b"data: x\n", 0) is None  # not ended yet
     assert simple_event(b"data: a\ndata: b\n\n", 0) is None  # two lines
+
+
+JSON_PIECES = [
+    "{",
+    "}",
+    "[",
+    "]",
+    ",",
+    ":",
+    '"a"',
+    '"\\ud800"',
+    '"é"',
+    "1",
+    "-0",
+    "1.5e3",
+    "1e400",
+    "NaN",
+    "Infinity",
+    "-Infinity",
+    "true",
+    "null",
+    " ",
+    "\n",
+    '"\\u0000"',
+    "\x01",
+]
+
+
+@given(pieces=st.lists(st.sampled_from(JSON_PIECES), max_size=12))
+@settings(max_examples=800, deadline=None)
+def test_the_fast_json_reads_what_the_stdlib_reads(pieces: list[str]) -> None:
+    """``events.loads`` (orjson, the stdlib for what orjson refuses) gives what
+    ``json.loads`` gives, or refuses what it refuses (integers here stay within 64 bits,
+    the one documented difference)."""
+    from llm_health.probe.events import loads
+
+    text = "".join(pieces)
+    try:
+        expected = json.loads(text)
+    except ValueError:
+        with pytest.raises(ValueError):
+            loads(text)
+        return
+    got = loads(text)
+    assert repr(got) == repr(expected)  # nan != nan: compare as written
