@@ -475,7 +475,10 @@ class Scheduler:
             self._remember(endpoint.key, result)
             endpoint.failures = endpoint.failures + 1 if result.outcome in FAILURES else 0
             if pending is not None:
-                awaited = self._await_then(endpoint, target, results, index + 1, pending)
+                # Its own task: it runs whole even if the endpoint stops meanwhile (the
+                # board changed already: what it publishes must go out).
+                published = asyncio.ensure_future(pending, loop=self._alarms.loop())
+                awaited = self._await_then(endpoint, target, results, index + 1, published)
                 endpoint.task = self._alarms.loop().create_task(awaited)
                 return
         # Confirm a failure at once while it could still change the verdict; otherwise back
