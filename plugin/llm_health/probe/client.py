@@ -218,8 +218,17 @@ class MicroProbe:
         lag_ms = stalled_ms = 0.0
         if self._lag is not None:
             lag_ms, stalled_ms = self._lag.over(start, token)
-        if outcome is Outcome.FAST and ttft_ms is not None:
-            outcome = _fast_or_slow(ttft_ms, stalled_ms, target.healthy_ttft_s * 1000)
+        # SLOW only if the first token was late even without the prober's own lateness.
+        # A starved loop (another process burning the CPU, a GC pause) notices the
+        # token's bytes late by up to the longest stall between the probe's start and the
+        # moment they were taken in (``stalled_ms``): that is ours, not the engine's
+        # (docs/design.md §7.4). A stall after that moment is not in the TTFT (timed when
+        # the bytes arrived) and is not subtracted either, or a slow engine would read
+        # FAST behind a busy loop. A lag beyond max_loop_lag still makes the board ignore
+        # SLOW and TIMEOUT verdicts (``ProbeResult.loop_lag_ms``: the whole probe's worst).
+        slow_ms = target.healthy_ttft_s * 1000
+        if outcome is Outcome.FAST and ttft_ms is not None and ttft_ms - stalled_ms > slow_ms:
+            outcome = Outcome.SLOW
         connected, headers = timing.connected, timing.headers
         return ProbeResult(
             outcome=outcome,
@@ -453,10 +462,28 @@ class _Exchange:
         return chunk[start:] if start else chunk
 
     def _verdict(self, payload: str, connection: Connection) -> tuple[Outcome, str] | None:
-        verdict = _verdict(payload, self._target, self._timing, connection.arrived)
-        if self._timing.first_token is not None:
+        """What one event says: a token (timed when its bytes arrived,
+        ``Connection.arrived``: not when we got to it a loop turn or more later; under
+        load that wait is the prober's, not the engine's: docs/design.md §7.4; never
+        before the bytes arrived, so a TTFT stays an upper bound), nothing yet (None), or
+        the end of the probe without one."""
+        target = self._target
+        event = interpret(payload, target.api)
+        kind = event.kind
+        if kind is EventKind.TOKEN:
+            self._timing.first_token = connection.arrived
             self._receiver.set()
-        return verdict
+            return _GOT_TOKEN
+        if kind is EventKind.NO_TOKEN:
+            return None
+        if kind is EventKind.ERROR or kind is EventKind.MALFORMED:
+            event = interpret(redact_secrets(payload, target.secrets), target.api)
+            kind = event.kind
+        if kind is EventKind.DONE:
+            return Outcome.ERROR, "stream ended ([DONE]) before the first token"
+        if kind is EventKind.ERROR:
+            return _classify_error_text(event.message, target, "error event in stream")
+        return Outcome.ERROR, f"malformed stream: {event.message}"
 
     def _token_verdict(self, verdict: tuple[Outcome, str]) -> None:
         outcome, detail = verdict
@@ -628,6 +655,7 @@ class _Exchange:
 
 
 _NO_DECODER = SseDecoder()  # before the head: never fed
+_GOT_TOKEN = (Outcome.FAST, "")  # "got a token": the result splits FAST and SLOW by TTFT
 
 
 def _report(exc: Exception, message: str) -> None:
@@ -642,21 +670,6 @@ def _shown(detail: str, target: ProbeTarget) -> str:
     if not detail:
         return detail
     return printable_line(redact_secrets(detail, target.secrets), MAX_DETAIL)
-
-
-def _fast_or_slow(ttft_ms: float, stalled_ms: float, healthy_ms: float) -> Outcome:
-    """SLOW only if the first token was late even without the prober's own lateness.
-
-    A starved event loop (another process burning the CPU, a GC pause) notices the token's
-    bytes late by up to the longest stall between the probe's start and the moment they
-    were taken in (``stalled_ms``: ``LoopLagMonitor.stalled_within``): that lateness is
-    ours, not the engine's (docs/design.md §7.4). A stall after that moment is not in the
-    TTFT (it is timed when the bytes arrived) and is not subtracted either, or a slow
-    engine would read FAST behind a busy loop. A lag beyond max_loop_lag still makes the
-    board ignore SLOW and TIMEOUT verdicts altogether (``ProbeResult.loop_lag_ms``: the
-    worst lag of the whole probe).
-    """
-    return Outcome.FAST if ttft_ms - stalled_ms <= healthy_ms else Outcome.SLOW
 
 
 # cache_bust "auto": what bypasses the prefix cache on each engine (docs/engines.md).
@@ -773,28 +786,6 @@ def _feed_all(reader: AnswerReader, payloads: list[str]) -> bool:
         except ValueError:
             continue  # not JSON: the answer is judged on what could be read
     return reader.finished
-
-
-def _verdict(
-    payload: str, target: ProbeTarget, timing: _Timing, arrived: float
-) -> tuple[Outcome, str] | None:
-    """``arrived``: when the payload's bytes were received (``Connection.arrived``): the
-    first token is timed there, not when this task got to it a loop turn or more later
-    (under load, that wait is the prober's, not the engine's: docs/design.md §7.4). It
-    is never before the token's bytes arrived, so a TTFT stays an upper bound."""
-    event = interpret(payload, target.api)
-    if event.kind is EventKind.ERROR or event.kind is EventKind.MALFORMED:
-        event = interpret(redact_secrets(payload, target.secrets), target.api)
-    if event.kind is EventKind.TOKEN:
-        timing.first_token = arrived
-        return Outcome.FAST, ""
-    if event.kind is EventKind.NO_TOKEN:
-        return None
-    if event.kind is EventKind.DONE:
-        return Outcome.ERROR, "stream ended ([DONE]) before the first token"
-    if event.kind is EventKind.ERROR:
-        return _classify_error_text(event.message, target, "error event in stream")
-    return Outcome.ERROR, f"malformed stream: {event.message}"
 
 
 def _classify_status(raw: bytes, status: int, target: ProbeTarget) -> tuple[Outcome, int, str]:

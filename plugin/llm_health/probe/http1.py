@@ -206,8 +206,12 @@ class Connection(asyncio.Protocol):
         return None
 
     def drain(self, limit: int) -> bool | None:
-        """``begin_drain`` and ``drained`` at once."""
+        """``begin_drain``, then ``drained``; the common end in one step: the answer
+        complete already (a one-token stream's tail came with its token)."""
         self.begin_drain(limit)
+        end = self._to_end
+        if self.complete and end is not None:
+            return self._body_size <= end
         return self.drained()
 
     def begin_drain(self, limit: int) -> None:
@@ -333,8 +337,10 @@ class Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         if self.complete:
             return  # a second answer in the same bytes: never read (not reusable either)
-        self._head_bytes += len(name) + len(value) + 4
-        if name.lower() in (b"content-length", b"transfer-encoding"):
+        size = len(name)
+        self._head_bytes += size + len(value) + 4
+        # Lowered only when its length could be one of the two (most headers: never).
+        if (size == 14 or size == 17) and name.lower() in (b"content-length", b"transfer-encoding"):
             self._framed = True
 
     def on_headers_complete(self) -> None:
