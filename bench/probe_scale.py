@@ -52,6 +52,7 @@ import sys
 import time
 import tracemalloc
 from collections import Counter
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -148,10 +149,10 @@ class Recorder:
     def close(self) -> None:
         gc.callbacks.remove(self.on_gc)
 
-    async def on_result(self, target: ProbeTarget, result: ProbeResult) -> None:
+    def on_result(self, target: ProbeTarget, result: ProbeResult) -> Awaitable[None] | None:
         if self.recording:
             self.results.append(seen(target, result))
-        await self._inner(target, result)
+        return self._inner(target, result)
 
     def on_transition(self, _cluster: str, _address: str, change: Transition, *_: object) -> None:
         self.transitions += self.recording

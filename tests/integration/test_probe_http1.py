@@ -260,14 +260,14 @@ async def test_a_stall_after_the_token_arrived_does_not_make_a_slow_engine_fast(
     head = SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"
     token = b"%x\r\n%s\r\n0\r\n\r\n" % (len(TOKEN), TOKEN)
     script = Script([([head, token], "keep")], pause_s=0.4)
-    real = Connection.data_received
+    real = Connection._take  # what both carriers hand the bytes to
 
     def stalled(self: Connection, data: bytes) -> None:
         real(self, data)
         if b'"Hi"' in data:
             time.sleep(0.25)  # the rest of the loop turn, after the bytes were taken in
 
-    monkeypatch.setattr(Connection, "data_received", stalled)
+    monkeypatch.setattr(Connection, "_take", stalled)
     lag = LoopLagMonitor(tick_s=0.02)
     ticker = asyncio.create_task(lag.run())
     try:

@@ -10,6 +10,7 @@ lands exactly where the scheduler put it, however loaded the machine is."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import math
 import selectors
@@ -20,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from llm_health.app.probing import ProbeSlots
 from llm_health.config import ProbeSettings
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.probe.client import MicroProbe, new_connections
@@ -519,3 +521,36 @@ def test_a_silence_timer_that_fires_early_still_waits_for_the_silence_point() ->
     with asyncio.Runner(loop_factory=EarlySilenceTimerLoop) as runner:
         runner.run(main())
     assert results and silences == [], silences
+
+
+async def test_scheduled_probes_leave_nothing_for_the_collector() -> None:
+    """A scheduled probe is a round, its slot and its exchange, each referring to the
+    next: once it is over, no cycle may be left among them, or every probe would leave
+    garbage for the collector (whose pauses are the prober's lateness: docs/design.md
+    §16.4)."""
+    fault = FaultSpec.from_json({"fault": "none", "ttft": "5ms"})
+    async with running_sim(SimSettings(fault=fault, seed=1), port_count=10) as sim:
+        targets = targets_for(list(sim.ports), interval="100ms")
+        results: list[ProbeResult] = []
+        async with new_connections() as connections:
+            prober = MicroProbe(connections)
+            slots = ProbeSlots(prober.probe, prober.start_probe)
+
+            def on_result(_target: ProbeTarget, result: ProbeResult) -> None:
+                results.append(result)
+
+            scheduler = Scheduler(targets, slots.probe, on_result, start=slots.start)
+            task = asyncio.create_task(scheduler.run())
+            try:
+                await wait_until_async(lambda: len(results) >= 20, 10, "the first probes")
+                gc.collect()
+                gc.disable()
+                before = len(results)
+                await wait_until_async(lambda: len(results) >= before + 50, 10, "50 probes")
+                left = gc.collect()
+            finally:
+                gc.enable()
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+    assert all(r.outcome is Outcome.FAST for r in results[before:])
+    assert left == 0, f"{left} objects in cycles after {len(results) - before} probes"

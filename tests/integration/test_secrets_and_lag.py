@@ -19,10 +19,11 @@ from pathlib import Path
 import pytest
 
 from llm_health.config import ProbeSettings
-from llm_health.model.outcome import Outcome
+from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.redact import REDACTED, printable_line, redact_secrets, secret_forms
 from llm_health.model.states import State
-from llm_health.probe.client import MicroProbe, new_connections
+from llm_health.probe.client import MicroProbe
+from llm_health.probe.http1 import STAMPS, Connections
 from llm_health.probe.lag import LoopLagMonitor
 from tests.configs import plugin_yaml
 from tests.polling import wait_until_async
@@ -74,9 +75,20 @@ async def test_echoed_token_never_leaves_the_plugin(
     assert SECRET not in logged
 
 
-async def _probe_with_blocked_loop(ttft: str, healthy_ttft: str, tmp_path: Path) -> tuple:
+CARRIERS = [
+    pytest.param(False, id="transport"),
+    pytest.param(
+        True, id="kernel-stamps", marks=pytest.mark.skipif(not STAMPS, reason="no SO_TIMESTAMPNS")
+    ),
+]
+
+
+async def _probe_with_blocked_loop(
+    ttft: str, healthy_ttft: str, tmp_path: Path, *, stamped: bool
+) -> ProbeResult:
     """One probe of a simulator with ``ttft`` while this loop is blocked 100 ms from
-    50 ms after the request: the token arrives during the block."""
+    50 ms after the request: the token arrives during the block. ``stamped``: its bytes
+    timed by the kernel (``http1._StampedSocket``), else by the loop's transport read."""
     process = SimProcess(tmp_path, f"lag-{ttft}", "--ttft", ttft)
     try:
         process.wait_up()
@@ -87,7 +99,7 @@ async def _probe_with_blocked_loop(ttft: str, healthy_ttft: str, tmp_path: Path)
         lag = LoopLagMonitor(tick_s=0.005)
         ticker = asyncio.create_task(lag.run())
         try:
-            async with new_connections() as connections:
+            async with Connections(stamped=stamped) as connections:
                 prober = MicroProbe(connections, lag)
                 await prober.probe(target)  # connection and engine warm
                 await asyncio.sleep(0.05)
@@ -101,15 +113,23 @@ async def _probe_with_blocked_loop(ttft: str, healthy_ttft: str, tmp_path: Path)
 
 
 @pytest.mark.alone  # it blocks its own loop for 100 ms and times the probe around it
-async def test_lag_during_the_read_does_not_make_a_fast_endpoint_slow(tmp_path: Path) -> None:
-    result = await _probe_with_blocked_loop("60ms", "120ms", tmp_path)
-    assert result.ttft_ms is not None and result.ttft_ms > 120, result  # raw: would be SLOW
+@pytest.mark.parametrize("stamped", CARRIERS)
+async def test_lag_during_the_read_does_not_make_a_fast_endpoint_slow(
+    tmp_path: Path, stamped: bool
+) -> None:
+    result = await _probe_with_blocked_loop("60ms", "120ms", tmp_path, stamped=stamped)
+    assert result.ttft_ms is not None
+    if stamped:  # timed by the kernel: the block is not in it at all
+        assert result.ttft_ms < 120, result
+    else:  # timed when read: the block is in it (raw: SLOW), and taken off again
+        assert result.ttft_ms > 120, result
     assert result.loop_lag_ms >= 60, result
     assert result.outcome is Outcome.FAST, result
 
 
 @pytest.mark.alone  # as above
-async def test_a_really_slow_endpoint_stays_slow_under_lag(tmp_path: Path) -> None:
-    result = await _probe_with_blocked_loop("350ms", "120ms", tmp_path)
+@pytest.mark.parametrize("stamped", CARRIERS)
+async def test_a_really_slow_endpoint_stays_slow_under_lag(tmp_path: Path, stamped: bool) -> None:
+    result = await _probe_with_blocked_loop("350ms", "120ms", tmp_path, stamped=stamped)
     assert result.loop_lag_ms >= 60, result
     assert result.outcome is Outcome.SLOW, result

@@ -97,7 +97,9 @@ class ProbeSlots:
         if not slot.take_now():
             return start_coroutine(self.probe, target, receiver)
         holding = _Holding(receiver, slot)
-        holding.started = self._starter(target, holding)
+        started = self._starter(target, holding)
+        if holding.held:  # not over already (a probe can be told at once: a bad URL)
+            holding.started = started
         return holding
 
 
@@ -159,16 +161,22 @@ class _Holding:
 
     def done(self, result: ProbeResult) -> None:
         self._free()
+        self.started = None  # it refers back here: no cycle left for the collector
         self._receiver.done(result)
 
     def failed(self, error: Exception) -> None:
         self._free()
+        self.started = None
         self._receiver.failed(error)
 
     def cancel(self) -> None:
         self._free()
         if self.started is not None:
             self.started.cancel()
+
+    @property
+    def held(self) -> bool:
+        return self._slot is not None
 
     def _free(self) -> None:
         slot, self._slot = self._slot, None

@@ -73,8 +73,9 @@ NONCE_MARK = "<nonce-mark>"
 
 
 def new_connections() -> Connections:
-    """The prober's connections (``probe.http1``): ``async with new_connections() as c``."""
-    return Connections()
+    """The prober's connections (``probe.http1``): ``async with new_connections() as c``.
+    Their bytes are timed by the kernel where the system can (``Connections``)."""
+    return Connections(stamped=True)
 
 
 @dataclass(slots=True)
@@ -84,6 +85,7 @@ class _Timing:
     headers: float | None = None
     reused: bool = False  # sent on a pooled keep-alive connection
     first_token: float | None = None
+    stamped: bool = False  # the first token timed by the kernel (``Connection.stamped``)
 
     def ms(self, at: float | None) -> float | None:
         return None if at is None else (at - self.start) * 1000
@@ -217,7 +219,8 @@ class MicroProbe:
         ttft_ms = None if token is None else (token - start) * 1000
         lag_ms = stalled_ms = 0.0
         if self._lag is not None:
-            lag_ms, stalled_ms = self._lag.over(start, token)
+            # A token the kernel timed holds none of our stalls: none is taken off it.
+            lag_ms, stalled_ms = self._lag.over(start, None if timing.stamped else token)
         # SLOW only if the first token was late even without the prober's own lateness.
         # A starved loop (another process burning the CPU, a GC pause) notices the
         # token's bytes late by up to the longest stall between the probe's start and the
@@ -471,7 +474,8 @@ class _Exchange:
         event = interpret(payload, target.api)
         kind = event.kind
         if kind is EventKind.TOKEN:
-            self._timing.first_token = connection.arrived
+            timing = self._timing
+            timing.first_token, timing.stamped = connection.arrived, connection.stamped
             self._receiver.set()
             return _GOT_TOKEN
         if kind is EventKind.NO_TOKEN:

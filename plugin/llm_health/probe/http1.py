@@ -18,11 +18,17 @@ too large, bytes while idle). Nothing here logs.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import platform
+import socket
 import ssl
+import struct
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
@@ -115,6 +121,11 @@ class Connection(asyncio.Protocol):
         # When the bytes a ``read`` returns had all arrived (perf_counter): the moment of
         # the last ``data_received``, not of the task's wake-up a loop turn or more later.
         self.arrived = 0.0
+        # ``arrived`` is the kernel's receipt time (``_StampedSocket``), not our read's:
+        # no stall of this process is in it (a first token timed so is not corrected for
+        # one: ``client.MicroProbe._result``).
+        self.stamped = False
+        self._sent_at = 0.0  # when the request went out (perf_counter)
         self.head_at: float | None = None  # when the bytes that completed the head came
         self._waiter: asyncio.Future[None] | None = None
         # Called on news instead of waking a waiter: an exchange driven by the
@@ -148,6 +159,7 @@ class Connection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)  # fresh for each answer
         self._active = True
         assert self.transport is not None
+        self._sent_at = time.perf_counter()
         self.transport.write(request)
 
     async def head(self) -> int:
@@ -293,6 +305,21 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.arrived = time.perf_counter()
+        self.stamped = False
+        self._take(data)
+
+    def data_stamped(self, data: bytes, arrived: float) -> None:
+        """``data`` as the kernel received it at ``arrived`` (perf_counter): from a
+        ``_StampedSocket``, whose bytes are timed by the kernel, not by this process. A
+        time before the request went out cannot be (the wall clock stepped forward since
+        the stamp): then this read's own time, an upper bound as without a stamp."""
+        if arrived >= self._sent_at:
+            self.arrived, self.stamped = arrived, True
+        else:
+            self.arrived, self.stamped = time.perf_counter(), False
+        self._take(data)
+
+    def _take(self, data: bytes) -> None:
         parser = self._parser
         if not self._active or parser is None:
             self._fail(ResponseError("bytes from the server outside an exchange"))
@@ -373,7 +400,12 @@ class Connections:
     answer read whole (``release(reuse=True)``), at most ``MAX_IDLE_PER_ENDPOINT`` per
     endpoint, each for at most ``IDLE_TIMEOUT_S`` unused. ``async with``: closes all."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, stamped: bool = False) -> None:
+        # ``stamped``: plain-TCP connections to an IP address read through
+        # ``_StampedSocket`` (where the system can: ``STAMPS``), their bytes timed by the
+        # kernel when they arrived; the probe's first token is timed so (docs/design.md
+        # §16.10). Otherwise, and for TLS or a host name, the event loop's transport.
+        self._stamped = stamped and STAMPS
         self._idle: dict[tuple[str, int, bool], list[Connection]] = {}
         # Taken and not released yet: an exchange's, closed with the rest by ``close`` (an
         # exchange reads its answer's tail after its result is out: docs/design.md §16.10).
@@ -446,6 +478,12 @@ class Connections:
         """A new connection to ``route`` (``ConnectFailed`` if none can be had)."""
         loop = asyncio.get_running_loop()
         connection = Connection(route, loop)
+        family = _address_family(route.host) if self._stamped and not route.tls else None
+        if family is not None:
+            await _connect_stamped(loop, connection, family, route)
+            self.opened += 1
+            self._lent.add(connection)
+            return connection
         tls = self._tls_context() if route.tls else None
         try:
             transport, _ = await loop.create_connection(
@@ -487,3 +525,183 @@ def _any_stale(idle: list[Connection], now: float) -> bool:
         if connection.lost or now - connection.idle_since >= IDLE_TIMEOUT_S:
             return True
     return False
+
+
+# --- bytes timed by the kernel ---------------------------------------------------------
+#
+# A first token's bytes reach the host long before this process may read them: behind a
+# busy loop, a collector pause, other processes on the cores. Timed when read, the TTFT
+# holds all of that (the prober's own lateness, docs/design.md §7.4). With SO_TIMESTAMPNS
+# the kernel stamps every packet it receives, and ``recvmsg`` hands over the stamp of the
+# latest one read (a TCP socket's: ``tcp_recv_timestamp``): the time the bytes arrived,
+# whatever this process did meanwhile. uvloop's transports read with ``read`` and drop
+# it, so these connections read their socket themselves (``_StampedSocket``).
+
+
+def _so_timestampns() -> int | None:
+    """The option's number where it is known: Python's socket module does not name it;
+    Linux's is 35 on x86-64 and arm64 (asm-generic/socket.h, with a 64-bit time_t the
+    struct timespec of two int64). Elsewhere (another system or architecture, where the
+    number or the struct may differ) nothing is stamped and the loop's transport reads."""
+    if hasattr(socket, "SO_TIMESTAMPNS"):
+        return int(socket.SO_TIMESTAMPNS)
+    known = sys.platform == "linux" and platform.machine() in ("x86_64", "aarch64", "arm64")
+    return 35 if known and struct.calcsize("@q") == 8 else None
+
+
+_SO_TIMESTAMPNS = _so_timestampns()
+STAMPS = _SO_TIMESTAMPNS is not None
+READ_SIZE = 256 * 1024  # at most this much a read (uvloop's own read size)
+_STAMP_SPACE = socket.CMSG_SPACE(16)  # one struct timespec
+_TIMESPEC = struct.Struct("@qq")
+
+
+def _address_family(host: str) -> socket.AddressFamily | None:
+    """AF_INET or AF_INET6 for an IP literal; None for a host name (resolved by the
+    loop's transport, not here)."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return socket.AF_INET6 if address.version == 6 else socket.AF_INET
+
+
+async def _connect_stamped(
+    loop: asyncio.AbstractEventLoop,
+    connection: Connection,
+    family: socket.AddressFamily,
+    route: Route,
+) -> None:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as the loop's transports
+        assert _SO_TIMESTAMPNS is not None  # STAMPS
+        sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+        await loop.sock_connect(sock, (route.host, route.port))
+    except OSError as exc:
+        sock.close()
+        raise ConnectFailed(exc.errno, exc.strerror or str(exc)) from exc
+    except BaseException:
+        sock.close()  # cancelled (the probe's deadline): the socket goes too
+        raise
+    _StampedSocket(loop, sock, connection)
+
+
+class _StampedSocket:
+    """A plain TCP connection read with ``recvmsg``, each read's bytes handed to its
+    ``Connection`` with the kernel's receipt time (``Connection.data_stamped``), and
+    written with ``send``: the part of ``asyncio.Transport`` the ``Connection`` uses
+    (``write``, ``abort``, ``close``, ``is_closing``), with its callbacks' order:
+    ``connection_made``, then bytes, then ``eof_received`` and ``connection_lost`` once."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, sock: socket.socket, protocol: Connection
+    ) -> None:
+        self._loop = loop
+        self._sock: socket.socket | None = sock
+        self._fd = sock.fileno()
+        self._protocol = protocol
+        self._pending = b""  # written and not sent yet (the socket's buffer was full)
+        loop.add_reader(self._fd, self._readable)
+        protocol.connection_made(self)  # type: ignore[arg-type]
+
+    def _readable(self) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        try:
+            data, ancillary, _flags, _address = sock.recvmsg(READ_SIZE, _STAMP_SPACE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._lose(exc)
+            return
+        if not data:
+            self._protocol.eof_received()
+            self._lose(None)
+            return
+        self._protocol.data_stamped(data, _arrived(ancillary))
+
+    def write(self, data: bytes) -> None:
+        sock = self._sock
+        if sock is None:
+            return  # closed: the connection has heard (connection_lost)
+        if self._pending:
+            self._pending += data
+            return
+        try:
+            sent = sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            self._lose(exc)
+            return
+        if sent < len(data):
+            self._pending = data[sent:]
+            self._loop.add_writer(self._fd, self._writable)
+
+    def _writable(self) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        try:
+            sent = sock.send(self._pending)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._lose(exc)
+            return
+        self._pending = self._pending[sent:]
+        if not self._pending:
+            self._loop.remove_writer(self._fd)
+
+    def is_closing(self) -> bool:
+        return self._sock is None
+
+    def abort(self) -> None:
+        self._lose(None)
+
+    def close(self) -> None:
+        self._lose(None)
+
+    def _lose(self, exc: Exception | None) -> None:
+        """Close the socket once; ``connection_lost`` on the loop's next turn (as a
+        transport calls it)."""
+        sock, self._sock = self._sock, None
+        if sock is None:
+            return
+        self._loop.remove_reader(self._fd)
+        if self._pending:
+            self._loop.remove_writer(self._fd)
+            self._pending = b""
+        sock.close()
+        self._loop.call_soon(self._protocol.connection_lost, exc)
+        self._protocol = _CLOSED  # no cycle with the connection, which keeps its transport
+
+
+class _Closed:
+    """The protocol of a closed ``_StampedSocket``: nothing more reaches a connection."""
+
+    def data_stamped(self, data: bytes, arrived: float) -> None:
+        pass
+
+    def eof_received(self) -> bool:
+        return False
+
+
+_CLOSED: Any = _Closed()
+
+
+def _arrived(ancillary: list[tuple[int, int, bytes]]) -> float:
+    """When the latest packet read arrived, on ``time.perf_counter``'s clock: the
+    kernel's stamp (CLOCK_REALTIME) moved by the two clocks' offset now. Never later than
+    now; our own read's time when there is no stamp, or one from the future (the wall
+    clock stepped back meanwhile)."""
+    now = time.perf_counter()
+    for level, kind, raw in ancillary:
+        if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= 16:
+            seconds, nanoseconds = _TIMESPEC.unpack_from(raw)
+            ago = time.time() - (seconds + nanoseconds * 1e-9)
+            return now - ago if ago >= 0 else now
+    return now
