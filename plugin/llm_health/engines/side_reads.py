@@ -118,34 +118,69 @@ class SideReads:
     ) -> tuple[int, bytes] | None:
         """One request on a connection, released whatever happens (kept only after an
         answer read whole); None when it died on a kept connection before any status
-        line and this is not already the resend (which goes on a new connection)."""
-        connection, kept = await self._connections.take(route, fresh=resend)
-        whole = False
+        line and this is not already the resend (which goes on a new connection). The
+        answer is read by the connection's callbacks (``_Body``): this waits once."""
+        connection = self._connections.take_kept(route, fresh=resend)
+        kept = connection is not None
+        if connection is None:
+            connection = await self._connections.open(route)
+        body = _Body(connection, limit)
         try:
             connection.send(request)
             try:
-                status = await connection.head()
+                return await body.future
             except ConnectionBroken:
-                if kept:  # never on the resend: that is on a new connection
+                if kept and not body.headed:  # never on the resend: a new connection
                     return None
                 raise
-            body, whole = await _body(connection, limit)
-            return status, body
         finally:
-            self._connections.release(connection, reuse=whole and connection.reusable)
+            self._connections.release(connection, reuse=body.whole and connection.reusable)
 
 
-async def _body(connection: Connection, limit: int) -> tuple[bytes, bool]:
-    """The answer's body, cut at ``limit`` bytes, and whether it was read whole (a body
-    over ``limit`` is not: its connection is closed, never kept)."""
-    chunks: list[bytes] = []
-    received = 0
-    while chunk := await connection.read():
-        chunks.append(chunk)
-        received += len(chunk)
-        if received > limit:
-            return b"".join(chunks)[:limit], False
-    return b"".join(chunks), True
+class _Body:
+    """An answer read by its connection's callbacks (``Connection.listener``): its status
+    and its body, cut at ``limit`` bytes (then not ``whole``: the connection is closed,
+    never kept), into ``future`` once it ended, went past the limit or broke."""
+
+    __slots__ = ("_connection", "_limit", "_parts", "_size", "future", "headed", "whole")
+
+    def __init__(self, connection: Connection, limit: int) -> None:
+        self._connection = connection
+        self._limit = limit
+        self._parts: list[bytes] = []
+        self._size = 0
+        self.headed = False  # the status line and headers came
+        self.whole = False
+        self.future: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
+        connection.listener = self._news
+
+    def _news(self) -> None:
+        connection, future = self._connection, self.future
+        if future.done():
+            return
+        try:
+            if not self.headed:
+                if not connection.head_ready():
+                    return
+                self.headed = True
+            while (chunk := connection.take_body()) is not None:
+                if not chunk:
+                    self.whole = True
+                    self._done(b"".join(self._parts))
+                    return
+                self._parts.append(chunk)
+                self._size += len(chunk)
+                if self._size > self._limit:
+                    self._done(b"".join(self._parts)[: self._limit])
+                    return
+        except (OSError, ProtocolError) as exc:
+            future.set_exception(exc)
+
+    def _done(self, body: bytes) -> None:
+        status = self._connection.status
+        assert status is not None
+        self._parts = []
+        self.future.set_result((status, body))
 
 
 def read_error(exc: BaseException, target: ProbeTarget) -> str:
