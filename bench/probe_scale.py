@@ -511,13 +511,14 @@ def _site(traceback: tracemalloc.Traceback) -> str:
 
 
 READING = (
-    "Reading it: a probe's TTFT error is, in the first place, the prober's own lateness "
-    "(compare the loop lag and observation delay columns): with `server.probe_workers: 0` "
-    "everything the plugin does runs on one event loop. What lags it (docs/design.md "
-    "§16.1; the profile below): (1) CPU: the aiohttp client per probe, the scheduler's "
-    "silence timers per probe, the engine-metrics side reads (held to 100 reads/s in all), "
-    "the known-answer judge, on the same 2 cores as the simulators; (2) garbage-collector "
-    "pauses (GC column; the start-up heap is frozen once warm). Board snapshots and EDS "
+    "Reading it: with `server.probe_workers: 0` everything the plugin does runs on one "
+    "event loop. What lags it (docs/design.md §16.1): (1) CPU: the probes, the "
+    "engine-metrics side reads (held to 100 reads/s in all), the known-answer judge, on "
+    "the same 2 cores as the simulators; (2) garbage-collector pauses (GC column; the "
+    "start-up heap is frozen once warm). The probes' first tokens are timed by the kernel "
+    "when their packets arrived (SO_TIMESTAMPNS, docs/design.md §7.4), so the loop's lag "
+    "is no longer in their TTFT; it still delays starts and the reading of the rest, and "
+    "holds back SLOW and TIMEOUT verdicts while over `max_loop_lag`. Board snapshots and EDS "
     "resources are rebuilt per changed endpoint, no longer per state change in full. Lag "
     "makes probes in flight read SLOW, SLOW makes state changes: the 'state changes' "
     "column (in the measured window) counts false verdicts on a fleet that is healthy. "
@@ -537,10 +538,12 @@ OBSERVATION = (
     "from `/sim/stats` after the window; matched to the latest write on the endpoint's "
     f"port between {MATCH_SLACK_S * 1000:g} ms before the probe's start and "
     f"{MATCH_SLACK_S * 1000:g} ms after its read). One clock: `time.time()` in two "
-    "processes of one machine. It includes the kernel's loopback and the prober's loop "
-    "lag (how long the bytes waited for the prober's loop); it excludes the simulator's "
-    "own lateness (a simulator starved of CPU writes the token late, which the TTFT error "
-    "counts and this does not). 'matched' is given when some probes found no write (a "
+    "processes of one machine. It includes the kernel's loopback and, where a read took in "
+    "more than the token (its stamp is the latest packet's), the time to the last packet "
+    "read with it; it excludes the simulator's own lateness (a simulator starved of CPU "
+    "writes the token late, which the TTFT error counts and this does not). Negative: the "
+    "simulator noted its write a little after the kernel had the packet. 'matched' is "
+    "given when some probes found no write (a "
     "simulator's ring overflowed or its /sim/stats did not answer)."
 )
 
