@@ -19,9 +19,8 @@ fires once its latest alarm is due, so an alarm is never early and at most a
 millisecond late; alarms fire in time order to the millisecond, and within one in the
 order they were set.
 
-``Deadline`` is ``asyncio.timeout`` on an ``Alarms``: the same cancel-and-convert rules
-(the task is cancelled at the deadline; on the way out, that cancellation becomes
-``TimeoutError`` unless someone else cancelled the task too).
+A callback that raises is reported to the loop's exception handler (as a failed
+callback is) and the alarms due with it still fire.
 
 Clock: the one given (``time.monotonic`` by default). An alarm fires when the loop fires
 the timer set for it, as ``asyncio.sleep`` wakes (uvloop keeps its timers to the
@@ -35,7 +34,6 @@ import heapq
 import math
 import time
 from collections.abc import Callable
-from types import TracebackType
 from typing import Any
 
 
@@ -111,19 +109,6 @@ class Alarms:
             self._arm(bucket.latest)
         return alarm
 
-    async def sleep_until(self, when: float) -> None:
-        """Until ``when`` (one loop turn if it is past), as ``asyncio.sleep``."""
-        loop = self.loop()
-        if when <= self._clock():
-            await asyncio.sleep(0)
-            return
-        future = loop.create_future()
-        alarm = self.at(when, _resolve, future)
-        try:
-            await future
-        finally:
-            alarm.cancel()
-
     def loop(self) -> asyncio.AbstractEventLoop:
         """The loop the alarms run on (the running one, at first use). Kept: asking
         asyncio for it costs a system call (``getpid``) every time."""
@@ -176,62 +161,3 @@ class Alarms:
         assert self._loop is not None
         context = {"message": f"alarm {callback!r} failed", "exception": exc}
         self._loop.call_exception_handler(context)
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
-
-
-class Deadline:
-    """``async with Deadline(alarms, when)``: ``asyncio.timeout_at`` on ``alarms``' clock.
-    ``reschedule`` moves it; ``expired`` says whether it fired."""
-
-    __slots__ = ("_alarm", "_alarms", "_cancelling", "_task", "_when", "expired")
-
-    def __init__(self, alarms: Alarms, when: float) -> None:
-        self._alarms = alarms
-        self._when = when
-        self._task: asyncio.Task[Any] | None = None
-        self._alarm: Alarm | None = None
-        self._cancelling = 0
-        self.expired = False
-
-    async def __aenter__(self) -> Deadline:
-        task = asyncio.current_task(self._alarms.loop())  # given the loop: no getpid
-        if task is None:
-            raise RuntimeError("Deadline should be used inside a task")
-        self._task = task
-        self._cancelling = task.cancelling()
-        self._alarm = self._alarms.at(self._when, _expire, self)
-        return self
-
-    def reschedule(self, when: float) -> None:
-        if self._alarm is not None:
-            self._alarm.cancel()
-        self._when = when
-        if not self.expired:
-            self._alarm = self._alarms.at(when, _expire, self)
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._alarm is not None:
-            self._alarm.cancel()
-            self._alarm = None
-        task = self._task
-        # As asyncio.Timeout: our cancel request is taken back whenever we made one, and
-        # the cancellation is a timeout unless another request came too.
-        ours = self.expired and task is not None and task.uncancel() <= self._cancelling
-        if ours and exc_type is asyncio.CancelledError:
-            raise TimeoutError from exc
-
-
-def _expire(deadline: Deadline) -> None:
-    deadline._alarm = None
-    if deadline._task is not None and not deadline._task.done():
-        deadline.expired = True
-        deadline._task.cancel()
