@@ -35,6 +35,26 @@ from llm_health.probe.target import ProbeTarget
 ResultFn = Callable[[ProbeTarget, ProbeResult], "asyncio.Future[None]"]
 
 
+async def _sleep_until(alarms: Alarms, when: float) -> None:
+    """``Alarms.sleep_until`` as it was (the scheduler below slept on it; no probe sleeps
+    on an alarm any more): until ``when``, one loop turn if it is past."""
+    loop = alarms.loop()
+    if when <= alarms._clock():
+        await asyncio.sleep(0)
+        return
+    future = loop.create_future()
+    alarm = alarms.at(when, _resolve, future)
+    try:
+        await future
+    finally:
+        alarm.cancel()
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 class _Watch:
     """One probe round's first token and end, for its silence timer: ``set`` is the
     ``FIRST_TOKEN`` listener the micro-probe calls, ``end`` the round's own notice. Cheap
@@ -199,7 +219,7 @@ class SchedulerBefore:
             if not spaced:
                 due = on_tick(due, self._origin, self._tick)
             spaced = False
-            await self._alarms.sleep_until(due)
+            await _sleep_until(self._alarms, due)
             target = self._targets[key]  # settings may have been reloaded
             if failures == 0 and self._skip is not None and self._skip(target):
                 # Real traffic proves this endpoint (backoff_when_busy): this slot is left
