@@ -243,9 +243,7 @@ class _Round(_Watch):
     )
 
     def __init__(self, scheduler: Scheduler, endpoint: _Endpoint, target: ProbeTarget) -> None:
-        self.token = False
-        self.ended = False
-        self._waiter = None
+        _Watch.__init__(self)
         self.scheduler = scheduler
         self.endpoint = endpoint
         self.target = target
@@ -304,7 +302,9 @@ class Scheduler:
         self._alarms = Alarms(clock)  # slots and silence points: one loop timer for all
         self._endpoints: dict[str, _Endpoint] = {}
         self._running: asyncio.Future[None] | None = None
-        self._stopping: list[asyncio.Task[Any]] = []
+        # Tasks cancelled and not done yet: awaited when ``run`` ends, forgotten once done
+        # (a reload's removed endpoints would otherwise pile up here for the process's life).
+        self._stopping: set[asyncio.Task[Any]] = set()
         self.in_flight: dict[str, int] = dict.fromkeys(self._targets, 0)
         self._on_silence = on_silence
         self._confirm = confirm
@@ -337,7 +337,7 @@ class Scheduler:
             for endpoint in self._endpoints.values():
                 self._drop(endpoint)
             self._endpoints.clear()
-            stopping, self._stopping = self._stopping, []
+            stopping, self._stopping = self._stopping, set()
             await asyncio.gather(*stopping, return_exceptions=True)
 
     def update(self, targets: Sequence[ProbeTarget]) -> None:
@@ -530,7 +530,8 @@ class Scheduler:
     def _cancel(self, task: asyncio.Task[Any]) -> None:
         if not task.done():
             task.cancel()
-            self._stopping.append(task)
+            self._stopping.add(task)
+            task.add_done_callback(self._stopping.discard)
 
     def _crash(self, exc: Exception) -> None:
         """A bug in a callback: ``run`` ends with it (as a task of its own would have)."""
