@@ -7,6 +7,11 @@ import asyncio
 import contextlib
 import dataclasses
 from collections.abc import Callable
+from typing import TypeVar
+
+from llm_health.probe.http1 import Connection
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass
@@ -100,3 +105,27 @@ class RawServer:
 async def until(predicate: Callable[[], bool]) -> None:
     while not predicate():
         await asyncio.sleep(0.01)
+
+
+async def heard(connection: Connection, step: Callable[[], T | None]) -> T:
+    """What ``step`` gives at the first news it gives something for (not None), as an
+    exchange reads its answer: through the connection's ``listener``."""
+    future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+
+    def listen() -> None:
+        if future.done():
+            return
+        try:
+            found = step()
+        except Exception as exc:  # what broke the answer: the awaiter's
+            future.set_exception(exc)
+            return
+        if found is not None:
+            future.set_result(found)
+
+    connection.listener = listen
+    listen()  # it may be here already
+    try:
+        return await future
+    finally:
+        connection.listener = None

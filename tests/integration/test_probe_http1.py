@@ -11,6 +11,7 @@ import gc
 import time
 import weakref
 from collections.abc import AsyncIterator
+from functools import partial
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -28,7 +29,7 @@ from llm_health.probe.http1 import (
 )
 from llm_health.probe.lag import LoopLagMonitor
 from llm_health.probe.target import ProbeTarget
-from tests.raw_http import RawServer, Script, until
+from tests.raw_http import RawServer, Script, heard, until
 
 TOKEN = b'data: {"choices": [{"index": 0, "text": "Hi", "finish_reason": "length"}]}\n\n'
 DONE = b"data: [DONE]\n\n"
@@ -67,6 +68,12 @@ async def test_a_one_token_stream_that_ends_at_once_keeps_its_connection() -> No
     assert all(r.ttft_ms is not None and r.connect_ms is not None for r in results)
 
 
+def head_status(connection: Connection) -> int | None:
+    """The answer's status once ``head_ready`` says the head (and the first of the body)
+    came, else None."""
+    return connection.status if connection.head_ready() else None
+
+
 async def test_a_closed_connection_is_freed_at_once_not_by_the_collector() -> None:
     """No cycle through the parser (it refers back to its protocol): a closed connection
     goes when its last reference does. A cycle would keep it, its transport and buffers
@@ -77,8 +84,8 @@ async def test_a_closed_connection_is_freed_at_once_not_by_the_collector() -> No
         try:
             connection, _ = await pool.take(route)
             connection.send(request_head(route, {}, 2) + b"{}")
-            assert await connection.head() == 200
-            while await connection.read():
+            assert await heard(connection, partial(head_status, connection)) == 200
+            while await heard(connection, connection.take_body):
                 pass
             gone = weakref.ref(connection)
             pool.release(connection, reuse=True)  # kept idle
@@ -289,8 +296,9 @@ async def test_a_stall_after_the_token_arrived_does_not_make_a_slow_engine_fast(
 
 async def test_the_head_alone_wakes_no_one_and_is_timed_when_it_came() -> None:
     """An engine sends its head at once and its first token later: the exchange waits
-    through both in one wake-up (``head()`` returns with the first body bytes), and the
-    head is still timed when its own bytes came (``head_at``), not with the token's."""
+    through both in one wake-up (``head_ready`` says so only with the first body bytes),
+    and the head is still timed when its own bytes came (``head_at``), not with the
+    token's."""
     head = SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"
     rest = ONE_TOKEN[len(head) :]
     script = Script([([head, rest], "keep")], pause_s=0.15)
@@ -298,7 +306,7 @@ async def test_the_head_alone_wakes_no_one_and_is_timed_when_it_came() -> None:
         route = route_of(f"http://127.0.0.1:{server.port}/v1/completions")
         connection, _ = await pool.take(route)
         connection.send(request_head(route, {}, 2) + b"{}")
-        waiting = asyncio.create_task(connection.head())
+        waiting = asyncio.create_task(heard(connection, partial(head_status, connection)))
         await until(lambda: connection.head_at is not None)
         head_came = time.perf_counter()
         await asyncio.sleep(0.05)
@@ -306,7 +314,8 @@ async def test_the_head_alone_wakes_no_one_and_is_timed_when_it_came() -> None:
         assert await waiting == 200
         assert connection.arrived - head_came >= 0.05  # the body came later
         assert connection.head_at is not None and connection.head_at <= head_came
-        assert await connection.to_end(MAX_TAIL_BYTES) and connection.reusable
+        connection.begin_drain(MAX_TAIL_BYTES)
+        assert await heard(connection, connection.drained) and connection.reusable
         pool.release(connection, reuse=True)
     async with probing(script) as (server, prober, _):
         result = await prober.probe(target(server.port))

@@ -91,9 +91,7 @@ class ProbeSlots:
             return await self._probe(target)
 
     def start(self, target: ProbeTarget, receiver: ProbeReceiver) -> Started:
-        slot = self._main.get(target.key)
-        if slot is None:
-            slot = self._main[target.key] = _Slot()
+        slot = _slot(self._main, target.key)
         if not slot.take_now():
             return start_coroutine(self.probe, target, receiver)
         holding = _Holding(receiver, slot)

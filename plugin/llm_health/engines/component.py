@@ -200,10 +200,7 @@ class EngineChecks:
         probe = self.wrap(prober)
 
         def start(target: ProbeTarget, receiver: ProbeReceiver) -> Started:
-            verify = self._checks.get(target.cluster, NO_CHECKS)[0]  # _verify_due, inline
-            state = self._endpoints.get(target.key)
-            due = 0.0 if state is None else state.verify_due
-            if verify is None or self._clock() < due:
+            if self._verify_due(target) is None:
                 return prober.start_probe(target, receiver)
             return start_coroutine(probe, target, receiver)
 

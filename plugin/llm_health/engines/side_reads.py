@@ -120,10 +120,7 @@ class SideReads:
         answer read whole); None when it died on a kept connection before any status
         line and this is not already the resend (which goes on a new connection). The
         answer is read by the connection's callbacks (``_Body``): this waits once."""
-        connection = self._connections.take_kept(route, fresh=resend)
-        kept = connection is not None
-        if connection is None:
-            connection = await self._connections.open(route)
+        connection, kept = await self._connections.take(route, fresh=resend)
         body = _Body(connection, limit)
         try:
             connection.send(request)

@@ -216,7 +216,7 @@ class MicroProbe:
         answer: Answer | None = None,
     ) -> ProbeResult:
         start, token = timing.start, timing.first_token
-        ttft_ms = None if token is None else (token - start) * 1000
+        ttft_ms = timing.ms(token)
         lag_ms = stalled_ms = 0.0
         if self._lag is not None:
             # A token the kernel timed holds none of our stalls: none is taken off it.
@@ -232,13 +232,12 @@ class MicroProbe:
         slow_ms = target.healthy_ttft_s * 1000
         if outcome is Outcome.FAST and ttft_ms is not None and ttft_ms - stalled_ms > slow_ms:
             outcome = Outcome.SLOW
-        connected, headers = timing.connected, timing.headers
         return ProbeResult(
             outcome=outcome,
             started_at=wall,
             ttft_ms=ttft_ms,
-            connect_ms=None if connected is None else (connected - start) * 1000,
-            headers_ms=None if headers is None else (headers - start) * 1000,
+            connect_ms=timing.ms(timing.connected),
+            headers_ms=timing.ms(timing.headers),
             total_ms=(time.perf_counter() - start) * 1000,
             status=status,
             detail=_shown(detail, target),
@@ -345,7 +344,7 @@ class _Exchange:
         self._deadline = owner._alarms.at(deadline, _Exchange._timed_out, self)
         try:
             route = route_of(target.url)
-            engine = owner._engines.get(target.key) if target.engine == "auto" else target.engine
+            engine = owner.engine_of(target)
             if self._question is None:
                 request = owner._requests.get(target, engine)
             else:

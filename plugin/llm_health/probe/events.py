@@ -42,10 +42,9 @@ def interpret(payload: str, api: str) -> StreamEvent:
         return StreamEvent(EventKind.MALFORMED, f"not JSON: {_clip(payload)}")
     if not isinstance(event, dict):
         return StreamEvent(EventKind.MALFORMED, f"not a JSON object: {_clip(payload)}")
-    if "error" in event or event.get("object") == "error":  # else _error_message: None
-        error = _error_message(event)
-        if error is not None:
-            return StreamEvent(EventKind.ERROR, error)
+    error = _error_message(event)
+    if error is not None:
+        return StreamEvent(EventKind.ERROR, error)
     return _choice_event(event.get("choices"), api)
 
 

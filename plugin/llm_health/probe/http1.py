@@ -28,7 +28,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
@@ -108,18 +107,17 @@ def _splits(text: str) -> bool:
 
 
 class Connection(asyncio.Protocol):
-    """One HTTP/1.1 connection, one exchange at a time: ``send`` a request, then
-    ``head()`` and ``read()`` its answer. ``reusable`` once an answer was read whole on a
-    connection both sides keep open."""
+    """One HTTP/1.1 connection, one exchange at a time: ``send`` a request, then read its
+    answer as ``listener`` hears of news (``head_ready``, ``take_body``, ``drain``).
+    ``reusable`` once an answer was read whole on a connection both sides keep open."""
 
-    def __init__(self, route: Route, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, route: Route) -> None:
         self.route = route
-        self._loop = loop  # kept: asking asyncio for the running loop costs a syscall
         self.transport: asyncio.Transport | None = None
         self.lost = False
         self.idle_since = 0.0
-        # When the bytes a ``read`` returns had all arrived (perf_counter): the moment of
-        # the last ``data_received``, not of the task's wake-up a loop turn or more later.
+        # When the bytes ``take_body`` returns had all arrived (perf_counter): the moment of
+        # the last read of the socket, not of a later callback's.
         self.arrived = 0.0
         # ``arrived`` is the kernel's receipt time (``_StampedSocket``), not our read's:
         # no stall of this process is in it (a first token timed so is not corrected for
@@ -127,10 +125,9 @@ class Connection(asyncio.Protocol):
         self.stamped = False
         self._sent_at = 0.0  # when the request went out (perf_counter)
         self.head_at: float | None = None  # when the bytes that completed the head came
-        self._waiter: asyncio.Future[None] | None = None
-        # Called on news instead of waking a waiter: an exchange driven by the
-        # connection's own callbacks, with no task (``probe.client``, docs/design.md
-        # §16.10). It may be called again after the exchange is over: it must ignore that.
+        # Called on news: the exchange reading this answer, driven by the connection's own
+        # callbacks (``probe.client``, ``engines.side_reads``; docs/design.md §16.10). It
+        # may be called again after the exchange is over: it must ignore that.
         self.listener: Callable[[], None] | None = None
         # Only during an exchange: the parser refers back to this protocol, and a cycle
         # would keep a closed connection (its transport, buffers) until the collector
@@ -148,7 +145,7 @@ class Connection(asyncio.Protocol):
         self._raw_head = 0  # bytes received before the head was complete
         self._body: list[bytes] = []  # 56 bytes empty (a deque: 600)
         self._body_size = 0  # of the whole answer's body so far
-        self._to_end: int | None = None  # ``to_end``: the most body bytes awaited
+        self._to_end: int | None = None  # while draining: the most body bytes awaited
         self._error: Exception | None = None
         self.head_at = None
 
@@ -162,34 +159,7 @@ class Connection(asyncio.Protocol):
         self._sent_at = time.perf_counter()
         self.transport.write(request)
 
-    async def head(self) -> int:
-        """The answer's status code, once its headers and the first of its body (or its
-        end) have arrived (``head_ready``)."""
-        while not self.head_ready():
-            await self._wait()
-        assert self.status is not None
-        return self.status
-
-    async def to_end(self, limit: int) -> bool:
-        """Wait for the end of the answer, its body bytes (those not read yet included)
-        dropped; False once more than ``limit`` of them came first. Only the end wakes
-        the wait."""
-        self.begin_drain(limit)
-        try:
-            while (ended := self.drained()) is None:
-                await self._wait()
-            return ended
-        finally:
-            self.end_drain()
-
-    async def read(self) -> bytes:
-        """The body bytes received since the last read (chunked framing removed), waiting
-        for some; ``b""`` at the end of the answer."""
-        while (chunk := self.take_body()) is None:
-            await self._wait()
-        return chunk
-
-    # The same steps without waiting, for an exchange driven by ``listener`` (each returns
+    # The steps of reading an answer, for an exchange driven by ``listener`` (each returns
     # at once: None or False means "not yet", to be asked again at the next news).
 
     def head_ready(self) -> bool:
@@ -218,12 +188,8 @@ class Connection(asyncio.Protocol):
         return None
 
     def drain(self, limit: int) -> bool | None:
-        """``begin_drain``, then ``drained``; the common end in one step: the answer
-        complete already (a one-token stream's tail came with its token)."""
+        """``begin_drain``, then ``drained``."""
         self.begin_drain(limit)
-        end = self._to_end
-        if self.complete and end is not None:
-            return self._body_size <= end
         return self.drained()
 
     def begin_drain(self, limit: int) -> None:
@@ -275,16 +241,9 @@ class Connection(asyncio.Protocol):
         if self.lost and self._framed:
             raise ConnectionBroken("connection broke mid-stream")
 
-    async def _wait(self) -> None:
-        self._waiter = self._loop.create_future()
-        try:
-            await self._waiter
-        finally:
-            self._waiter = None
-
     def _news(self) -> bool:
-        """Whether a waiting exchange has something new: body bytes (past ``to_end``'s
-        limit, while it waits), the answer's end, a failure."""
+        """Whether the exchange has something new: body bytes (past the drain's limit,
+        while it drains), the answer's end, a failure."""
         if self.complete or self.lost or self._error is not None:
             return True
         if self._to_end is not None:
@@ -295,8 +254,6 @@ class Connection(asyncio.Protocol):
         listener = self.listener
         if listener is not None:
             listener()
-        elif self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
 
     # --- asyncio.Protocol -------------------------------------------------------------
 
@@ -335,12 +292,7 @@ class Connection(asyncio.Protocol):
         over = self._head_bytes > MAX_HEAD_BYTES or self._raw_head > MAX_HEAD_BYTES
         if over and self._error is None:
             self._fail(ResponseError(f"response head longer than {MAX_HEAD_BYTES} bytes"))
-        # ``_news``, inline (once for every read)
-        if self._to_end is None:
-            news = bool(self._body) or self.complete or self.lost or self._error is not None
-        else:
-            news = self._news()
-        if news:
+        if self._news():
             self._wake()
 
     def eof_received(self) -> bool:
@@ -477,7 +429,7 @@ class Connections:
     async def open(self, route: Route) -> Connection:
         """A new connection to ``route`` (``ConnectFailed`` if none can be had)."""
         loop = asyncio.get_running_loop()
-        connection = Connection(route, loop)
+        connection = Connection(route)
         family = _address_family(route.host) if self._stamped and not route.tls else None
         if family is not None:
             await _connect_stamped(loop, connection, family, route)
@@ -601,14 +553,14 @@ class _StampedSocket:
         self._loop = loop
         self._sock: socket.socket | None = sock
         self._fd = sock.fileno()
-        self._protocol = protocol
+        self._protocol: Connection | None = protocol  # None once closed: no cycle left
         self._pending = b""  # written and not sent yet (the socket's buffer was full)
         loop.add_reader(self._fd, self._readable)
         protocol.connection_made(self)  # type: ignore[arg-type]
 
     def _readable(self) -> None:
-        sock = self._sock
-        if sock is None:
+        sock, protocol = self._sock, self._protocol
+        if sock is None or protocol is None:
             return
         try:
             data, ancillary, _flags, _address = sock.recvmsg(READ_SIZE, _STAMP_SPACE)
@@ -618,10 +570,10 @@ class _StampedSocket:
             self._lose(exc)
             return
         if not data:
-            self._protocol.eof_received()
+            protocol.eof_received()
             self._lose(None)
             return
-        self._protocol.data_stamped(data, _arrived(ancillary))
+        protocol.data_stamped(data, _arrived(ancillary))
 
     def write(self, data: bytes) -> None:
         sock = self._sock
@@ -676,21 +628,9 @@ class _StampedSocket:
             self._loop.remove_writer(self._fd)
             self._pending = b""
         sock.close()
-        self._loop.call_soon(self._protocol.connection_lost, exc)
-        self._protocol = _CLOSED  # no cycle with the connection, which keeps its transport
-
-
-class _Closed:
-    """The protocol of a closed ``_StampedSocket``: nothing more reaches a connection."""
-
-    def data_stamped(self, data: bytes, arrived: float) -> None:
-        pass
-
-    def eof_received(self) -> bool:
-        return False
-
-
-_CLOSED: Any = _Closed()
+        protocol, self._protocol = self._protocol, None  # the connection keeps its transport
+        if protocol is not None:
+            self._loop.call_soon(protocol.connection_lost, exc)
 
 
 def _arrived(ancillary: list[tuple[int, int, bytes]]) -> float:

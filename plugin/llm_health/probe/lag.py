@@ -50,17 +50,12 @@ class LoopLagMonitor:
         "Right now" matters: a stall that just delayed the probe's own wake-up has not been
         sampled yet, but shows as the ticker being overdue.
         """
-        overdue_ms = (time.perf_counter() - self._last_tick - self._tick_s) * 1000
-        worst = max(0.0, overdue_ms) if self._running else 0.0
-        for at, lag in reversed(self._samples):
-            if at < start:
-                break
-            worst = max(worst, lag)
-        return worst
+        return self.over(start, None)[0]
 
     def over(self, start: float, end: float | None) -> tuple[float, float]:
         """``max_since(start)`` and ``stalled_within(start, end)`` (0 when ``end`` is
-        None) in one pass over the samples: what a probe's result reads."""
+        None) in one pass over the samples: what a probe's result reads (the two readings
+        are this one)."""
         now = time.perf_counter()
         worst = stalled = 0.0
         if self._running:
@@ -85,13 +80,4 @@ class LoopLagMonitor:
         the tick overdue right now, over [its due time, now]. Only the part inside the
         window counts: a stall after ``end`` (a probe's first token, timed when its bytes
         arrived) cannot have delayed what was timed at ``end``."""
-        worst = 0.0
-        now = time.perf_counter()
-        if self._running:
-            due = self._last_tick + self._tick_s
-            worst = max(0.0, min(end, now) - max(due, start))
-        for at, lag in reversed(self._samples):
-            if at < start:
-                break
-            worst = max(worst, min(at, end) - max(at - lag / 1000, start))
-        return worst * 1000
+        return self.over(start, end)[1]
