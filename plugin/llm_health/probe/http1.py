@@ -485,14 +485,14 @@ def _any_stale(idle: list[Connection], now: float) -> bool:
 # busy loop, a collector pause, other processes on the cores. Timed when read, the TTFT
 # holds all of that (the prober's own lateness, docs/design.md §7.4). With SO_TIMESTAMPNS
 # the kernel stamps every packet it receives, and ``recvmsg`` hands over the stamp of the
-# latest one read (a TCP socket's: ``tcp_recv_timestamp``): the time the bytes arrived,
+# latest packet a read took in (so a TCP socket does too): the time the bytes arrived,
 # whatever this process did meanwhile. uvloop's transports read with ``read`` and drop
 # it, so these connections read their socket themselves (``_StampedSocket``).
 
 
 def _so_timestampns() -> int | None:
     """The option's number where it is known: Python's socket module does not name it;
-    Linux's is 35 on x86-64 and arm64 (asm-generic/socket.h, with a 64-bit time_t the
+    Linux's is 35 on x86-64 and arm64 (the generic number; with a 64-bit time_t the
     struct timespec of two int64). Elsewhere (another system or architecture, where the
     number or the struct may differ) nothing is stamped and the loop's transport reads."""
     if hasattr(socket, "SO_TIMESTAMPNS"):
