@@ -76,6 +76,11 @@ from llm_health.probe.target import ProbeTarget  # noqa: E402
 from tests.ports import free_port  # noqa: E402
 
 TTFT_MS = 100.0
+# After each token, the end of the stream included: a simulated engine waits this long
+# before the finish, usage and [DONE] (``--tpot``). Real engines end a one-token stream
+# at once (docs/design.md §2); a read that comes late takes that tail in with the token
+# and bears its packet's stamp (the observation delay's note).
+TPOT_MS = 5.0
 ERROR_LIMIT_MS = 5.0
 DEFAULT_GC = gc.get_threshold()
 TUNED_GC = (50_000, 50, 1000)
@@ -195,10 +200,10 @@ def raise_fd_limit(endpoints: int) -> str:
     return ""
 
 
-def sim_args(duration_s: float) -> tuple[str, ...]:
+def sim_args(duration_s: float, tpot_ms: float = TPOT_MS) -> tuple[str, ...]:
     # 64 covers a window of up to ~20 s with warm-up and fetch; longer windows get more.
     ring = max(RECORD_FIRST_TOKENS, math.ceil(duration_s) + 45)
-    timing = ("--ttft", f"{TTFT_MS:g}ms", "--tpot", "5ms")
+    timing = ("--ttft", f"{TTFT_MS:g}ms", "--tpot", f"{tpot_ms:g}ms")
     return (*timing, "--record-first-tokens", str(ring))
 
 
@@ -210,10 +215,11 @@ async def measure(
     gc_tuned: bool = False,
     workers: int | str | None = None,
     memory: bool = False,
+    tpot_ms: float = TPOT_MS,
 ) -> dict[str, Any]:
     base = port_block(count)
     sims = [
-        Sim(base + i, min(ports_per_sim, count - i), sim_args(duration_s))
+        Sim(base + i, min(ports_per_sim, count - i), sim_args(duration_s, tpot_ms))
         for i in range(0, count, ports_per_sim)
     ]
     for sim in sims:
@@ -540,7 +546,8 @@ OBSERVATION = (
     f"{MATCH_SLACK_S * 1000:g} ms after its read). One clock: `time.time()` in two "
     "processes of one machine. It includes the kernel's loopback and, where a read took in "
     "more than the token (its stamp is the latest packet's), the time to the last packet "
-    "read with it; it excludes the simulator's own lateness (a simulator starved of CPU "
+    "read with it (the simulators write the stream's end `--tpot` after the token: a read "
+    "later than that takes it in); it excludes the simulator's own lateness (a simulator starved of CPU "
     "writes the token late, which the TTFT error counts and this does not). Negative: the "
     "simulator noted its write a little after the kernel had the packet. 'matched' is "
     "given when some probes found no write (a "
@@ -737,6 +744,13 @@ def main() -> int:
     parser.add_argument("--endpoints", type=int, nargs="+", default=[100, 500, 1000, 2000, 5000])
     parser.add_argument("--duration", type=float, default=12.0, help="measured seconds per size")
     parser.add_argument("--ports-per-sim", type=int, default=500)
+    parser.add_argument(
+        "--tpot",
+        type=float,
+        default=TPOT_MS,
+        metavar="MS",
+        help="the simulators' wait after each token, before the stream's end too",
+    )
     add_workers_argument(parser)
     parser.add_argument("--loop", choices=EVENT_LOOPS, default="auto", help="the event loop")
     parser.add_argument("--profile", type=int, default=None, metavar="N", help="cProfile size N")
@@ -764,7 +778,15 @@ def main() -> int:
     workers = args.workers
     for count in args.endpoints:
         row = run_on(
-            measure(count, args.duration, args.ports_per_sim, False, workers=workers), args.loop
+            measure(
+                count,
+                args.duration,
+                args.ports_per_sim,
+                False,
+                workers=workers,
+                tpot_ms=args.tpot,
+            ),
+            args.loop,
         )
         rows.append(row)
         print(render([row]).splitlines()[-1], flush=True)
@@ -773,7 +795,13 @@ def main() -> int:
     for count in args.gc_tuned:
         row = run_on(
             measure(
-                count, args.duration, args.ports_per_sim, False, gc_tuned=True, workers=workers
+                count,
+                args.duration,
+                args.ports_per_sim,
+                False,
+                gc_tuned=True,
+                workers=workers,
+                tpot_ms=args.tpot,
             ),
             args.loop,
         )
@@ -811,7 +839,8 @@ def main() -> int:
     RESULTS.mkdir(exist_ok=True)
     plot(rows, RESULTS / "probe_scale.png")
     body = (
-        f"Simulator TTFT {TTFT_MS:g} ms (no jitter), interval 1 s, timeout 800 ms, "
+        f"Simulator TTFT {TTFT_MS:g} ms (no jitter), {args.tpot:g} ms after each token "
+        f"(the stream's end included), interval 1 s, timeout 800 ms, "
         f"{args.duration:g} s measured per size after the first round + 2 s warm-up. "
         f"Plugin = the real `Runtime` in the benchmark process (scheduler, micro-probe over "
         f"its own HTTP/1.1 exchange, board, xDS + HTTP servers, no Envoy attached) on "
@@ -840,6 +869,7 @@ def _traced_run(
         profile,
         workers=args.workers,
         memory=memory,
+        tpot_ms=args.tpot,
     )
     return run_on(job, args.loop)
 
