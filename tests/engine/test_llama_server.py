@@ -240,9 +240,9 @@ async def test_sigstop_times_out_and_sigcont_recovers(llama_server: StartServer)
         assert result.outcome is Outcome.FAST, result
 
 
-# The race arises about once in 90 back-to-back probes (1.2 ms each): 30 runs on 12-05
-# first met it after 2 to 269 probes, and 60 probes met none in 4 of 10. The bounds keep
-# the chance of missing it below e^-20; 269 probes took 0.33 s.
+# The race is rare (2026-12-05, probes of 1.2 ms each): 30 runs first met it after 2 to
+# 269 probes (about 90 on average), and rounds of 60 probes met none in 2 to 8 of 10. The
+# bounds keep the chance of missing it below e^-20; 269 probes took 0.33 s.
 MAX_BACK_TO_BACK = 2000
 MAX_BACK_TO_BACK_S = 30.0
 
