@@ -90,9 +90,7 @@ class Alarms:
 
     def at(self, when: float, callback: Callable[[Any], object], arg: Any = None) -> Alarm:
         """``callback(arg)`` at ``when`` (at once, on the loop's next turn, if past)."""
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            self._bind()
+        self.loop()  # bound to the running loop
         alarm = Alarm(callback, arg)
         # The bucket: the millisecond nearest ``when`` (not the one it falls in: times a
         # whole number of milliseconds apart, give or take a rounding error, keep buckets

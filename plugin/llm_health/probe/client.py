@@ -395,14 +395,7 @@ class _Exchange:
             if phase is _HEAD:
                 if not connection.head_ready():
                     return
-                self._timing.headers = connection.head_at  # as the first token: when it came
-                self._status = connection.status
-                self._received = 0
-                if self._status != 200:
-                    phase = self._phase = _ERROR_BODY
-                else:
-                    self._decoder = SseDecoder()
-                    phase = self._phase = _TOKEN
+                phase = self._headed(connection)
             if phase is _TOKEN:
                 self._read_token(connection)
             elif phase is _ANSWER:
@@ -417,6 +410,18 @@ class _Exchange:
             self._on_fault(exc)
         except Exception as exc:  # the prober's own bug: to the receiver
             self._crash(exc)
+
+    def _headed(self, connection: Connection) -> int:
+        """The head came: its time and status; the phase that reads the body."""
+        self._timing.headers = connection.head_at  # as the first token: when it came
+        self._status = connection.status
+        self._received = 0
+        if self._status != 200:
+            self._phase = _ERROR_BODY
+        else:
+            self._decoder = SseDecoder()
+            self._phase = _TOKEN
+        return self._phase
 
     def _read_token(self, connection: Connection) -> None:
         """Events until one carries a token; FAST here means "got a token" (the result
@@ -650,10 +655,8 @@ class _Exchange:
         if self._grace is not None:
             self._grace.cancel()
             self._grace = None
-        draining, self._phase = self._phase is _TAIL, _OVER
-        if connection is not None:
-            if draining:
-                connection.end_drain()
+        self._phase = _OVER
+        if connection is not None:  # the drain ends here: ``send`` starts the next afresh
             self._owner._connections.release(connection, reuse=reuse)
 
 

@@ -213,10 +213,6 @@ class Connection(asyncio.Protocol):
             return True  # an answer delimited by the connection's end
         return None
 
-    def end_drain(self) -> None:
-        self._to_end = None
-        self._body.clear()
-
     @property
     def reusable(self) -> bool:
         return self.complete and self._keep_alive and not self.lost and self._error is None
@@ -433,9 +429,16 @@ class Connections:
         family = _address_family(route.host) if self._stamped and not route.tls else None
         if family is not None:
             await _connect_stamped(loop, connection, family, route)
-            self.opened += 1
-            self._lent.add(connection)
-            return connection
+        else:
+            await self._connect_transport(loop, connection, route)
+        self.opened += 1
+        self._lent.add(connection)
+        return connection
+
+    async def _connect_transport(
+        self, loop: asyncio.AbstractEventLoop, connection: Connection, route: Route
+    ) -> None:
+        """``connection`` on the loop's own transport (TLS, a host name, no stamps)."""
         tls = self._tls_context() if route.tls else None
         try:
             transport, _ = await loop.create_connection(
@@ -444,9 +447,6 @@ class Connections:
         except OSError as exc:
             raise ConnectFailed(exc.errno, exc.strerror or str(exc)) from exc
         connection.transport = transport  # uvloop may call connection_made after this returns
-        self.opened += 1
-        self._lent.add(connection)
-        return connection
 
     def _tls_context(self) -> ssl.SSLContext:
         if self._tls is None:

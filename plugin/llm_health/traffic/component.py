@@ -211,7 +211,7 @@ class TrafficComponent:
 
     def skip(self, target: ProbeSlot) -> bool:
         """Whether the scheduler may leave out this slot's probe (backoff_when_busy)."""
-        settings = self._cached.get(target.cluster, (None, None))[1]  # _busy, inline
+        settings = self._busy(target.cluster)
         if settings is None:
             return False
         entry = self._endpoints.get((target.cluster, target.address))
