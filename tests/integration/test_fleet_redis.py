@@ -205,13 +205,13 @@ async def test_a_member_that_stops_vouching_is_evicted_after_fresh(
 # --- a replica's component ---------------------------------------------------------------
 
 
-def runtime_for(url: str, member: str) -> tuple[object, FleetComponent]:
+def runtime_for(url: str, member: str, member_ttl: str = "600ms") -> tuple[object, FleetComponent]:
     fleet = {
         "redis": url,
         "name": "it",
         "member_id": member,
         "heartbeat": "200ms",
-        "member_ttl": "600ms",
+        "member_ttl": member_ttl,
     }
     text = plugin_yaml(["127.0.0.1:8000", "127.0.0.2:8000"], cluster="c", listen=False, fleet=fleet)
     runtime = runtime_from(text, "t.yaml")
@@ -311,6 +311,33 @@ async def test_an_evicted_member_publishes_what_it_owns_again_in_its_new_epoch(
             lambda: stored_epochs() == {again}, 5, "both published again in the new epoch"
         )
         assert fleet.counters["rejoins_total"] == 1
+    finally:
+        await cancel_all(tasks)
+        client.close()
+
+
+async def test_a_member_whose_loop_is_busy_past_member_ttl_is_not_evicted(
+    redis_url: str,
+) -> None:
+    """The heartbeat has a thread of its own (``fleet.pulse``, docs/design.md §12.2): a
+    loop kept busy longer than ``member_ttl`` (a burst of first probes at start or after
+    a takeover) does not cost the member its place, its epoch and a publish of every
+    verdict it owns. Before, the loop's own heartbeat came too late and it was evicted."""
+    _runtime, fleet = runtime_for(redis_url, "busy", member_ttl="900ms")
+    client = sync_redis.Redis.from_url(redis_url)
+    await fleet.prepare()
+    first = fleet.status()["epoch"]
+    tasks = [asyncio.create_task(job()) for job in fleet.tasks()]
+    try:
+        await asyncio.sleep(0.3)
+        time.sleep(2.0)  # noqa: ASYNC251 - the loop does nothing else for > 2 x member_ttl
+        renewed_ms = client.zscore("llmh:{it}:members", "busy")
+        now_s, now_us = client.time()
+        assert renewed_ms is not None, "evicted while the loop was busy"
+        assert now_s * 1000 + now_us // 1000 - renewed_ms < 900  # renewed during the block
+        await asyncio.sleep(0.6)  # the loop acts on the beats that came meanwhile
+        assert fleet.mode == "sharing" and fleet.status()["epoch"] == first
+        assert fleet.counters["rejoins_total"] == 0
     finally:
         await cancel_all(tasks)
         client.close()

@@ -10,7 +10,9 @@ through Redis.
 - ``wire``: verdicts, membership and operator actions as stored in Redis: encoding,
   strict decoding of what other replicas wrote (untrusted), the rules for applying one;
 - ``scripts``: the Lua scripts that make membership, fencing and publishing atomic;
-- ``store``: the Redis client (redis.asyncio) running them;
+- ``store``: the Redis client (redis.asyncio) running them, and the heartbeat's own
+  blocking connection;
+- ``pulse``: the heartbeat's thread, which beats whatever the loop is doing;
 - ``component``: the ``fleet`` component, wiring all of it to the board
   (``core.control.BoardControl``) and to the catalog's probe filter.
 """

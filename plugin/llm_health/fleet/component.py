@@ -3,8 +3,9 @@ endpoint through Redis (docs/design.md §12). It talks to Redis (``store.FleetSt
 the board (``core.control.BoardControl``) and to the endpoint catalog (``ProbeRouting``);
 what it decides is in the pure modules (``membership``, ``verdicts``, ``actions``).
 
-- Membership: join (a new epoch), heartbeat every ``heartbeat``; the heartbeat's answer
-  is the live member list, from which every endpoint's owner follows (rendezvous). A
+- Membership: join (a new epoch), heartbeat every ``heartbeat`` from a thread of its own
+  (``pulse``: a busy loop must not cost us our place); the heartbeat's answer, acted on
+  here on the loop, is the live member list, from which every endpoint's owner follows (rendezvous). A
   heartbeat vouches for the verdicts we own while probe results of them come in; Redis
   evicts a member that stopped vouching ``fresh`` ago (``scripts``).
 - Probing: ``probes_here`` is the catalog's probe filter (set by ``app.assemble`` before
@@ -28,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
@@ -42,6 +44,7 @@ from llm_health.core.problems import ProblemLog
 from llm_health.fleet import actions
 from llm_health.fleet.membership import Mode, Roster
 from llm_health.fleet.ownership import endpoint_key, split_key
+from llm_health.fleet.pulse import Beat, Pulse
 from llm_health.fleet.settings import FleetConfig
 from llm_health.fleet.store import FleetStore, stop_if_cancelled
 from llm_health.fleet.verdicts import (
@@ -72,6 +75,8 @@ from llm_health.probe.target import ProbeTarget
 PROBLEM_LOG_EVERY_S = 60.0  # bad Redis entries: one log line per kind per minute
 LEAVE_BUDGET_S = 0.3
 FOLLOW_UP_BUDGET_S = 10.0  # takeover reads and full syncs after one heartbeat
+# Beats the loop has not acted on yet, kept at most (a newer member list supersedes).
+MAX_BEATS_WAITING = 8
 FULL_SYNC_EVERY_S = 30.0  # read every stored verdict this often even if no event was lost
 # Probe intervals without a result of any endpoint we own before our heartbeat stops
 # vouching for their verdicts: backoff_when_busy leaves out at most 99 slots in a row
@@ -175,7 +180,12 @@ class FleetComponent:
         self._ledger = Ledger()
         self._pending: dict[str, None] = {}  # owned keys whose verdict is to publish
         self._publish_wake = asyncio.Event()
-        self._beat_now = asyncio.Event()
+        self._beat_now = asyncio.Event()  # join now (while not a member)
+        self._pulse = Pulse(
+            self._store.heartbeat_blocking, self._vouches, settings.heartbeat, clock
+        )
+        self._beats: deque[Beat] = deque(maxlen=MAX_BEATS_WAITING)
+        self._beat_arrived = asyncio.Event()
         self._synced_at = clock()
         self._stall_s = settings.fresh  # widened by the probe intervals (_targets_changed)
         self._problems = ProblemLog(log, every_s=PROBLEM_LOG_EVERY_S, clock=clock)
@@ -337,6 +347,8 @@ class FleetComponent:
         return membership
 
     async def _joined(self, membership: Membership) -> None:
+        self._pulse.start(asyncio.get_running_loop(), self._beat_came)
+        self._pulse.follow(self._roster.epoch)  # its first beat a heartbeat after the join
         was_fallback = self._roster.start_sharing()
         await self._set_members(membership)
         if was_fallback:
@@ -346,31 +358,95 @@ class FleetComponent:
         log.info("fleet: joined", extra=self._fields())
 
     async def _heartbeats(self) -> None:
+        """Membership on the loop: act on each beat of the heartbeat's thread while
+        sharing (``fleet.pulse``); join when not a member (at start it failed, after an
+        eviction, in fallback: every ``heartbeat``)."""
         try:
             while True:
                 stop_if_cancelled()
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.settings.heartbeat):
-                        await self._beat_now.wait()
-                self._beat_now.clear()
-                await self._beat()
+                epoch = self._roster.write_epoch
+                self._pulse.follow(epoch)
+                if epoch is None:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(self.settings.heartbeat):
+                            await self._beat_now.wait()
+                    self._beat_now.clear()
+                    await self._rejoin()
+                else:
+                    await self._next_beat()
         finally:
+            self._pulse.stop()
             await self._leave()
 
-    async def _beat(self) -> None:
-        """One heartbeat (a join when we are not a member) within the heartbeat's budget;
-        what follows from its answer (takeover reads, a full sync) gets a longer one: a
-        large fleet's verdicts must not look like a dead Redis."""
+    def _beat_came(self, beat: Beat) -> None:
+        """From the heartbeat's thread (``call_soon_threadsafe``)."""
+        self._beats.append(beat)
+        self._beat_arrived.set()
+
+    def _beat_soon(self) -> None:
+        """Heartbeat now: the member list changed, or Redis refused a write as stale."""
+        self._beat_now.set()
+        self._pulse.wake()
+
+    async def _next_beat(self) -> None:
+        """Act on the next beat; none within a heartbeat: Redis may be silent."""
+        if not self._beats:
+            self._beat_arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.heartbeat):
+                    await self._beat_arrived.wait()
+        if self._beats:
+            await self._on_beat(self._beats.popleft())
+        else:
+            self._check_silence("no heartbeat answer")
+
+    async def _on_beat(self, beat: Beat) -> None:
+        if beat.epoch != self._roster.write_epoch:
+            return  # beaten with an epoch we no longer hold (joined again, or fallback)
+        if not beat.vouched:
+            self._problem(
+                "stalled",
+                f"fleet: no probe result of the {len(self._roster.owned)} endpoints owned "
+                f"here for {self._stall_s:.0f} s; not vouching for their verdicts (the fleet "
+                "takes them over)",
+            )
+        if beat.error is not None:
+            if not isinstance(beat.error, RedisFailure):
+                raise beat.error  # a bug, not Redis: as if the beat had run here
+            self.counters["redis_errors_total"] += 1
+            self._check_silence(_why(beat.error))
+            return
+        self._roster.answered(beat.at)
+        if beat.membership is None:
+            self._problem("evicted", "fleet: this member was evicted (paused?); joining again")
+            self._roster.evicted()
+            self._pulse.follow(None)
+            await self._rejoin()
+            return
+        await self._follow_up(beat.membership, joined=False)
+
+    def _check_silence(self, why: str) -> None:
+        """Fallback once Redis has not answered for ``member_ttl``."""
+        silent_for = self._roster.fallback_due(self._clock(), self.settings.member_ttl)
+        if silent_for is not None:
+            self._enter_fallback(f"Redis unreachable for {silent_for:.1f} s ({why})")
+
+    async def _rejoin(self) -> None:
+        """Join again within the heartbeat's budget (a new epoch)."""
+        self.counters["rejoins_total"] += 1
         try:
             async with asyncio.timeout(max(0.5, self.settings.heartbeat)):
-                membership, joined = await self._heartbeat_or_join()
+                membership = await self._join_redis()
             self._roster.answered(self._clock())
         except RedisFailure as exc:
             self.counters["redis_errors_total"] += 1
-            silent_for = self._roster.fallback_due(self._clock(), self.settings.member_ttl)
-            if silent_for is not None:
-                self._enter_fallback(f"Redis unreachable for {silent_for:.1f} s ({_why(exc)})")
+            self._check_silence(_why(exc))
             return
+        await self._follow_up(membership, joined=True)
+
+    async def _follow_up(self, membership: Membership, *, joined: bool) -> None:
+        """What follows from a member list (takeover reads, a full sync) gets a longer
+        budget than a heartbeat: a large fleet's verdicts must not look like a dead Redis."""
         try:
             async with asyncio.timeout(FOLLOW_UP_BUDGET_S):
                 if joined:
@@ -383,32 +459,15 @@ class FleetComponent:
             self.counters["redis_errors_total"] += 1
             self._problem("sync", f"fleet: reading the fleet's verdicts failed ({_why(exc)})")
 
-    async def _heartbeat_or_join(self) -> tuple[Membership, bool]:
-        epoch = self._roster.epoch
-        if epoch is not None and self._roster.sharing:
-            membership = await self._store.heartbeat(epoch, self._vouches())
-            if membership is not None:
-                return membership, False
-            self._problem("evicted", "fleet: this member was evicted (paused?); joining again")
-            self._roster.evicted()
-        self.counters["rejoins_total"] += 1
-        return await self._join_redis(), True
-
     def _vouches(self) -> bool:
-        """Whether this heartbeat vouches for the verdicts we own (docs/design.md §12.3):
-        not when no probe result of any of them came in for ``_stall_s``."""
-        if self._roster.vouches(self._clock(), self._stall_s):
-            return True
-        self._problem(
-            "stalled",
-            f"fleet: no probe result of the {len(self._roster.owned)} endpoints owned here "
-            f"for {self._stall_s:.0f} s; not vouching for their verdicts (the fleet takes "
-            "them over)",
-        )
-        return False
+        """Whether a heartbeat vouches for the verdicts we own (docs/design.md §12.3): not
+        when no probe result of any of them came in for ``_stall_s``. Called on the
+        heartbeat's thread (``Roster.vouches`` is safe there)."""
+        return self._roster.vouches(self._clock(), self._stall_s)
 
     def _enter_fallback(self, why: str) -> None:
         self._roster.fall_back()
+        self._pulse.follow(None)
         self.counters["fallbacks_total"] += 1
         self._pending.clear()
         log.warning(f"fleet: {why}; probing every endpoint here (fallback)", extra=self._fields())
@@ -469,7 +528,7 @@ class FleetComponent:
             self.counters["verdicts_fenced_total"] += statuses.count("fenced")
             self.counters["verdicts_not_owner_total"] += statuses.count("not_owner")
             if any(s != "ok" for s in statuses):
-                self._beat_now.set()  # our member list or epoch is stale: heartbeat now
+                self._beat_soon()  # our member list or epoch is stale: heartbeat now
 
     def _verdict_of(self, key: str, epoch: int) -> Verdict | None:
         cluster, address = split_key(key)
@@ -509,7 +568,7 @@ class FleetComponent:
             elif kind == b"a":
                 await self._apply_action(decode_action(rest))
             elif kind == b"m":
-                self._beat_now.set()  # membership changed: learn it now, not in a second
+                self._beat_soon()  # membership changed: learn it now, not in a second
         except (WireError, UnicodeDecodeError, ValueError, KeyError) as exc:
             self.counters["verdicts_rejected_total"] += 1
             self._problem("event", f"fleet: unusable event ({_why(exc)})")

@@ -7,13 +7,15 @@ Modes: ``starting`` (not a member: at start, or evicted and joining again), ``sh
 ``member_ttl``: it probes everything itself). Pure: no I/O; times are passed in.
 
 Its heartbeat vouches for the verdicts it owns (``vouches``) while its prober keeps
-up with them; a member that stops vouching is evicted after ``fresh`` like a silent
+up with them (``vouches`` is called on the heartbeat's thread, ``fleet.pulse``: the vouch
+state is under a lock); a member that stops vouching is evicted after ``fresh`` like a silent
 one (``scripts.HEARTBEAT``), so a member that beats but no longer judges what it owns
 (a stuck prober, or a member written into Redis from outside) keeps nothing.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from typing import Literal
 
@@ -35,6 +37,7 @@ class Roster:
         self._server_offset_ms = 0.0  # Redis time - our wall time, from heartbeats
         self._progress = now  # last probe result of an owned endpoint (or first owning it)
         self._vouched_for: frozenset[str] = frozenset()  # what we owned at the last vouch
+        self._vouch_lock = threading.Lock()  # _progress and _vouched_for: two threads
 
     # --- reading ----------------------------------------------------------------------
 
@@ -99,8 +102,9 @@ class Roster:
         own again counts as newly ours for vouching too (``vouches``): no probe result of
         it was counted while we owned nothing."""
         self.mode = "starting"
-        self.owned = frozenset()
-        self._vouched_for = frozenset()
+        with self._vouch_lock:
+            self.owned = frozenset()
+            self._vouched_for = frozenset()
 
     def set_members(
         self, membership: Membership, keys: Iterable[str], wall_now: float
@@ -130,16 +134,19 @@ class Roster:
     def probed(self, key: str, now: float) -> None:
         """A probe result of ``key`` came in (our prober's progress, if we own it)."""
         if key in self.owned:
-            self._progress = now
+            with self._vouch_lock:
+                self._progress = now
 
     def vouches(self, now: float, stall_s: float) -> bool:
         """Whether our heartbeat vouches for our verdicts: we own nothing, or a probe
         result of an endpoint we own came in within ``stall_s`` (counted from when
         endpoints became ours: their first probes are yet to come)."""
-        if self.owned - self._vouched_for:
-            self._progress = now
-        self._vouched_for = self.owned
-        return not self.owned or now - self._progress <= stall_s
+        with self._vouch_lock:
+            owned = self.owned
+            if owned - self._vouched_for:
+                self._progress = now
+            self._vouched_for = owned
+            return not owned or now - self._progress <= stall_s
 
     # --- fallback ---------------------------------------------------------------------
 

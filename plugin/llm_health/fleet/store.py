@@ -1,5 +1,5 @@
 """The fleet's Redis client (redis.asyncio): the scripts of ``fleet.scripts`` and the reads
-around them. No retries here: the heartbeat loop is the retry (a failed heartbeat is
+around them; the heartbeat has a blocking connection of its own (``fleet.pulse``). No retries here: the heartbeat loop is the retry (a failed heartbeat is
 simply tried again at the next beat), and a failed publish is reported to the caller.
 
 Every socket operation is bounded by ``heartbeat`` (at least 0.5 s): a Redis that hangs
@@ -13,9 +13,11 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import redis as blocking_redis
 import redis.asyncio as redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.retry import Retry as BlockingRetry
 
 from llm_health.fleet import scripts
 from llm_health.fleet.settings import FleetConfig
@@ -52,7 +54,22 @@ class FleetStore:
         self._publish = self._redis.register_script(scripts.PUBLISH)
         self._act = self._redis.register_script(scripts.ACT)
         self._leave = self._redis.register_script(scripts.LEAVE)
-        self.commands = 0  # Redis commands sent (scripts count one each)
+        # The heartbeat's own connection, used only by its thread (``fleet.pulse``).
+        self._pulse_redis = blocking_redis.Redis.from_url(
+            settings.redis.get_secret_value(),
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=BlockingRetry(NoBackoff(), 0),
+            decode_responses=False,
+        )
+        self._pulse_heartbeat = self._pulse_redis.register_script(scripts.HEARTBEAT)
+        self._commands = 0  # Redis commands sent from the loop (scripts count one each)
+        self._pulse_commands = 0  # and from the heartbeat's thread
+
+    @property
+    def commands(self) -> int:
+        """Redis commands sent (scripts count one each)."""
+        return self._commands + self._pulse_commands
 
     def _args(self, epoch: int, *more: str) -> list[str]:
         ttl_ms = str(round(self.settings.member_ttl * 1000))
@@ -61,7 +78,7 @@ class FleetStore:
 
     async def join(self) -> int:
         """Become a live member with a new epoch; returns it."""
-        self.commands += 1
+        self._commands += 1
         reply = await self._join(keys=self._keys, args=self._args(0))
         try:
             return int(reply[0])
@@ -72,9 +89,16 @@ class FleetStore:
         """Renew membership; the live members (None: we were evicted: join again).
         ``vouch``: our verdicts are current (our prober keeps up with what we own); a
         member that has not vouched for ``fresh`` is evicted (docs/design.md §12.3)."""
-        self.commands += 1
+        self._commands += 1
         args = self._args(epoch, "1" if vouch else "0")
         return decode_membership(await self._heartbeat(keys=self._keys, args=args))
+
+    def heartbeat_blocking(self, epoch: int, vouch: bool) -> Membership | None:
+        """``heartbeat`` from the heartbeat's thread (``fleet.pulse``), on its own
+        connection: blocks that thread, never the loop."""
+        self._pulse_commands += 1
+        args = self._args(epoch, "1" if vouch else "0")
+        return decode_membership(self._pulse_heartbeat(keys=self._keys, args=args))
 
     async def publish(self, epoch: int, items: Sequence[tuple[str, str]]) -> list[str]:
         """Publish verdicts (endpoint key, body) in one round trip; per item "ok",
@@ -84,19 +108,19 @@ class FleetStore:
         pipe = self._redis.pipeline(transaction=False)
         for key, body in items:
             await self._publish(keys=self._keys, args=self._args(epoch, key, body), client=pipe)
-        self.commands += len(items)
+        self._commands += len(items)
         replies = await pipe.execute()
         return [_status(reply) for reply in replies]
 
     async def act(self, epoch: int, key: str, action: Action) -> str:
-        self.commands += 1
+        self._commands += 1
         reply = await self._act(
             keys=self._keys, args=self._args(epoch, key, action_body(action), action.kind)
         )
         return _status(reply)
 
     async def leave(self, epoch: int) -> None:
-        self.commands += 1
+        self._commands += 1
         await self._leave(keys=self._keys, args=self._args(epoch))
 
     async def verdicts(self) -> dict[str, bytes]:
@@ -107,7 +131,7 @@ class FleetStore:
         """The stored verdicts of ``keys`` (absent ones left out)."""
         if not keys:
             return {}
-        self.commands += 1
+        self._commands += 1
         values = await self._redis.hmget(self._keys[2], list(keys))
         return {k: v for k, v in zip(keys, values, strict=True) if isinstance(v, bytes)}
 
@@ -119,7 +143,7 @@ class FleetStore:
         TimeoutError). The caller subscribes again and resynchronises."""
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
         try:
-            self.commands += 1
+            self._commands += 1
             await pubsub.subscribe(self.channel)
             stop_if_cancelled()  # before waiting, maybe for long, for the first message
             while True:
@@ -131,12 +155,13 @@ class FleetStore:
 
     async def close(self) -> None:
         await self._redis.aclose()
+        self._pulse_redis.close()
 
     async def _hash(self, name: str) -> dict[str, bytes]:
         found: dict[str, bytes] = {}
         cursor = 0
         while True:
-            self.commands += 1
+            self._commands += 1
             cursor, chunk = await self._redis.hscan(name, cursor, count=1000)
             pairs = chunk.items() if isinstance(chunk, dict) else ()
             for field, value in pairs:

@@ -46,6 +46,11 @@ class SwallowingStore:
         self.calls += 1
         return await swallowing(Membership(0, {"me": Member(epoch, 0)}))
 
+    def heartbeat_blocking(self, epoch: int, vouch: bool) -> Membership:
+        """The heartbeat's thread (``fleet.pulse``): nothing of the loop to swallow."""
+        self.calls += 1
+        return Membership(0, {"me": Member(epoch, 0)})
+
     async def verdicts(self) -> dict[str, bytes]:
         return await swallowing({})
 
