@@ -565,3 +565,43 @@ async def test_scheduled_probes_leave_nothing_for_the_collector(tmp_path: Path) 
                 await asyncio.gather(task, return_exceptions=True)
     assert all(r.outcome is Outcome.FAST for r in results[before:])
     assert left == 0, f"{left} objects in cycles after {len(results) - before} probes"
+
+
+def test_a_round_keeps_no_finished_task_until_the_next_one() -> None:
+    """What a round awaited in a task of its own (a publish, a silent probe's watch and
+    its confirmation) is let go once done: kept until the endpoint's next one, a finished
+    task with its coroutine and context cost 1-2 KiB an endpoint (found at 2,000)."""
+    targets = targets_for([9, 10, 11], healthy_ttft="100ms")
+    held: list[int] = []
+
+    async def main() -> None:
+        clock = asyncio.get_running_loop().time
+        slow = itertools.cycle([0.3, 0.05, 0.05])  # every third probe falls silent
+
+        async def probe(_target: ProbeTarget) -> ProbeResult:
+            took = next(slow)
+            await asyncio.sleep(took)
+            return ProbeResult(Outcome.FAST, time.time(), ttft_ms=took * 1000)
+
+        async def publish(_target: ProbeTarget, _result: ProbeResult) -> None:
+            await asyncio.sleep(0.01)  # what a state change's publish awaits
+
+        async def on_silence(_target: ProbeTarget, _silent_ms: float) -> bool:
+            return True
+
+        scheduler = Scheduler(
+            targets, probe, publish, clock=clock, on_silence=on_silence, confirm=probe
+        )
+        task = asyncio.create_task(scheduler.run())
+        for _ in range(12):
+            await asyncio.sleep(0.45)
+            endpoints = scheduler._endpoints.values()
+            tasks = [e.task for e in endpoints] + [
+                e.round.watcher for e in endpoints if e.round is not None
+            ]
+            held.append(sum(1 for t in tasks if t is not None and t.done()))
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    on_virtual_time(main())
+    assert held == [0] * 12

@@ -53,7 +53,13 @@ from llm_health.engines.settings import (
     EngineMetricsConfig,
     VerifyConfig,
 )
-from llm_health.engines.side_reads import READ_ERRORS, SideReads, open_connections, read_error
+from llm_health.engines.side_reads import (
+    MAX_CONCURRENT_READS,
+    READ_ERRORS,
+    SideReads,
+    open_connections,
+    read_error,
+)
 from llm_health.engines.verdicts import (
     ALL_SOURCES,
     ENGINE_LIMIT,
@@ -80,6 +86,11 @@ log = logging.getLogger("llm_health")
 Checks = Callable[[], Mapping[str, ClusterChecks]]
 
 
+# Side reads started and not done (running, or waiting for one of the
+# MAX_CONCURRENT_READS slots) at most; due reads beyond wait in the queue for a later tick.
+MAX_PENDING_READS = 4 * MAX_CONCURRENT_READS
+
+
 @dataclass(slots=True)
 class _Endpoint:
     """What the checks know of one endpoint (``/status`` shows it)."""
@@ -104,6 +115,7 @@ class _Counters:
     metrics_failures_total: int = 0
     model_checks_total: int = 0
     model_failures_total: int = 0
+    side_reads_deferred_total: int = 0
 
 
 class EngineChecks:
@@ -313,8 +325,19 @@ class EngineChecks:
         """Start the reads now due: only the endpoints whose soonest read is due are
         looked at (``_Queue``), not every endpoint every tick (docs/design.md §16.5)."""
         now = self._clock()
-        for target in list(self._queue.due(now)):  # taken out first: none comes up twice
+        checked: list[ProbeTarget] = []
+        for target in self._queue.due(now):
+            if len(self._reads) >= MAX_PENDING_READS:
+                # Earlier reads have not kept up (a loop saturated by a start's burst or
+                # by more endpoints than it can probe): this endpoint and the rest wait
+                # for a later tick instead of piling up as tasks (5,000 endpoints: 10,000
+                # waiting after 25 s and growing, the process's memory with them).
+                self._queue.put(target, now)
+                self._counters.side_reads_deferred_total += 1
+                break
             self._check(reads, target, now)
+            checked.append(target)
+        for target in checked:  # queued again after: none comes up twice in one tick
             self._queue.put(target, self._next_check(target))
 
     def _check(self, reads: SideReads, target: ProbeTarget, now: float) -> None:
@@ -483,6 +506,12 @@ class EngineChecks:
             "llm_health_engines_model_failures_total",
             "Served-model checks that could not read the model list (no verdict).",
             counters.model_failures_total,
+        )
+        yield counter(
+            "llm_health_engines_side_reads_deferred_total",
+            "Times due side reads waited for a later tick: MAX_PENDING_READS were already "
+            "running or waiting.",
+            counters.side_reads_deferred_total,
         )
         yield gauge(
             "llm_health_engines_saturated_now",

@@ -205,6 +205,13 @@ def next_slot(now: float, origin: float, phase: float, interval: float) -> float
     return slot
 
 
+def _forget_task(endpoint: _Endpoint) -> None:
+    """The endpoint's task has done its work (it runs this): not kept, with its
+    coroutine and context, until the endpoint's next one (1-2 KiB an endpoint)."""
+    if endpoint.task is asyncio.current_task():
+        endpoint.task = None
+
+
 def _tick_for(targets: Iterable[ProbeTarget]) -> float:
     intervals = [t.interval_s for t in targets]
     return start_tick(len(intervals), min(intervals)) if intervals else 0.0
@@ -441,6 +448,8 @@ class Scheduler:
         try:
             assert round_.watcher is not None
             confirm = await round_.watcher
+            round_.watcher = None  # done: not kept with its frame until the next round
+            _forget_task(endpoint)
             if self._endpoints.get(endpoint.key) is endpoint:
                 results = (first,) if confirm is None else (first, confirm)
                 self._round_over(endpoint, round_, results)
@@ -503,6 +512,7 @@ class Scheduler:
     ) -> None:
         try:
             await pending
+            _forget_task(endpoint)
             if self._endpoints.get(endpoint.key) is endpoint:
                 self._hand_on(endpoint, target, results, first)
         except Exception as exc:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from llm_health.config import parse_config
-from llm_health.engines.component import EngineChecks
+from llm_health.engines.component import MAX_PENDING_READS, EngineChecks
 from llm_health.engines.metrics import Reading
 from llm_health.engines.schedule import MAX_TICK_S, MODELS_EVERY_S
 from llm_health.engines.settings import NO_CHECKS
@@ -141,3 +141,43 @@ def test_a_tick_looks_only_at_the_endpoints_due() -> None:
     clock.now += MAX_TICK_S
     side.tick(old=False)
     assert len(looked) < len(configs["now"].probe_targets())
+
+
+def test_reads_that_do_not_keep_up_hold_back_the_next_ones_instead_of_piling_up() -> None:
+    """At most MAX_PENDING_READS side reads are started and not done; the endpoints due
+    beyond wait for a later tick, in turn, and every one is read once the reads before it
+    are done (5,000 endpoints on a saturated loop had 10,000 reads waiting after 25 s)."""
+    addresses = [f"127.0.0.{1 + i // 250}:{9000 + i % 250}" for i in range(1000)]
+    text = "clusters:\n  - name: auto\n    model: m\n    probe: {engine: auto}\n    endpoints:\n"
+    text += "".join(f'      - {{address: "{a}"}}\n' for a in addresses)
+    configs = {"now": parse_config(text, "test.yaml", {})}
+    clock = Clock()
+    side = Recorded(clock, configs)
+    checks = side.checks
+    waiting: set[Any] = set()
+    checks._reads = waiting  # type: ignore[assignment]
+    record = side._record
+
+    def start_and_hold(job: Coroutine[Any, Any, None]) -> None:
+        record(job)
+        waiting.add(object())  # started, never done until the test says so
+
+    checks._spawn = start_and_hold  # type: ignore[method-assign]
+    read: set[tuple[str, str]] = set()  # (read, endpoint)
+    for _ in range(3):
+        read |= set(side.tick(old=False))
+        assert len(waiting) <= MAX_PENDING_READS + 2  # one endpoint starts up to three
+        clock.now += MAX_TICK_S
+    assert checks._counters.side_reads_deferred_total == 3
+    models = {key for name, key in read if name == "_check_model"}
+    assert 0 < len(models) < len(addresses)  # the first tick only; the next two waited
+    for _ in range(100):  # the reads end; the endpoints left come in turn
+        waiting.clear()
+        started = side.tick(old=False)
+        assert not read & set(started)  # none of them started twice meanwhile
+        read |= set(started)
+        clock.now += 0.001
+        models = {key for name, key in read if name == "_check_model"}
+        if len(models) == len(addresses):
+            break
+    assert len(models) == len(addresses)
