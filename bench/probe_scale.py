@@ -341,9 +341,7 @@ async def _sim_stats(session: aiohttp.ClientSession, sim: Sim) -> dict[str, Any]
         return document
 
 
-def observation_delays(
-    results: Records, writes: dict[int, list[float]]
-) -> tuple[list[float], int]:
+def observation_delays(results: Records, writes: dict[int, list[float]]) -> tuple[list[float], int]:
     """(sorted delays in ms, probes with a first token): for each such probe, its read time
     (``started_at`` + TTFT) minus the latest simulator write on its port that is at most
     ``MATCH_SLACK_S`` after the read and at least that before the probe started."""

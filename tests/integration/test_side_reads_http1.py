@@ -21,7 +21,7 @@ from llm_health.engines.side_reads import (
     read_error,
 )
 from llm_health.errors import ProtocolError
-from llm_health.probe.http1 import Connections, ResponseError
+from llm_health.probe.http1 import IDLE_TIMEOUT_S, Connections, ResponseError
 from llm_health.probe.target import ProbeTarget
 from tests.raw_http import RawServer, Script, until
 
@@ -160,3 +160,17 @@ async def test_bytes_that_are_not_http_are_a_read_error_of_one_line() -> None:
     leaking = ResponseError(f"malformed HTTP response: {KEY}\r\nX-Injected: 1")
     shown = read_error(leaking, target(server.port))
     assert KEY not in shown and "\n" not in shown and "\r" not in shown, shown
+
+
+async def test_a_connection_is_kept_only_for_a_read_due_before_the_idle_timeout() -> None:
+    """Reads of one endpoint further apart than IDLE_TIMEOUT_S (a stretched /metrics at
+    thousands of endpoints, the served-model check every 30 s) close their connection:
+    kept, it would only wait for the idle sweep."""
+    models = b'{"object": "list", "data": [{"id": "sim-model"}]}'
+    script = Script([(sized(models), "keep")])  # each connection's first answer
+    async with reading(script) as (server, reads, connections):
+        await reads.metrics(target(server.port), "/metrics", 1.0, every_s=IDLE_TIMEOUT_S + 1)
+        await asyncio.wait_for(until(lambda: server.eofs == 1), 2)  # closed by us
+        await reads.models(target(server.port), "/v1/models")
+        await asyncio.wait_for(until(lambda: server.eofs == 2), 2)
+    assert connections.opened == 2 and connections.reused == 0

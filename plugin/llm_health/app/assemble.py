@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llm_health.admin.component import AdminComponent
 from llm_health.alerts.component import attach as attach_alerts
@@ -26,7 +27,6 @@ from llm_health.discovery.component import DiscoveryComponent
 from llm_health.discovery.settings import DiscoveryConfig, DnsConfig
 from llm_health.engines.component import EngineChecks
 from llm_health.engines.settings import ClusterChecks
-from llm_health.fleet.component import FleetComponent
 from llm_health.hds.component import HdsComponent
 from llm_health.model.board import Board
 from llm_health.model.engine_load import EngineLoad
@@ -39,6 +39,9 @@ from llm_health.servers.auth import GrpcAuth, SecurityProvider
 from llm_health.traffic.component import TrafficComponent
 from llm_health.xds.nodes import OpenNodes
 from llm_health.xds.stream import XdsStats
+
+if TYPE_CHECKING:
+    from llm_health.fleet.component import FleetComponent
 
 
 def build_runtime(
@@ -158,6 +161,9 @@ def _fleet(
     first to follow an endpoint change (its owners before their probed sets)."""
     if catalog is None or config.fleet is None:
         return None
+    # Imported only in fleet mode: the Redis client is 8 MiB of every process's memory.
+    from llm_health.fleet.component import FleetComponent
+
     member = config.fleet.member(f"{socket.gethostname()}-{os.getpid()}")
     fleet = FleetComponent(config.fleet, member, control, catalog)
     catalog.set_probe_filter(fleet.probes_here)

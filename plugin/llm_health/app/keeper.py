@@ -7,8 +7,9 @@ Single-owner: everything runs on the runtime's event loop.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from llm_health.core.control import (
@@ -47,6 +48,7 @@ class BoardKeeper:
         self._notice_observers: list[NoticeObserver] = []
         self._action_observers: list[ActionObserver] = []
         self._probe_now: ProbeNow | None = None
+        self._publish_pending = False  # a publish asked for, in the next loop turn
         self._ignored = ProblemLog(
             log, every_s=IGNORED_LOG_EVERY_S, count_field=IGNORED_COUNT_FIELD, clock=clock
         )
@@ -74,16 +76,15 @@ class BoardKeeper:
 
     async def fold_probe(self, cluster: str, address: str, result: ProbeResult) -> None:
         """Fold a scheduled (or probe-now) result in, and publish what it changed."""
-        publish = self.fold_result(cluster, address, result)
-        if publish is not None:
-            await publish
+        self.fold_result(cluster, address, result)
+        self._publish_due()
 
-    def fold_result(
-        self, cluster: str, address: str, result: ProbeResult
-    ) -> Coroutine[Any, Any, None] | None:
-        """Fold a result in now (the scheduler's way: no task, no wait); returned, the
-        publish to await when what Envoy sees may change (a state, or a cluster becoming
-        warm): a FAST probe on a HEALTHY endpoint wakes no xDS stream."""
+    def fold_result(self, cluster: str, address: str, result: ProbeResult) -> None:
+        """Fold a result in now (the scheduler's way: no task, no wait). When what Envoy
+        sees may change (a state, or a cluster becoming warm), a publish follows in the
+        next loop turn, one for every change folded before it: a first round's thousands
+        of state changes cost a snapshot a turn, not a task each (two, with the
+        scheduler's wait for it). A FAST probe on a HEALTHY endpoint wakes no xDS stream."""
         board = self.board
         if not board.has_endpoint(cluster, address):
             return None  # removed by a reload while this probe was in flight
@@ -99,8 +100,19 @@ class BoardKeeper:
         if transition.changed or transition.alert:
             self.notify(cluster, address, transition, result)
         if transition.changed or (not was_warm and board.is_warm(cluster)):  # never unwarms
-            return self._publish()
+            self._publish_soon()
         return None
+
+    def _publish_soon(self) -> None:
+        if not self._publish_pending:
+            self._publish_pending = True
+            asyncio.get_running_loop().call_soon(self._publish_due)
+
+    def _publish_due(self) -> None:
+        """The publish ``_publish_soon`` asked for, unless done already."""
+        if self._publish_pending:
+            self._publish_pending = False
+            self.hub.put(self.board.snapshot())
 
     def _log_ignored(self, cluster: str, address: str, result: ProbeResult) -> None:
         """At most one line per IGNORED_LOG_EVERY_S, with how many were left out: an
@@ -131,7 +143,8 @@ class BoardKeeper:
         return transition.changed or fast_but_limited or health.last_outcome in FAILURES
 
     async def _publish(self) -> None:
-        await self.hub.publish(self.board.snapshot())
+        self._publish_pending = False  # this one publishes every change before it
+        self.hub.put(self.board.snapshot())
 
     # --- telling ------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -183,10 +183,10 @@ class Runtime:
                 self.stats.worker_lag_ms = None
                 await self.workers.close()
 
-    def on_result(self, target: ProbeTarget, result: ProbeResult) -> Awaitable[None] | None:
-        """The scheduler's callback: fold the result into the board (what is returned,
-        the publish of a change, the scheduler awaits)."""
-        return self.control.fold_result(target.cluster, target.address, result)
+    def on_result(self, target: ProbeTarget, result: ProbeResult) -> None:
+        """The scheduler's callback: fold the result into the board (a change is
+        published in the next loop turn)."""
+        self.control.fold_result(target.cluster, target.address, result)
 
     async def on_silence(self, target: ProbeTarget, silent_ms: float) -> bool:
         """The scheduler's silence callback: a probe in flight has no first token yet."""

@@ -384,7 +384,8 @@ class EngineChecks:
         state = self._endpoint(target.key)
         self._counters.metrics_reads_total += 1
         try:
-            document = await reads.metrics(target, metrics.path, metrics.interval)
+            every = max(metrics.interval, self._schedule.stretch)
+            document = await reads.metrics(target, metrics.path, metrics.interval, every)
             state.reads += 1
             load = parse_load(document, ttft=with_ttft(state.reads))
             state.reading = state.reading.read(load)

@@ -22,7 +22,6 @@ import asyncio
 import hashlib
 import math
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from functools import partial
 from typing import Any, Protocol
@@ -112,7 +111,7 @@ async def _settles(watch: _Watch) -> bool:
     return False
 
 
-def _median(values: deque[float]) -> float:
+def _median(values: list[float]) -> float:
     """``statistics.median``, for the few numbers of every probe's silence point at a
     fraction of its cost."""
     ordered = sorted(values)
@@ -316,7 +315,7 @@ class Scheduler:
         self._on_silence = on_silence
         self._confirm = confirm
         self._lag = lag
-        self._recent: dict[str, deque[float]] = {}
+        self._recent: dict[str, list[float]] = {}
         self.first_slow_rechecks = 0  # first-round SLOW results re-checked before use
         self._slot_due_call = self._slot_due  # made once: an alarm's callback per round
         self._silence_call = self._silence_point_reached
@@ -629,8 +628,15 @@ class Scheduler:
         return max(self._clock(), self._origin + spread + offset)
 
     def _remember(self, key: str, result: ProbeResult) -> None:
+        """The endpoint's last RECENT_TTFTS TTFTs: a list (184 bytes full, where a deque
+        is 760 however short), made once."""
         if result.ttft_ms is not None:
-            self._recent.setdefault(key, deque(maxlen=RECENT_TTFTS)).append(result.ttft_ms)
+            recent = self._recent.get(key)
+            if recent is None:
+                recent = self._recent[key] = []
+            recent.append(result.ttft_ms)
+            if len(recent) > RECENT_TTFTS:
+                del recent[0]
 
     def _recent_ttft(self, key: str) -> float | None:
         """Median TTFT (s) of the endpoint's last successful probes; None below 3."""

@@ -114,7 +114,7 @@ async def test_transitions_counted_by_reason_class() -> None:
 async def test_state_weight_and_prober_series_read_the_board() -> None:
     rt = runtime()
     (target,) = [t for t in rt.targets if t.address == B]
-    await rt.on_result(target, ProbeResult(Outcome.FAST, 0.0, ttft_ms=10.0))
+    rt.on_result(target, ProbeResult(Outcome.FAST, 0.0, ttft_ms=10.0))
     rt.control.board.set_override("llama", A, State.DRAINING, until=1e12, reason="m")
     found, _ = await scrape(rt)
     a, b = {"cluster": "llama", "endpoint": A}, {"cluster": "llama", "endpoint": B}
