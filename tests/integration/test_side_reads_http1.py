@@ -21,7 +21,7 @@ from llm_health.engines.side_reads import (
     read_error,
 )
 from llm_health.errors import ProtocolError
-from llm_health.probe.http1 import IDLE_TIMEOUT_S, Connections, ResponseError
+from llm_health.probe.http1 import Connections, ResponseError
 from llm_health.probe.target import ProbeTarget
 from tests.raw_http import RawServer, Script, until
 
@@ -70,9 +70,9 @@ async def test_a_non_200_is_a_metrics_error_and_no_model_list() -> None:
     reply = sized(b"no such path", b"404 Not Found")
     async with reading(Script([(reply, "keep")])) as (server, reads, connections):
         with pytest.raises(MetricsError) as raised:
-            await reads.metrics(target(server.port), "/metrics", 1.0)
+            await reads.metrics(target(server.port), "/metrics", 1.0, keep=True)
         with pytest.raises(ValueError, match="HTTP 404"):
-            await reads.models(target(server.port), "/v1/models")
+            await reads.models(target(server.port), "/v1/models", keep=True)
     assert read_error(raised.value, target(server.port)) == "HTTP 404"
     assert connections.reused == 1  # an error body read whole keeps its connection
 
@@ -83,10 +83,10 @@ async def test_a_body_over_its_bound_is_cut_and_its_connection_closed(
 ) -> None:
     body = (b"# padding\n" * (size // 10 + 1))[:size]
     async with reading(Script([(sized(body), "keep")])) as (server, reads, connections):
-        first = await reads.metrics(target(server.port), "/metrics", 2.0)
+        first = await reads.metrics(target(server.port), "/metrics", 2.0, keep=True)
         if not kept:
             await asyncio.wait_for(until(lambda: server.eofs == 1), 2)  # the client went
-        second = await reads.metrics(target(server.port), "/metrics", 2.0)
+        second = await reads.metrics(target(server.port), "/metrics", 2.0, keep=True)
     assert first == second == body[:MAX_DOCUMENT].decode()
     assert len(first) == MAX_DOCUMENT
     assert connections.reused == (1 if kept else 0)
@@ -98,8 +98,8 @@ async def test_a_chunked_body_is_read_whole() -> None:
     whole = chunked(*parts)
     segments = [whole[:50], whole[50:90], whole[90:]]  # chunk boundaries across segments
     async with reading(Script([(segments, "keep")])) as (server, reads, connections):
-        first = await reads.metrics(target(server.port), "/metrics", 1.0)
-        second = await reads.metrics(target(server.port), "/metrics", 1.0)
+        first = await reads.metrics(target(server.port), "/metrics", 1.0, keep=True)
+        second = await reads.metrics(target(server.port), "/metrics", 1.0, keep=True)
     assert first == second == DOCUMENT.decode()
     assert connections.reused == 1
 
@@ -108,8 +108,8 @@ async def test_two_reads_in_a_row_share_one_connection() -> None:
     models = b'{"object": "list", "data": [{"id": "sim-model"}]}'
     script = Script([(sized(DOCUMENT), "keep"), (sized(models), "keep")])
     async with reading(script) as (server, reads, connections):
-        text = await reads.metrics(target(server.port), "/metrics", 1.0)
-        served = await reads.models(target(server.port), "/v1/models")
+        text = await reads.metrics(target(server.port), "/metrics", 1.0, keep=True)
+        served = await reads.models(target(server.port), "/v1/models", keep=True)
     assert text == DOCUMENT.decode() and served == ("sim-model",)
     assert connections.opened == 1 and connections.reused == 1
     assert server.connections == 1 and server.requests == 2
@@ -121,8 +121,8 @@ async def test_a_kept_connection_the_server_closed_is_sent_again_once() -> None:
     once more on a new connection, and succeeds."""
     script = Script([(sized(DOCUMENT), "keep"), (b"", "close")])  # per connection: 2nd dies
     async with reading(script) as (server, reads, connections):
-        first = await reads.metrics(target(server.port), "/metrics", 1.0)
-        second = await reads.metrics(target(server.port), "/metrics", 1.0)
+        first = await reads.metrics(target(server.port), "/metrics", 1.0, keep=True)
+        second = await reads.metrics(target(server.port), "/metrics", 1.0, keep=True)
     assert first == second == DOCUMENT.decode()
     assert reads.stale_resends == 1
     assert connections.opened == 2 and connections.reused == 1
@@ -162,15 +162,17 @@ async def test_bytes_that_are_not_http_are_a_read_error_of_one_line() -> None:
     assert KEY not in shown and "\n" not in shown and "\r" not in shown, shown
 
 
-async def test_a_connection_is_kept_only_for_a_read_due_before_the_idle_timeout() -> None:
-    """Reads of one endpoint further apart than IDLE_TIMEOUT_S (a stretched /metrics at
-    thousands of endpoints, the served-model check every 30 s) close their connection:
-    kept, it would only wait for the idle sweep."""
+async def test_a_connection_is_kept_only_when_asked() -> None:
+    """The engine checks keep a side read's connection only while the endpoint's next
+    read comes before the idle sweep would close it (``EngineChecks._keeps``)."""
     models = b'{"object": "list", "data": [{"id": "sim-model"}]}'
     script = Script([(sized(models), "keep")])  # each connection's first answer
     async with reading(script) as (server, reads, connections):
-        await reads.metrics(target(server.port), "/metrics", 1.0, every_s=IDLE_TIMEOUT_S + 1)
+        await reads.metrics(target(server.port), "/metrics", 1.0)
         await asyncio.wait_for(until(lambda: server.eofs == 1), 2)  # closed by us
         await reads.models(target(server.port), "/v1/models")
         await asyncio.wait_for(until(lambda: server.eofs == 2), 2)
-    assert connections.opened == 2 and connections.reused == 0
+        await reads.models(target(server.port), "/v1/models", keep=True)
+        await asyncio.sleep(0.1)
+        assert server.eofs == 2  # kept
+    assert connections.opened == 3 and connections.reused == 0

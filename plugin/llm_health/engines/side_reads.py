@@ -25,7 +25,6 @@ from llm_health.errors import ProtocolError
 from llm_health.model.redact import printable_line, redact_secrets
 from llm_health.probe.client import PROBE_HEADER
 from llm_health.probe.http1 import (
-    IDLE_TIMEOUT_S,
     Connection,
     ConnectionBroken,
     Connections,
@@ -57,32 +56,35 @@ class SideReads:
         self.stale_resends = 0  # requests sent again after a kept connection had died
 
     async def metrics(
-        self, target: ProbeTarget, path: str, interval_s: float, every_s: float | None = None
+        self, target: ProbeTarget, path: str, interval_s: float, *, keep: bool = False
     ) -> str:
         """The engine's /metrics document (within its interval); MetricsError unless 200.
-        ``every_s``: how often this endpoint's document is read (the interval, or longer
-        when stretched to the read budget)."""
+        ``keep``: here and below, keep the connection for the endpoint's next read."""
         timeout = min(interval_s, MAX_SIDE_TIMEOUT_S)
-        keep = (every_s if every_s is not None else interval_s) < IDLE_TIMEOUT_S
         status, body = await self._get(target, path, timeout, MAX_DOCUMENT, keep=keep)
         if status != 200:
             raise MetricsError(f"HTTP {status}")
         return body.decode("utf-8", "replace")
 
-    async def models(self, target: ProbeTarget, path: str) -> tuple[str, ...]:
+    async def models(
+        self, target: ProbeTarget, path: str, *, keep: bool = False
+    ) -> tuple[str, ...]:
         """The model ids the endpoint's ``/v1/models`` lists, the endpoint's secrets
         removed (an id reaches the "model" signal's reason); ValueError unless 200."""
-        status, body = await self._get(target, path, MAX_SIDE_TIMEOUT_S, MAX_MODELS_BODY)
+        limit = MAX_MODELS_BODY
+        status, body = await self._get(target, path, MAX_SIDE_TIMEOUT_S, limit, keep=keep)
         if status != 200:
             raise ValueError(f"HTTP {status}")
         return tuple(redact_secrets(i, target.secrets) for i in model_ids(json.loads(body)))
 
-    async def engine(self, target: ProbeTarget) -> str | None:
+    async def engine(self, target: ProbeTarget, *, keep: bool = False) -> str | None:
         """The engine the first info endpoint that answers as its engine's says (in the
         order of ``detect.INFO_PATHS``), or None."""
         for path, engine, key in INFO_PATHS:
             try:
-                status, body = await self._get(target, path, MAX_SIDE_TIMEOUT_S, MAX_INFO_BODY)
+                status, body = await self._get(
+                    target, path, MAX_SIDE_TIMEOUT_S, MAX_INFO_BODY, keep=keep
+                )
                 if status != 200:
                     continue
                 found = json.loads(body)
@@ -96,11 +98,8 @@ class SideReads:
         self, target: ProbeTarget, path: str, within_s: float, limit: int, *, keep: bool = False
     ) -> tuple[int, bytes]:
         """GET ``path`` on the endpoint with the probe's headers (its auth), bounded: the
-        status and at most ``limit`` bytes of the body. ``keep``: the connection is kept
-        for the endpoint's next read (only when that comes before IDLE_TIMEOUT_S: the
-        served-model check and detection come every 30 s, a stretched /metrics read every
-        50 s at 5,000 endpoints; a connection kept for nothing held ~1.5 KiB and a file
-        descriptor until the sweep closed it)."""
+        status and at most ``limit`` bytes of the body; the connection is kept after a
+        whole answer if ``keep``."""
         route, request = self._request(target, path)
         async with self._limits, asyncio.timeout(within_s):
             answer = await self._exchange(route, request, limit, resend=False, keep=keep)

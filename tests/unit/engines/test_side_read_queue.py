@@ -181,3 +181,22 @@ def test_reads_that_do_not_keep_up_hold_back_the_next_ones_instead_of_piling_up(
         if len(models) == len(addresses):
             break
     assert len(models) == len(addresses)
+
+
+@pytest.mark.parametrize(
+    ("count", "metrics", "kept"), [(100, True, True), (5000, True, False), (100, False, False)]
+)
+def test_side_reads_keep_a_connection_only_for_a_read_due_before_the_idle_sweep(
+    count: int, metrics: bool, kept: bool
+) -> None:
+    """/metrics read every second at 100 endpoints: kept (the served-model check on it
+    too); stretched to every 50 s at 5,000, or not read at all: nothing comes before the
+    idle sweep, so nothing is kept."""
+    section = "{}" if metrics else "null"
+    text = f"clusters:\n  - name: c\n    model: m\n    probe: {{engine_metrics: {section}}}\n"
+    text += "    endpoints:\n" + "".join(
+        f'      - {{address: "127.0.{i // 250}.1:{9000 + i % 250}"}}\n' for i in range(count)
+    )
+    configs = {"now": parse_config(text, "test.yaml", {})}
+    checks = Recorded(Clock(), configs).checks
+    assert {checks._keeps(t) for t in configs["now"].probe_targets()} == {kept}
