@@ -5,9 +5,9 @@ what it decides is in the pure modules (``membership``, ``verdicts``, ``actions`
 
 - Membership: join (a new epoch), heartbeat every ``heartbeat`` from a thread of its own
   (``pulse``: a busy loop must not cost us our place); the heartbeat's answer, acted on
-  here on the loop, is the live member list, from which every endpoint's owner follows (rendezvous). A
-  heartbeat vouches for the verdicts we own while probe results of them come in; Redis
-  evicts a member that stopped vouching ``fresh`` ago (``scripts``).
+  here on the loop, is the live member list, from which every endpoint's owner follows
+  (rendezvous). A heartbeat vouches for the verdicts we own while probe results of them
+  come in; Redis evicts a member that stopped vouching ``fresh`` ago (``scripts``).
 - Probing: ``probes_here`` is the catalog's probe filter (set by ``app.assemble`` before
   any other component reads it): the prober probes only the endpoints this replica
   owns; a takeover adopts the last stored verdict and probes at once.
