@@ -8,6 +8,8 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import os
+import socket
 import time
 import weakref
 from collections.abc import AsyncIterator
@@ -331,3 +333,47 @@ async def test_a_timeout_after_the_head_says_the_headers_came() -> None:
     assert result.outcome is Outcome.TIMEOUT
     assert "no first token within 300 ms (headers after" in result.detail, result.detail
     assert result.headers_ms is not None and result.headers_ms < 200
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_a_connect_that_never_completes_times_out_and_leaves_no_socket() -> None:
+    """The connect runs on the loop's writer callback (``StampedConnect``), no task: a
+    listener whose accept queue is full drops the SYN, the probe reads TIMEOUT at its
+    deadline and the half-open socket is closed with it."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    waiting: list[socket.socket] = []
+    try:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        for _ in range(8):  # fill the accept queue (never accepted)
+            filler = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            filler.setblocking(False)
+            filler.connect_ex(("127.0.0.1", port))
+            waiting.append(filler)
+        await asyncio.sleep(0.05)
+        async with new_connections() as connections:
+            before = open_fds()
+            probe = target(port, timeout="300ms", healthy_ttft="100ms")
+            result = await MicroProbe(connections).probe(probe)
+            assert result.outcome is Outcome.TIMEOUT, result
+            assert connections.opened == 0
+            assert open_fds() == before  # the socket being connected is closed
+    finally:
+        for sock in [listener, *waiting]:
+            sock.close()
+
+
+async def test_a_refused_connect_is_an_error_that_names_it() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe_port:
+        probe_port.bind(("127.0.0.1", 0))
+        port = probe_port.getsockname()[1]  # bound, not listening: refused
+        async with new_connections() as connections:
+            before = open_fds()
+            result = await MicroProbe(connections).probe(target(port))
+            assert open_fds() == before
+    assert result.outcome is Outcome.ERROR
+    assert result.detail == "connect failed: Connection refused"

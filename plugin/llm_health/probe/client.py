@@ -23,6 +23,7 @@ import random
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, NamedTuple, Protocol
 
 from llm_health.errors import ProtocolError
@@ -39,6 +40,7 @@ from llm_health.probe.http1 import (
     Connections,
     ResponseError,
     Route,
+    StampedConnect,
     request_head,
     route_of,
 )
@@ -321,7 +323,7 @@ class _Exchange:
         self._receiver = receiver
         self._phase = _IDLE
         self._connection: Connection | None = None
-        self._opening: asyncio.Task[None] | None = None
+        self._opening: asyncio.Task[None] | StampedConnect | None = None  # connecting
         self._deadline: Alarm | None = None
         self._grace: Alarm | None = None
         self._resend = False
@@ -355,8 +357,13 @@ class _Exchange:
         connection = owner._connections.take_kept(route, fresh=resend)
         if connection is None:
             self._phase = _CONNECTING
-            loop = owner._alarms.loop()
-            self._opening = loop.create_task(self._open(route, request))
+            try:
+                self._opening = owner._connections.open_soon(route, partial(self._opened, request))
+            except ENDPOINT_FAULTS as exc:  # refused at once
+                self._on_fault(exc)
+                return
+            if self._opening is None:  # TLS, a host name: the loop's transport, in a task
+                self._opening = owner._alarms.loop().create_task(self._open(route, request))
         else:
             self._timing.reused = True
             self._send(connection, request)
@@ -377,6 +384,22 @@ class _Exchange:
             connection.close()
             return
         self._send(connection, request)
+
+    def _opened(
+        self, request: bytes, connection: Connection | None, failed: OSError | None
+    ) -> None:
+        """``Connections.open_soon``'s answer (``_open`` without a task)."""
+        self._opening = None
+        try:
+            if connection is None:
+                assert failed is not None
+                self._on_fault(failed)
+            elif self._phase is not _CONNECTING:  # over meanwhile
+                connection.close()
+            else:
+                self._send(connection, request)
+        except Exception as exc:  # the prober's own bug: to the receiver
+            self._crash(exc)
 
     def _send(self, connection: Connection, request: bytes) -> None:
         self._connection = connection

@@ -18,7 +18,9 @@ too large, bytes while idle). Nothing here logs.
 from __future__ import annotations
 
 import asyncio
+import errno
 import ipaddress
+import os
 import platform
 import socket
 import ssl
@@ -431,9 +433,24 @@ class Connections:
             await _connect_stamped(loop, connection, family, route)
         else:
             await self._connect_transport(loop, connection, route)
+        self._opened(connection)
+        return connection
+
+    def open_soon(self, route: Route, done: Connected) -> StampedConnect | None:
+        """``open`` without a task, where the connection is read by us (``STAMPS``, an IP
+        address, no TLS): ``done(connection, None)`` once connected, ``done(None,
+        ConnectFailed)`` if not, never after ``cancel``. Raises ``ConnectFailed`` if it
+        fails at once. None: not here, ``open`` it. A probe that opens a connection (every
+        probe of an engine that closes after each answer, as llama.cpp's server does) no
+        longer makes a task and three coroutine frames for it."""
+        family = _address_family(route.host) if self._stamped and not route.tls else None
+        if family is None:
+            return None
+        return StampedConnect(self, asyncio.get_running_loop(), family, route, done)
+
+    def _opened(self, connection: Connection) -> None:
         self.opened += 1
         self._lent.add(connection)
-        return connection
 
     async def _connect_transport(
         self, loop: asyncio.AbstractEventLoop, connection: Connection, route: Route
@@ -524,12 +541,11 @@ async def _connect_stamped(
     family: socket.AddressFamily,
     route: Route,
 ) -> None:
-    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as the loop's transports
-        assert _SO_TIMESTAMPNS is not None  # STAMPS
-        sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+        sock = _stamped_socket(family)
+    except OSError as exc:
+        raise ConnectFailed(exc.errno, exc.strerror or str(exc)) from exc
+    try:
         await loop.sock_connect(sock, (route.host, route.port))
     except OSError as exc:
         sock.close()
@@ -538,6 +554,76 @@ async def _connect_stamped(
         sock.close()  # cancelled (the probe's deadline): the socket goes too
         raise
     _StampedSocket(loop, sock, connection)
+
+
+Connected = Callable[["Connection | None", "OSError | None"], None]
+
+
+def _stamped_socket(family: socket.AddressFamily) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as the loop's transports
+        assert _SO_TIMESTAMPNS is not None  # STAMPS
+        sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class StampedConnect:
+    """A non-blocking TCP connect driven by the loop's writer callback (what
+    ``loop.sock_connect`` does, without its future and the task awaiting it): once the
+    socket is writable, its error (``SO_ERROR``) says whether it connected. ``cancel``
+    closes the socket; ``done`` is then never called."""
+
+    __slots__ = ("_connections", "_done", "_fd", "_loop", "_route", "_sock")
+
+    def __init__(
+        self,
+        connections: Connections,
+        loop: asyncio.AbstractEventLoop,
+        family: socket.AddressFamily,
+        route: Route,
+        done: Connected,
+    ) -> None:
+        self._connections = connections
+        self._loop = loop
+        self._route = route
+        self._done = done
+        try:
+            sock = _stamped_socket(family)
+        except OSError as exc:
+            raise ConnectFailed(exc.errno, exc.strerror or str(exc)) from exc
+        error = sock.connect_ex((route.host, route.port))
+        if error not in (0, errno.EINPROGRESS, errno.EAGAIN, errno.EINTR):
+            sock.close()
+            raise ConnectFailed(error, os.strerror(error))
+        self._sock: socket.socket | None = sock
+        self._fd = sock.fileno()
+        loop.add_writer(self._fd, self._writable)
+
+    def _writable(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is None:
+            return
+        self._loop.remove_writer(self._fd)
+        error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if error:
+            sock.close()
+            self._done(None, ConnectFailed(error, os.strerror(error)))
+            return
+        connection = Connection(self._route)
+        _StampedSocket(self._loop, sock, connection)
+        self._connections._opened(connection)
+        self._done(connection, None)
+
+    def cancel(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            self._loop.remove_writer(self._fd)
+            sock.close()
 
 
 class _StampedSocket:
