@@ -46,7 +46,7 @@ class Service:
     async def set_states(self, *outcomes: Outcome) -> None:
         for address, outcome in zip(ADDRESSES, outcomes, strict=True):
             self.board.record(CLUSTER, address, ProbeResult(outcome, 0.0, ttft_ms=10), 1.0)
-        await self.hub.publish(self.board.snapshot())
+        self.hub.put(self.board.snapshot())
 
 
 def check_request(

@@ -42,7 +42,7 @@ class Runtime:
         """One SLOW probe: the cluster's only endpoint DEGRADED (capacity 0.3)."""
         address = self.board.snapshot().clusters[cluster].endpoints[0].spec.address
         self.board.record(cluster, address, probe(Outcome.SLOW), 2.0)
-        await self.hub.publish(self.board.snapshot())
+        self.hub.put(self.board.snapshot())
 
 
 @pytest.fixture

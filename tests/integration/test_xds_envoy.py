@@ -101,7 +101,7 @@ class Rig:
     envoy: EnvoyProcess
 
     async def publish(self) -> None:
-        await self.hub.publish(self.board.snapshot())
+        self.hub.put(self.board.snapshot())
 
     async def hosts(self) -> dict[str, tuple[str, int]]:
         return await asyncio.to_thread(self.envoy.view, CLUSTER)
@@ -209,7 +209,7 @@ def _with_hostname(snapshot: HealthSnapshot) -> HealthSnapshot:
 
 async def test_rejected_update_is_counted_and_not_resent(rig: Rig) -> None:
     await rig.wait_hosts(EXPECTED)
-    await rig.hub.publish(_with_hostname(rig.hub.current()))
+    rig.hub.put(_with_hostname(rig.hub.current()))
 
     async def nacked() -> bool:
         return rig.counters.nacks == 1 and await rig.stat("update_rejected") == 1

@@ -54,7 +54,7 @@ class Plugin:
 
     async def publish(self) -> HealthSnapshot:
         snapshot = self.board.snapshot()
-        await self.hub.publish(snapshot)
+        self.hub.put(snapshot)
         return snapshot
 
     async def flip(self, cluster: str = "a") -> HealthSnapshot:
@@ -70,7 +70,7 @@ class Plugin:
         """Publish a snapshot without ``cluster`` (as after a config reload)."""
         current = self.hub.current()
         clusters = {k: v for k, v in current.clusters.items() if k != cluster}
-        await self.hub.publish(HealthSnapshot(current.revision + 1000, clusters))
+        self.hub.put(HealthSnapshot(current.revision + 1000, clusters))
 
 
 def make_board(*, warm: bool = True) -> Board:

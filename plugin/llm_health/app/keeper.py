@@ -71,7 +71,7 @@ class BoardKeeper:
     ) -> T:
         result = mutate(self.board, self._clock())
         if publish_when is None or publish_when(result):
-            await self._publish()
+            self._publish()
         return result
 
     async def fold_probe(self, cluster: str, address: str, result: ProbeResult) -> None:
@@ -111,8 +111,7 @@ class BoardKeeper:
     def _publish_due(self) -> None:
         """The publish ``_publish_soon`` asked for, unless done already."""
         if self._publish_pending:
-            self._publish_pending = False
-            self.hub.put(self.board.snapshot())
+            self._publish()
 
     def _log_ignored(self, cluster: str, address: str, result: ProbeResult) -> None:
         """At most one line per IGNORED_LOG_EVERY_S, with how many were left out: an
@@ -135,14 +134,14 @@ class BoardKeeper:
         transition = self.board.silence(cluster, address, self._clock(), silent_ms)
         if transition.changed:
             self.notify(cluster, address, transition, None)
-            await self._publish()
+            self._publish()
         health = self.board.health(cluster, address)
         # A DEGRADED endpoint whose probes were FAST (held there by a limit: saturated,
         # quality) falls silent as meaningfully as a HEALTHY one: confirm beside it too.
         fast_but_limited = health.state is State.DEGRADED and health.last_outcome is Outcome.FAST
         return transition.changed or fast_but_limited or health.last_outcome in FAILURES
 
-    async def _publish(self) -> None:
+    def _publish(self) -> None:
         self._publish_pending = False  # this one publishes every change before it
         self.hub.put(self.board.snapshot())
 

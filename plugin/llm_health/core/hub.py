@@ -34,10 +34,6 @@ class SnapshotHub:
         if newer is not None and not newer.done():
             newer.set_result(None)
 
-    async def publish(self, snapshot: HealthSnapshot) -> None:
-        """``put``, for callers that await."""
-        self.put(snapshot)
-
     async def wait_newer(self, revision: int) -> HealthSnapshot:
         """Return the first snapshot whose revision differs from ``revision``."""
         while self._current.revision == revision:

@@ -380,9 +380,9 @@ class EngineChecks:
         5,000 endpoints: a connection kept for them held ~1.5 KiB and a file descriptor
         until the idle sweep closed it."""
         metrics = self._metrics(target)
-        return metrics is not None and max(metrics.interval, self._schedule.stretch) < (
-            IDLE_TIMEOUT_S
-        )
+        if metrics is None:
+            return False
+        return max(metrics.interval, self._schedule.stretch) < IDLE_TIMEOUT_S
 
     def _spawn(self, job: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(job)

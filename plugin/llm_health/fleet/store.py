@@ -31,14 +31,14 @@ class FleetStore:
     def __init__(self, settings: FleetConfig, member: str) -> None:
         self.settings = settings
         self.member = member
-        timeout = max(0.5, settings.heartbeat)
-        self._redis = redis.Redis.from_url(
-            settings.redis.get_secret_value(),
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 0),
-            decode_responses=False,
-        )
+        url, timeout = settings.redis.get_secret_value(), max(0.5, settings.heartbeat)
+        # Both connections (the loop's, the heartbeat's) bounded alike and never retried.
+        options: dict[str, Any] = {
+            "socket_timeout": timeout,
+            "socket_connect_timeout": timeout,
+            "decode_responses": False,
+        }
+        self._redis = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **options)
         prefix = f"llmh:{{{settings.name}}}"
         self.channel = f"{prefix}:events"
         self._keys = [
@@ -56,11 +56,7 @@ class FleetStore:
         self._leave = self._redis.register_script(scripts.LEAVE)
         # The heartbeat's own connection, used only by its thread (``fleet.pulse``).
         self._pulse_redis = blocking_redis.Redis.from_url(
-            settings.redis.get_secret_value(),
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=BlockingRetry(NoBackoff(), 0),
-            decode_responses=False,
+            url, retry=BlockingRetry(NoBackoff(), 0), **options
         )
         self._pulse_heartbeat = self._pulse_redis.register_script(scripts.HEARTBEAT)
         self._commands = 0  # Redis commands sent from the loop (scripts count one each)

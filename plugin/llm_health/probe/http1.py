@@ -29,7 +29,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from urllib.parse import urlsplit
 
 import httptools
@@ -427,12 +427,18 @@ class Connections:
     async def open(self, route: Route) -> Connection:
         """A new connection to ``route`` (``ConnectFailed`` if none can be had)."""
         loop = asyncio.get_running_loop()
+        opened: asyncio.Future[Connection] = loop.create_future()
+        connecting = self.open_soon(route, partial(self._settle, opened))
+        if connecting is not None:
+            try:
+                return await opened
+            except asyncio.CancelledError:
+                connecting.cancel()  # the socket being connected goes too
+                if opened.done() and not opened.cancelled() and opened.exception() is None:
+                    self.release(opened.result(), reuse=False)  # connected as it came
+                raise
         connection = Connection(route)
-        family = _address_family(route.host) if self._stamped and not route.tls else None
-        if family is not None:
-            await _connect_stamped(loop, connection, family, route)
-        else:
-            await self._connect_transport(loop, connection, route)
+        await self._connect_transport(loop, connection, route)
         self._opened(connection)
         return connection
 
@@ -447,6 +453,22 @@ class Connections:
         if family is None:
             return None
         return StampedConnect(self, asyncio.get_running_loop(), family, route, done)
+
+    def _settle(
+        self,
+        opened: asyncio.Future[Connection],
+        connection: Connection | None,
+        failed: OSError | None,
+    ) -> None:
+        """``open``'s future, from ``open_soon``'s answer."""
+        if opened.done():  # ``open`` was cancelled meanwhile
+            if connection is not None:
+                self.release(connection, reuse=False)
+        elif connection is not None:
+            opened.set_result(connection)
+        else:
+            assert failed is not None
+            opened.set_exception(failed)
 
     def _opened(self, connection: Connection) -> None:
         self.opened += 1
@@ -535,40 +557,23 @@ def _address_family(host: str) -> socket.AddressFamily | None:
     return socket.AF_INET6 if address.version == 6 else socket.AF_INET
 
 
-async def _connect_stamped(
-    loop: asyncio.AbstractEventLoop,
-    connection: Connection,
-    family: socket.AddressFamily,
-    route: Route,
-) -> None:
-    try:
-        sock = _stamped_socket(family)
-    except OSError as exc:
-        raise ConnectFailed(exc.errno, exc.strerror or str(exc)) from exc
-    try:
-        await loop.sock_connect(sock, (route.host, route.port))
-    except OSError as exc:
-        sock.close()
-        raise ConnectFailed(exc.errno, exc.strerror or str(exc)) from exc
-    except BaseException:
-        sock.close()  # cancelled (the probe's deadline): the socket goes too
-        raise
-    _StampedSocket(loop, sock, connection)
-
-
 Connected = Callable[["Connection | None", "OSError | None"], None]
 
 
 def _stamped_socket(family: socket.AddressFamily) -> socket.socket:
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    """A non-blocking TCP socket whose reads bear the kernel's receipt time."""
+    try:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as exc:
+        raise ConnectFailed(exc.errno, exc.strerror or str(exc)) from exc
     try:
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as the loop's transports
         assert _SO_TIMESTAMPNS is not None  # STAMPS
         sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
-    except BaseException:
+    except OSError as exc:
         sock.close()
-        raise
+        raise ConnectFailed(exc.errno, exc.strerror or str(exc)) from exc
     return sock
 
 
@@ -592,10 +597,7 @@ class StampedConnect:
         self._loop = loop
         self._route = route
         self._done = done
-        try:
-            sock = _stamped_socket(family)
-        except OSError as exc:
-            raise ConnectFailed(exc.errno, exc.strerror or str(exc)) from exc
+        sock = _stamped_socket(family)
         error = sock.connect_ex((route.host, route.port))
         if error not in (0, errno.EINPROGRESS, errno.EAGAIN, errno.EINTR):
             sock.close()

@@ -128,7 +128,7 @@ async def test_the_runtime_sends_a_view_only_for_new_facts_or_new_settings() -> 
     assert process._send_view(pipe) == 1 and views() == []  # nothing new
     live["settings"] = DEFAULT.model_copy(update={"enabled": False})  # a reload
     assert process._send_view(pipe) == 1 and views() == [(1, False)]
-    await hub.publish(snapshot(cluster(H), revision=2))  # same facts
+    hub.put(snapshot(cluster(H), revision=2))  # same facts
     assert process._send_view(pipe) == 2 and views() == []
-    await hub.publish(snapshot(cluster(U), revision=3))
+    hub.put(snapshot(cluster(U), revision=3))
     assert process._send_view(pipe) == 3 and views() == [(3, False)]
