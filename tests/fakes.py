@@ -82,6 +82,11 @@ class FakeControl:
     async def update(
         self, mutate: Mutation[T], *, publish_when: Callable[[T], bool] | None = None
     ) -> T:
+        return self.update_now(mutate, publish_when=publish_when)
+
+    def update_now(
+        self, mutate: Mutation[T], *, publish_when: Callable[[T], bool] | None = None
+    ) -> T:
         value = mutate(self.board, self.clock())
         if publish_when is None or publish_when(value):
             self.published_snapshots.append(self.board.snapshot())

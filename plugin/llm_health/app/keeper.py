@@ -69,6 +69,11 @@ class BoardKeeper:
     async def update(
         self, mutate: Mutation[T], *, publish_when: Callable[[T], bool] | None = None
     ) -> T:
+        return self.update_now(mutate, publish_when=publish_when)
+
+    def update_now(
+        self, mutate: Mutation[T], *, publish_when: Callable[[T], bool] | None = None
+    ) -> T:
         result = mutate(self.board, self._clock())
         if publish_when is None or publish_when(result):
             self._publish()

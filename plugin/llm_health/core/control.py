@@ -93,6 +93,13 @@ class BoardControl(Protocol):
         ``publish_when(value)`` says nothing changed), and return the value."""
         ...
 
+    def update_now(
+        self, mutate: Mutation[T], *, publish_when: Callable[[T], bool] | None = None
+    ) -> T:
+        """``update`` from a callback on the loop (no task to await it in): the same
+        mutation and publish, done before it returns."""
+        ...
+
     def notify(
         self, cluster: str, address: str, transition: Transition, result: ProbeResult | None
     ) -> None:

@@ -79,7 +79,7 @@ from llm_health.model.outcome import ProbeResult
 from llm_health.model.redact import printable_line
 from llm_health.probe.client import ProbeFn, Prober
 from llm_health.probe.http1 import IDLE_TIMEOUT_S
-from llm_health.probe.signals import ProbeReceiver, Started, Starter, start_coroutine
+from llm_health.probe.signals import ProbeReceiver, Started, Starter
 from llm_health.probe.target import ProbeTarget
 
 log = logging.getLogger("llm_health")
@@ -209,13 +209,15 @@ class EngineChecks:
 
     def starter(self, prober: Prober) -> Starter:
         """``wrap``'s probe, started (``probe.signals``): the plain probe through
-        ``prober.start_probe`` with no task; a known-answer probe, when one is due, in a task."""
-        probe = self.wrap(prober)
+        ``prober.start_probe``, a known-answer probe when one is due through
+        ``_KnownAnswer``; neither in a task of its own (every endpoint's first probe is a
+        known-answer probe: at 5,000 endpoints, thousands at once)."""
 
         def start(target: ProbeTarget, receiver: ProbeReceiver) -> Started:
-            if self._verify_due(target) is None:
+            verify = self._verify_due(target)
+            if verify is None:
                 return prober.start_probe(target, receiver)
-            return start_coroutine(probe, target, receiver)
+            return _KnownAnswer(self, prober, target, verify, receiver)
 
         return start
 
@@ -226,24 +228,30 @@ class EngineChecks:
             return None
         return verify
 
+    def _verify_begins(self, target: ProbeTarget, verify: VerifyConfig) -> None:
+        """A known-answer probe of ``target`` starts: the next one is due ``verify.every``
+        later (the first, sooner by the endpoint's hash: no burst)."""
+        state = self._endpoint(target.key)
+        first = state.verify_due == 0.0
+        state.verify_due = self._clock() + next_after(target.key, verify.every, first=first)
+
     async def _verify(
         self, prober: Prober, target: ProbeTarget, verify: VerifyConfig
     ) -> ProbeResult:
         """One known-answer probe, judged and applied; a miss that does not yet decide is
-        re-checked after ``confirm_delay`` (at most ``unhealthy_after`` answers per slot)."""
-        state = self._endpoint(target.key)
-        first = state.verify_due == 0.0  # then the next by the endpoint's hash: no burst
-        state.verify_due = self._clock() + next_after(target.key, verify.every, first=first)
+        re-checked after ``confirm_delay`` (at most ``unhealthy_after`` answers per slot).
+        ``_KnownAnswer`` is the same, started."""
+        self._verify_begins(target, verify)
         result = await prober.verify(target, verify)
         for _ in range(target.unhealthy_after - 1):
-            if not await self._judge(target, verify, result):
+            if not self._judge(target, verify, result):
                 return result
             await asyncio.sleep(target.confirm_delay_s)
             result = await prober.verify(target, verify)
-        await self._judge(target, verify, result)
+        self._judge(target, verify, result)
         return result
 
-    async def _judge(self, target: ProbeTarget, verify: VerifyConfig, result: ProbeResult) -> bool:
+    def _judge(self, target: ProbeTarget, verify: VerifyConfig, result: ProbeResult) -> bool:
         """Judge ``result``'s answer and apply the verdicts; True if this endpoint's own
         answer asks for a re-check now."""
         if result.answer is None:
@@ -260,10 +268,10 @@ class EngineChecks:
             members,
         )
         self._endpoint(target.key).last_answer = printable_line(result.answer.text, 200)
-        await self._apply_judgements(target, judgements)
+        self._apply_judgements(target, judgements)
         return any(j.address == target.address and j.recheck for j in judgements)
 
-    async def _apply_judgements(self, target: ProbeTarget, judgements: list[Judgement]) -> None:
+    def _apply_judgements(self, target: ProbeTarget, judgements: list[Judgement]) -> None:
         changes: Changes = {}
         for judgement in judgements:
             self._count(judgement)
@@ -283,7 +291,7 @@ class EngineChecks:
                         "reason": judgement.reason,
                     },
                 )
-        await self._signal(target.cluster, VERIFY_SIGNAL, changes)
+        self._signal(target.cluster, VERIFY_SIGNAL, changes)
 
     def _count(self, judgement: Judgement) -> None:
         if judgement.verdict is Verdict.GARBAGE:
@@ -293,12 +301,10 @@ class EngineChecks:
         elif judgement.verdict is Verdict.PASS:
             self._counters.passes_total += 1
 
-    async def _signal(self, cluster: str, source: str, changes: Changes) -> None:
+    def _signal(self, cluster: str, source: str, changes: Changes) -> None:
         """Set or clear ``source``'s signal on the endpoints in ``changes``, one publish
         for the batch; the state changes it makes are reported."""
-        applied = await self._control.update(
-            set_signals(cluster, source, changes), publish_when=bool
-        )
+        applied = self._control.update_now(set_signals(cluster, source, changes), publish_when=bool)
         for address, transition in applied.items():
             if transition.changed or transition.alert:
                 self._control.notify(cluster, address, transition, None)
@@ -443,9 +449,7 @@ class EngineChecks:
             return  # no verdict: an endpoint that cannot list its models is not judged
         state.models, state.model_error = served, ""
         wrong = wrong_model(served, target.model)
-        await self._signal(
-            target.cluster, MODEL_SIGNAL, {target.address: (wrong, Cause.WRONG_MODEL)}
-        )
+        self._signal(target.cluster, MODEL_SIGNAL, {target.address: (wrong, Cause.WRONG_MODEL)})
 
     async def _detect(self, reads: SideReads, target: ProbeTarget) -> None:
         engine = await reads.engine(target, keep=self._keeps(target))
@@ -636,3 +640,77 @@ def _endpoint_status(key: str, state: _Endpoint, checks: EngineChecks) -> dict[s
         "served_models": list(state.models),
         "models_error": state.model_error,
     }
+
+
+class _Asking:
+    """``_KnownAnswer._asking`` while ``start_verify`` runs."""
+
+    def cancel(self) -> None:
+        return None
+
+
+_ASKING = _Asking()
+
+
+class _KnownAnswer:
+    """One known-answer probe started (``EngineChecks.starter``), as ``_verify`` awaits
+    one: asked through ``Prober.start_verify``, judged when its result comes, asked again
+    after ``confirm_delay`` while a miss may still decide, then its last result to the
+    scheduler's receiver. Driven by the answers' callbacks and one timer: no task, no
+    coroutine frames held while the engine answers."""
+
+    __slots__ = ("_asking", "_checks", "_left", "_prober", "_receiver", "_target", "_verify")
+
+    def __init__(
+        self,
+        checks: EngineChecks,
+        prober: Prober,
+        target: ProbeTarget,
+        verify: VerifyConfig,
+        receiver: ProbeReceiver,
+    ) -> None:
+        self._checks = checks
+        self._prober = prober
+        self._target = target
+        self._verify = verify
+        self._receiver = receiver
+        self._left = target.unhealthy_after - 1  # re-checks allowed in this slot
+        self._asking: Started | asyncio.TimerHandle | _Asking | None = None
+        checks._verify_begins(target, verify)
+        self._ask()
+
+    def _ask(self) -> None:
+        self._asking = _ASKING
+        started = self._prober.start_verify(self._target, self._verify, self)
+        if self._asking is _ASKING:  # else its result came already, within the call
+            self._asking = started
+
+    # --- ProbeReceiver: what the known-answer probe in flight tells -------------------
+
+    def set(self) -> None:
+        self._receiver.set()  # each answer's first token: the scheduler's silence watch
+
+    def done(self, result: ProbeResult) -> None:
+        self._asking = None
+        try:
+            again = self._checks._judge(self._target, self._verify, result)
+        except Exception as error:  # a bug of ours: the scheduler's to report
+            self._receiver.failed(error)
+            return
+        if again and self._left > 0:
+            self._left -= 1
+            loop = asyncio.get_running_loop()
+            self._asking = loop.call_later(self._target.confirm_delay_s, self._ask)
+            return
+        self._receiver.done(result)
+
+    def failed(self, error: Exception) -> None:
+        self._asking = None
+        self._receiver.failed(error)
+
+    # --- Started --------------------------------------------------------------------------
+
+    def cancel(self) -> None:
+        asking, self._asking = self._asking, None
+        if asking is not None:
+            asking.cancel()

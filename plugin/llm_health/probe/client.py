@@ -128,6 +128,12 @@ class Prober(Protocol):
         """``probe`` without awaiting it (``probe.signals``)."""
         ...
 
+    def start_verify(
+        self, target: ProbeTarget, question: Question, receiver: ProbeReceiver
+    ) -> Started:
+        """``verify`` without awaiting it."""
+        ...
+
 
 class ProbeWrapper(Protocol):
     """A feature that takes part in every scheduled probe (the engine checks: docs/design.md
@@ -181,6 +187,14 @@ class MicroProbe:
         """Probe once, telling ``receiver`` (``probe.signals``); its result comes within
         ``target.timeout_s`` (plus scheduling)."""
         exchange = _Exchange(self, target, None, receiver)
+        exchange.begin()
+        return exchange
+
+    def start_verify(
+        self, target: ProbeTarget, question: Question, receiver: ProbeReceiver
+    ) -> Started:
+        """``verify``, told to ``receiver`` as ``start_probe`` tells its result."""
+        exchange = _Exchange(self, target, question, receiver)
         exchange.begin()
         return exchange
 

@@ -32,6 +32,7 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.probe.client import Asked, MicroProbe, Question
@@ -141,6 +142,12 @@ class WorkerPool:
     def start_probe(self, target: ProbeTarget, receiver: ProbeReceiver) -> Started:
         """``probe`` in a task (the exchange is the worker's; this side only waits)."""
         return start_coroutine(self.probe, target, receiver)
+
+    def start_verify(
+        self, target: ProbeTarget, question: Question, receiver: ProbeReceiver
+    ) -> Started:
+        """``verify`` in a task, as ``start_probe``."""
+        return start_coroutine(partial(self.verify, question=question), target, receiver)
 
     # --- one probe ----------------------------------------------------------------------
 
