@@ -34,7 +34,7 @@ from llm_health.probe.target import ProbeTarget
 FIRST_ROUND_SPACING_S = 0.001  # first round: at most 1,000 probe starts per second
 # Probe starts are gathered on ticks (``start_tick``): a wake-up of the prober costs more
 # than the probe it starts when probes are a few milliseconds apart (docs/design.md §2).
-STARTS_PER_TICK = 16  # what a tick gathers on average
+STARTS_PER_TICK = 32  # what a tick gathers on average
 MAX_START_TICK_S = 0.1  # a probe starts at most this long after its slot
 MIN_START_TICK_S = 0.001  # below this, probes are not gathered
 ProbeFn = Callable[[ProbeTarget], Awaitable[ProbeResult]]

@@ -185,16 +185,16 @@ def test_next_slot_sequence_keeps_the_grid() -> None:
 @pytest.mark.parametrize(
     "count,interval,expected",
     [
-        (200, 1.0, STARTS_PER_TICK / 200),  # 80 ms: 16 starts a tick
-        (1000, 1.0, STARTS_PER_TICK / 1000),  # 16 ms
-        (100, 1.0, MAX_START_TICK_S),  # 160 ms would be too late: the bound
+        (500, 1.0, STARTS_PER_TICK / 500),  # 64 ms: 32 starts a tick
+        (1000, 1.0, STARTS_PER_TICK / 1000),  # 32 ms
+        (200, 1.0, MAX_START_TICK_S),  # 160 ms would be too late: the bound
         (20, 1.0, MAX_START_TICK_S),  # two starts a tick, at the bound
         (10, 1.0, 0.0),  # 100 ms would gather one: not worth a later start
         (1, 1.0, 0.0),
         (0, 1.0, 0.0),
-        (20_000, 1.0, 0.0),  # 0.8 ms: below the floor
+        (40_000, 1.0, 0.0),  # 0.8 ms: below the floor
         (100, 10.0, 0.0),  # 10 probes a second, 100 ms apart: a tick would gather one
-        (2000, 10.0, 0.08),  # the same rate as 200 every second
+        (5000, 10.0, 0.064),  # the same rate as 500 every second
     ],
 )
 def test_the_start_tick_gathers_a_few_starts_and_stays_near_the_slot(
