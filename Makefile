@@ -58,7 +58,7 @@ tools:
 # Each test's processes (serve, agents, the CLI) import the plugin from source: its
 # bytecode is kept in the venv (PYTHONPYCACHEPREFIX) even where the environment says
 # PYTHONDONTWRITEBYTECODE, or every process compiles it again (0.3 s of CPU a `serve`).
-TEST_WORKERS ?= 5
+TEST_WORKERS ?= 4
 PYTEST_ALL := env PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/$(VENV)/pycache \
 	$(BIN)/pytest -q -p no:cacheprovider --ignore=tests/engine --ignore=tests/image \
 	--ignore=tests/wheel

@@ -181,12 +181,14 @@ def test_a_flooding_or_broken_stream_never_stops_probing_or_pushes(stack: Any) -
     finally:
         sampling.set()
         sampler.join(5)
+    # The stream broke off on the client's side; the server hears of it a moment later.
+    wait_until(lambda: plugin.status()["traffic"]["streams_open"] == 0, 5, "the stream closed")
     status = plugin.status()
     probes = status["prober"]["probes_total"] - probes_before
     assert probes >= 2 * 4, f"{probes} probes while flooded"  # 2 endpoints, ~1/s each
     assert status["prober"]["probes_ignored_loop_lag"] == 0
     traffic = status["traffic"]
-    assert traffic["entries_total"] >= sent * 0.9 and traffic["streams_open"] == 0
+    assert traffic["entries_total"] >= sent * 0.9
     assert traffic["without_xds_total"] == 0  # decoded, under the budget: not ignored
     # A push still goes through at once: drain an endpoint, Envoy sees it.
     sims[1].set_fault(fault="cuda_error")
