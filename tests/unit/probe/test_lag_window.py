@@ -75,12 +75,16 @@ def old_stalled_within(lag: LoopLagMonitor, start: float, end: float) -> float:
     return worst * 1000
 
 
-def test_one_pass_gives_what_the_two_readings_gave() -> None:
+def test_one_pass_gives_what_the_two_readings_gave(monkeypatch: pytest.MonkeyPatch) -> None:
     """``over`` (a result's one reading, and now the two readings' too) against the two
-    walks it replaced, on random samples, windows and ends; the overdue tick grows
-    between the readings, by microseconds."""
+    walks it replaced, on random samples, windows and ends. The clock stands still while
+    the readings are taken: the overdue tick grows with it, and a test process paused
+    between two readings (a loaded CI machine: 4 ms once) would compare two moments."""
     rng = random.Random(11)
+    clock = [time.perf_counter()]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
     for _ in range(300):
+        clock[0] += 3.0
         now = time.perf_counter()
         samples = sorted(
             (now - rng.uniform(0, 2.0), rng.choice([0.0, 0.3, 5.0, 40.0, 250.0]))
