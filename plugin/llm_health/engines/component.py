@@ -31,6 +31,7 @@ import logging
 import time
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
@@ -79,7 +80,7 @@ from llm_health.model.outcome import ProbeResult
 from llm_health.model.redact import printable_line
 from llm_health.probe.client import ProbeFn, Prober
 from llm_health.probe.http1 import IDLE_TIMEOUT_S
-from llm_health.probe.signals import ProbeReceiver, Started, Starter
+from llm_health.probe.signals import ProbeReceiver, Started, Starter, await_started
 from llm_health.probe.target import ProbeTarget
 
 log = logging.getLogger("llm_health")
@@ -238,18 +239,8 @@ class EngineChecks:
     async def _verify(
         self, prober: Prober, target: ProbeTarget, verify: VerifyConfig
     ) -> ProbeResult:
-        """One known-answer probe, judged and applied; a miss that does not yet decide is
-        re-checked after ``confirm_delay`` (at most ``unhealthy_after`` answers per slot).
-        ``_KnownAnswer`` is the same, started."""
-        self._verify_begins(target, verify)
-        result = await prober.verify(target, verify)
-        for _ in range(target.unhealthy_after - 1):
-            if not self._judge(target, verify, result):
-                return result
-            await asyncio.sleep(target.confirm_delay_s)
-            result = await prober.verify(target, verify)
-        self._judge(target, verify, result)
-        return result
+        """One known-answer probe, judged and applied (``_KnownAnswer``), awaited."""
+        return await await_started(partial(_KnownAnswer, self, prober, target, verify))
 
     def _judge(self, target: ProbeTarget, verify: VerifyConfig, result: ProbeResult) -> bool:
         """Judge ``result``'s answer and apply the verdicts; True if this endpoint's own
@@ -653,11 +644,12 @@ _ASKING = _Asking()
 
 
 class _KnownAnswer:
-    """One known-answer probe started (``EngineChecks.starter``), as ``_verify`` awaits
-    one: asked through ``Prober.start_verify``, judged when its result comes, asked again
-    after ``confirm_delay`` while a miss may still decide, then its last result to the
-    scheduler's receiver. Driven by the answers' callbacks and one timer: no task, no
-    coroutine frames held while the engine answers."""
+    """One known-answer probe (started by ``EngineChecks.starter``, awaited by
+    ``_verify``): asked through ``Prober.start_verify``, judged when its result comes,
+    asked again after ``confirm_delay`` while a miss may still decide (at most
+    ``unhealthy_after`` answers per slot), then its last result to the receiver. Driven by
+    the answers' callbacks and one timer: no task, no coroutine frames held while the
+    engine answers."""
 
     __slots__ = ("_asking", "_checks", "_left", "_prober", "_receiver", "_target", "_verify")
 

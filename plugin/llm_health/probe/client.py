@@ -46,11 +46,10 @@ from llm_health.probe.http1 import (
 )
 from llm_health.probe.lag import LoopLagMonitor
 from llm_health.probe.signals import (
-    FIRST_TOKEN,
     ProbeReceiver,
     Started,
     Starter,
-    TokenListener,
+    await_started,
 )
 from llm_health.probe.sse import SseDecoder, simple_event
 from llm_health.probe.target import ProbeTarget
@@ -186,17 +185,13 @@ class MicroProbe:
     def start_probe(self, target: ProbeTarget, receiver: ProbeReceiver) -> Started:
         """Probe once, telling ``receiver`` (``probe.signals``); its result comes within
         ``target.timeout_s`` (plus scheduling)."""
-        exchange = _Exchange(self, target, None, receiver)
-        exchange.begin()
-        return exchange
+        return self._begin(target, None, receiver)
 
     def start_verify(
         self, target: ProbeTarget, question: Question, receiver: ProbeReceiver
     ) -> Started:
         """``verify``, told to ``receiver`` as ``start_probe`` tells its result."""
-        exchange = _Exchange(self, target, question, receiver)
-        exchange.begin()
-        return exchange
+        return self._begin(target, question, receiver)
 
     async def probe(self, target: ProbeTarget) -> ProbeResult:
         """Probe once; the result arrives within ``target.timeout_s`` (plus scheduling)."""
@@ -212,14 +207,16 @@ class MicroProbe:
         return self._engines.get(target.key) if target.engine == "auto" else target.engine
 
     async def _run(self, target: ProbeTarget, question: Question | None) -> ProbeResult:
-        """One exchange, awaited; cancelling the wait ends it (its connection closed)."""
-        awaited = _Awaited(self._alarms.loop().create_future(), FIRST_TOKEN.get())
-        exchange = _Exchange(self, target, question, awaited)
+        """One exchange, awaited; cancelling the wait ends it (its connection closed;
+        nothing once its result is out: its tail runs on)."""
+        return await await_started(partial(self._begin, target, question))
+
+    def _begin(
+        self, target: ProbeTarget, question: Question | None, receiver: ProbeReceiver
+    ) -> _Exchange:
+        exchange = _Exchange(self, target, question, receiver)
         exchange.begin()
-        try:
-            return await awaited.future
-        finally:
-            exchange.cancel()  # nothing once its result is out: its tail runs on
+        return exchange
 
     def _result(
         self,
@@ -260,29 +257,6 @@ class MicroProbe:
             loop_lag_ms=lag_ms,
             answer=answer,
         )
-
-
-class _Awaited:
-    """The receiver of an awaited probe: its result (or the prober's own failure) into
-    ``future``, its first token to the ``FIRST_TOKEN`` listener of the awaiting task."""
-
-    __slots__ = ("_listener", "future")
-
-    def __init__(self, future: asyncio.Future[ProbeResult], listener: TokenListener | None) -> None:
-        self.future = future
-        self._listener = listener
-
-    def set(self) -> None:
-        if self._listener is not None:
-            self._listener.set()
-
-    def done(self, result: ProbeResult) -> None:
-        if not self.future.done():
-            self.future.set_result(result)
-
-    def failed(self, error: Exception) -> None:
-        if not self.future.done():
-            self.future.set_exception(error)
 
 
 # The steps of an exchange (``_Exchange._phase``).

@@ -12,7 +12,7 @@ A probe is started in one of two ways:
   its ``ProbeReceiver`` of the first token, its result, or a failure of the prober's own
   (a bug, never the endpoint's doing), from the callbacks that drive it, and can be
   cancelled through what ``start`` returned (docs/design.md §16.10). ``start_coroutine``
-  runs an awaited probe that way, in a task.
+  runs an awaited probe that way, in a task; ``await_started`` awaits a started one.
 """
 
 from __future__ import annotations
@@ -76,3 +76,38 @@ async def _run(probe: ProbeCall, target: ProbeTarget, receiver: ProbeReceiver) -
         receiver.failed(error)
         return
     receiver.done(result)
+
+
+async def await_started(start: Callable[[ProbeReceiver], Started]) -> ProbeResult:
+    """Start a probe with ``start(receiver)`` and await its result; its first token is
+    told to the awaiting task's ``FIRST_TOKEN`` listener, and cancelling the wait ends it
+    (nothing once its result is out)."""
+    awaited = _Awaited(asyncio.get_running_loop().create_future(), FIRST_TOKEN.get())
+    started = start(awaited)
+    try:
+        return await awaited.future
+    finally:
+        started.cancel()
+
+
+class _Awaited:
+    """The receiver of an awaited probe: its result (or the prober's own failure) into
+    ``future``, its first token to the ``FIRST_TOKEN`` listener of the awaiting task."""
+
+    __slots__ = ("_listener", "future")
+
+    def __init__(self, future: asyncio.Future[ProbeResult], listener: TokenListener | None) -> None:
+        self.future = future
+        self._listener = listener
+
+    def set(self) -> None:
+        if self._listener is not None:
+            self._listener.set()
+
+    def done(self, result: ProbeResult) -> None:
+        if not self.future.done():
+            self.future.set_result(result)
+
+    def failed(self, error: Exception) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)

@@ -32,11 +32,23 @@ class Answers:
         return ProbeResult(Outcome.FAST, time.time(), ttft_ms=5.0)
 
     async def verify(self, target: ProbeTarget, question: Question) -> ProbeResult:
-        self.asked.append(target.key)
-        return ProbeResult(Outcome.FAST, time.time(), ttft_ms=5.0)
+        raise NotImplementedError
 
     def start_probe(self, target: ProbeTarget, receiver: ProbeReceiver) -> Started:
         raise NotImplementedError
+
+    def start_verify(
+        self, target: ProbeTarget, question: Question, receiver: ProbeReceiver
+    ) -> Started:
+        """Answered within the call."""
+        self.asked.append(target.key)
+        receiver.done(ProbeResult(Outcome.FAST, time.time(), ttft_ms=5.0))
+        return Answered()
+
+
+class Answered:
+    def cancel(self) -> None:
+        return None
 
 
 async def test_known_answer_probes_after_the_first_are_spread_and_never_late() -> None:
