@@ -5,15 +5,31 @@ BIN    := $(CURDIR)/$(VENV)/bin
 STAMP  := $(VENV)/.installed
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install tools test test-engine test-image image test-unit lint typecheck demo bench proto clean
+.PHONY: install lock tools test test-engine test-image image test-unit lint typecheck demo bench proto clean
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+# The venv holds exactly requirements/dev.lock (every Python package `make` installs, with
+# hashes; docs/design.md §6.5), installed by plain pip so the machine's own pip
+# configuration (find-links, indexes) still applies, then the project itself, editable,
+# built by the locked setuptools. A changed lock makes the venv anew: `pip freeze` equals
+# the lock on every clone.
+LOCK := requirements/dev.lock
+$(STAMP): pyproject.toml $(LOCK)
+	$(PYTHON) -m venv --clear $(VENV)
+	$(BIN)/pip install --quiet --require-hashes -r $(LOCK)
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Refreshes the lock to the newest releases pyproject.toml allows (uv, from the lock
+# itself). Run it when pyproject.toml's dependencies change, or to take new releases on
+# purpose; commit the lock with what it changed, then `make test`.
+# runtime.lock, the image's (deploy/Dockerfile), is the runtime part of the same versions.
+lock: $(STAMP)
+	$(BIN)/uv pip compile pyproject.toml requirements/tools.in --extra dev --universal \
+	  --python-version 3.11 --generate-hashes --upgrade --quiet -o $(LOCK)
+	$(BIN)/uv pip compile pyproject.toml requirements/build.in -c $(LOCK) --universal \
+	  --python-version 3.11 --generate-hashes --quiet -o requirements/runtime.lock
 
 # Debian packages the tests use, installed only when missing (root or sudo): promtool
 # from `prometheus` (tests/deploy/test_prometheus_rules.py, test_grafana_dashboard.py) and

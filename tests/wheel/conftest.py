@@ -9,6 +9,8 @@ import os
 
 import pytest
 
+from tests.wheel.dist import Built, build
+
 WHEEL_ENV = "LLM_HEALTH_TEST_WHEEL"
 
 
@@ -16,3 +18,9 @@ WHEEL_ENV = "LLM_HEALTH_TEST_WHEEL"
 def _needs_the_target() -> None:
     if not os.environ.get(WHEEL_ENV):
         pytest.skip(f"wheel test: run `make test-image` (${WHEEL_ENV} is not set)")
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """The sdist and wheel, built once for every test here."""
+    return build(tmp_path_factory.mktemp("dist"))

@@ -7,7 +7,6 @@ from its package data. Needs PyPI (the build backend, the dependencies): run by
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import pytest
 
 from tests.polling import wait_until
 from tests.ports import free_port
+from tests.wheel.dist import Built, clean_env, locked_constraints, run
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE_ASSETS = ("index.html", "page.css", "page.js")  # plugin/llm_health/ops/page
@@ -46,53 +46,19 @@ def version() -> str:
     return str(project["version"])
 
 
-def clean_env() -> dict[str, str]:
-    """This environment without PYTHONPATH (``make`` and the tests put plugin/ on it) and
-    without the venv of the test run; pip's own settings (index, certificates) stay."""
-    drop = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV")
-    return {k: v for k, v in os.environ.items() if k not in drop}
-
-
-def run(command: list[str | Path], cwd: Path, timeout: float = 600) -> str:
-    done = subprocess.run(
-        [str(c) for c in command],
-        cwd=cwd,
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert done.returncode == 0, f"{command}: exit {done.returncode}\n{done.stdout}{done.stderr}"
-    return done.stdout
-
-
-def tracked_copy(destination: Path) -> Path:
-    """The files git tracks (what a fresh clone has), copied to ``destination``."""
-    listed = run(["git", "ls-files", "-z"], ROOT).split("\0")
-    for name in filter(None, listed):
-        source = ROOT / name
-        if source.is_file():
-            target = destination / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target)
-    return destination
-
-
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
+def installed(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    """The wheel in a fresh venv, its dependencies at the versions requirements/dev.lock
+    pins (constraints: the same releases every run; docs/design.md §6.5)."""
     base = tmp_path_factory.mktemp("wheel")
-    source = tracked_copy(base / "source")
-    dist = base / "dist"
-    run([sys.executable, "-m", "build", "--outdir", dist, source], base)
-    (wheel,) = dist.glob("llm_health-*.whl")
-    (sdist,) = dist.glob("llm_health-*.tar.gz")
-    shutil.rmtree(source)
     venv = base / "venv"
     run([sys.executable, "-m", "venv", venv], base)
-    run([venv / "bin" / "python", "-m", "pip", "install", "--quiet", wheel], base)
+    constraints = locked_constraints(base / "constraints.txt")
+    pip = [venv / "bin" / "python", "-m", "pip", "install", "--quiet"]
+    run([*pip, "-c", constraints, built.wheel], base)
     workdir = base / "work"
     workdir.mkdir()
-    return Installed(venv, wheel, sdist, workdir)
+    return Installed(venv, built.wheel, built.sdist, workdir)
 
 
 def test_the_wheel_carries_the_package_data_and_nothing_else(installed: Installed) -> None:
