@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from llm_health.cli.argtypes import duration, positive_int
+from llm_health.cli.commands import summary
 from llm_health.cli.text import ms
 from llm_health.engines.side_reads import READ_ERRORS, SideReads, open_connections
 from llm_health.model.outcome import SUCCESSES, ProbeResult
@@ -30,7 +31,7 @@ from llm_health.probe.target import (
 def register(commands: Any) -> None:
     parser = commands.add_parser(
         "probe",
-        help="send micro-probes to a live endpoint and print TTFT",
+        help=summary("probe"),
         description="Send one-token streaming probes to URL and print each probe's outcome "
         "and connect / headers / first-token times. Exit 0 if every probe got a token.",
     )

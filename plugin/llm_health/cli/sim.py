@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from llm_health.cli.argtypes import MAX_PORT, duration, integer, port, positive_int
+from llm_health.cli.commands import summary
 from llm_health.probe.loop import run as run_on
 from llm_health.sim.engines import ENGINE_NAMES
 from llm_health.sim.faults import AFFECTS_MODES, FAULTS, OVERLOAD_STATUSES, FaultSpec
@@ -23,7 +24,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``sim`` subcommand to ``subparsers`` (from ``add_subparsers``); return it."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "sim",
-        help="run the fault-injecting OpenAI-compatible fake inference server",
+        help=summary("sim"),
         description=(
             "An OpenAI-compatible (vLLM-flavoured) fake inference server with fault "
             "injection. Change the fault at run time with POST /sim/fault; read counters "
