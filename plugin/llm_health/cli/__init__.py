@@ -11,8 +11,33 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from llm_health import __version__
 from llm_health.cli.commands import COMMANDS
+
+
+class _PrintVersion(argparse.Action):
+    """argparse's ``action="version"``, with the version read only when it is asked for
+    (``llm_health.__version__``: importlib.metadata, a third of the start-up)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str) -> None:
+        super().__init__(
+            option_strings,
+            dest,
+            nargs=0,
+            default=argparse.SUPPRESS,
+            help="show program's version number and exit",
+        )
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        from llm_health import __version__
+
+        print(f"llm-health {__version__}")
+        parser.exit()
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -24,7 +49,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="llm-health",
         description="TTFT micro-probe health checking for Envoy-based LLM gateways.",
     )
-    parser.add_argument("--version", action="version", version=f"llm-health {__version__}")
+    parser.add_argument("--version", action=_PrintVersion)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     chosen = COMMANDS[command].module if command in COMMANDS else None
     registered = False

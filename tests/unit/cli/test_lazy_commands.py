@@ -1,6 +1,6 @@
 """``llm-health --help`` and ``--version`` import no command's module (nor what those
-import: aiohttp, grpc, pydantic, yaml); a command imports its own module only, and its
-``--help`` still shows every option it has."""
+import: aiohttp, grpc, pydantic, yaml; ``--help`` not even importlib.metadata); a command
+imports its own module only, and its ``--help`` still shows every option it has."""
 
 from __future__ import annotations
 
@@ -54,6 +54,8 @@ def test_top_level_imports_no_command(args: list[str]) -> None:
     assert sorted(m for m in modules if m.startswith("llm_health.cli.")) == [
         "llm_health.cli.commands"
     ]
+    if "--version" not in args:  # the version's metadata is read only when it is shown
+        assert "importlib.metadata" not in modules
 
 
 def test_a_command_imports_its_own_module_only() -> None:
