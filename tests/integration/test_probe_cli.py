@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -90,3 +91,70 @@ async def test_a_cache_bypass_given_is_the_one_sent(capsys: pytest.CaptureFixtur
     assert code == 0
     assert "engine unknown, cache bypass salt" in capsys.readouterr().out
     assert request is not None and request.get("cache_salt") and request.get("cache_prompt") is None
+
+
+# A wedged backend (the sim's ``info`` knob "hang": /v1/models and every info endpoint
+# answer nothing) hung at each point of the probe's own request. The bound is the
+# command's promise (docs/operations.md): timeout + 1 s per probe, engine detection on.
+HANG_POINTS = [
+    ("hang_before_headers", 1),
+    ("hang_after_headers", 1),
+    ("hang_after_role_chunk", 1),
+    ("hang_after_first_token", 0),  # the token came: FAST, however the body ends
+]
+TIMEOUT_S = 0.3
+PER_PROBE_S = TIMEOUT_S + 1.0
+
+
+async def timed_cli(*args: str) -> tuple[int, float]:
+    started = time.monotonic()
+    code = await run_cli(*args)
+    return code, time.monotonic() - started
+
+
+def wedged(fault: str) -> SimSettings:
+    return SimSettings(fault=FaultSpec(fault=fault, info="hang", hang_max=30.0))
+
+
+@pytest.mark.parametrize(("fault", "exit_code"), HANG_POINTS)
+async def test_a_wedged_backend_gets_its_verdict_within_the_timeout(
+    fault: str, exit_code: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with running_sim(wedged(fault)) as sim:
+        code, took = await timed_cli(
+            *("probe", sim.base_url, "--api", "openai-chat", "--model", "sim-model"),
+            *("--count", "1", "--timeout", f"{TIMEOUT_S * 1000:g}ms"),
+        )
+    out = capsys.readouterr().out
+    assert took < PER_PROBE_S, out
+    assert code == exit_code, out
+    assert "engine detection gave up after 0.5 s" in out
+    assert "probing with the default body" in out and "engine unknown" in out
+    assert "model discovery" not in out  # --model given: not asked
+
+
+async def test_count_probes_each_within_the_timeout(capsys: pytest.CaptureFixture[str]) -> None:
+    async with running_sim(wedged("hang_after_headers")) as sim:
+        code, took = await timed_cli(
+            *("probe", sim.base_url, "--count", "3", "--interval", "10ms"),
+            *("--timeout", f"{TIMEOUT_S * 1000:g}ms"),
+        )
+    out = capsys.readouterr().out
+    assert took < 3 * PER_PROBE_S, out
+    assert code == 1
+    assert "3 probes: 3 timeout" in out
+    assert "model discovery gave up after 0.5 s" in out and "probing without a model" in out
+    assert "engine detection gave up after 0.5 s" in out
+
+
+async def test_a_detection_in_time_is_used_and_not_reported(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    settings = SimSettings(engine="llamacpp", fault=FaultSpec(fault="hang_after_headers"))
+    async with running_sim(settings) as sim:
+        code, took = await timed_cli("probe", sim.base_url, "--count", "1", "--timeout", "300ms")
+    out = capsys.readouterr().out
+    assert took < PER_PROBE_S, out
+    assert code == 1
+    assert "engine llamacpp, cache bypass cache_prompt" in out
+    assert "gave up" not in out

@@ -11,35 +11,54 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from llm_health import __version__
+from llm_health.cli.commands import COMMANDS
 
-# Each command's module (llm_health.cli.<module>, whose ``register`` adds it). Only the
-# module of the command being run is imported: a process costs what its imports cost, and
-# importing every command made ``llm-health sim`` start in 0.6 s of CPU.
-COMMANDS = {
-    "serve": "serve",
-    "probe": "probe",
-    "validate": "validate",
-    "sim": "sim",
-    "agent": "agent",
-    **dict.fromkeys(
-        ("status", "drain", "undrain", "force", "clear-override", "probe-now"), "admin"
-    ),
-}
+
+class _PrintVersion(argparse.Action):
+    """argparse's ``action="version"``, with the version read only when it is asked for
+    (``llm_health.__version__``: importlib.metadata, a third of the start-up)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str) -> None:
+        super().__init__(
+            option_strings,
+            dest,
+            nargs=0,
+            default=argparse.SUPPRESS,
+            help="show program's version number and exit",
+        )
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        from llm_health import __version__
+
+        print(f"llm-health {__version__}")
+        parser.exit()
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The parser; with ``command`` (a name of COMMANDS), only that command's module is
-    imported and registered, else every one (top-level help, a mistyped command)."""
+    """The parser. Only the module of ``command`` (a name of COMMANDS) is imported and
+    registers its arguments; every other command is listed by its name and one-line help
+    alone (all of them for the top-level help, ``--version`` or a mistyped command), which
+    is all ``llm-health --help`` shows of them."""
     parser = argparse.ArgumentParser(
         prog="llm-health",
         description="TTFT micro-probe health checking for Envoy-based LLM gateways.",
     )
-    parser.add_argument("--version", action="version", version=f"llm-health {__version__}")
+    parser.add_argument("--version", action=_PrintVersion)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    chosen = [COMMANDS[command]] if command in COMMANDS else list(dict.fromkeys(COMMANDS.values()))
-    for module in chosen:
-        importlib.import_module(f"llm_health.cli.{module}").register(commands)
+    chosen = COMMANDS[command].module if command in COMMANDS else None
+    registered = False
+    for name, (module, summary) in COMMANDS.items():
+        if module != chosen:
+            commands.add_parser(name, help=summary)
+        elif not registered:  # it adds every command of its own (admin: six), in table order
+            importlib.import_module(f"llm_health.cli.{module}").register(commands)
+            registered = True
     return parser
 
 

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 from llm_health.cli.argtypes import duration
+from llm_health.cli.commands import summary
 from llm_health.cli.text import ms
 from llm_health.model.board import EndpointSnapshot, HealthSnapshot
 
@@ -48,30 +49,31 @@ class CommandError(Exception):
 
 def register(commands: Any) -> None:
     """Add every admin subcommand to ``commands`` (argparse subparsers)."""
-    status = _command(commands, "status", "endpoint states from a running plugin", _status)
+    status = _command(commands, "status", _status)
     status.add_argument("--cluster", default="", help="only this cluster")
     status.add_argument("--json", action="store_true", help="print /status's clusters as JSON")
     status.add_argument("--watch", action="store_true", help="then print every change")
-    drain = _command(commands, "drain", "take an endpoint out of rotation (DRAINING)", _drain)
+    drain = _command(commands, "drain", _drain)
     _endpoint_args(drain)
     drain.add_argument("--reason", default="", help="shown in /status and the logs")
-    undrain = _command(commands, "undrain", "bring a drained endpoint back", _undrain)
+    undrain = _command(commands, "undrain", _undrain)
     _endpoint_args(undrain)
-    force = _command(commands, "force", "force a state for a while (maintenance)", _force)
+    force = _command(commands, "force", _force)
     _endpoint_args(force)
     force.add_argument("state", choices=FORCEABLE)
     force.add_argument("--for", dest="duration", type=duration, required=True, metavar="DURATION")
     force.add_argument("--reason", default="")
-    clear = _command(commands, "clear-override", "end a forced state now", _clear)
+    clear = _command(commands, "clear-override", _clear)
     _endpoint_args(clear)
-    probe = _command(commands, "probe-now", "probe an endpoint now and fold the result in", _probe)
+    probe = _command(commands, "probe-now", _probe)
     _endpoint_args(probe)
     probe.add_argument("--json", action="store_true")
 
 
 def _command(
-    commands: Any, name: str, help_text: str, run: Callable[[argparse.Namespace], int]
+    commands: Any, name: str, run: Callable[[argparse.Namespace], int]
 ) -> argparse.ArgumentParser:
+    help_text = summary(name)
     parser: argparse.ArgumentParser = commands.add_parser(
         name, help=help_text, description=help_text
     )

@@ -12,6 +12,7 @@ import signal
 from typing import TYPE_CHECKING, Any
 
 from llm_health.agent.settings import DEFAULT_HTTP, ENGINE_EXAMPLE, engine_address, http_bind
+from llm_health.cli.commands import summary
 from llm_health.cli.validate import loaded_or_reported
 from llm_health.ops.logging_setup import setup_logging
 from llm_health.probe.loop import run as run_loop
@@ -26,7 +27,7 @@ log = logging.getLogger("llm_health")
 def register(commands: Any) -> None:
     parser = commands.add_parser(
         "agent",
-        help="run beside one engine in its pod: answer the kubelet's probes",
+        help=summary("agent"),
         description="Probe the one engine of this pod (--engine) as the gateway side does "
         "and answer the kubelet: /startupz (model loaded, first token seen), /readyz (the "
         "engine serves now), /livez (restart the engine container: a fatal error or a hang, "

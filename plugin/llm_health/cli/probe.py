@@ -1,6 +1,11 @@
 """``llm-health probe URL``: one-off micro-probes of a live endpoint, for the 3 a.m. question
 "is this backend really serving?". Exit 0 when every probe got a token (FAST or SLOW).
 
+Each probe's verdict comes within ``--timeout`` (plus scheduling), whatever the endpoint
+does: the reads before the first probe (its model, its engine) are asked side by side and
+waited for at most PREFLIGHT_S; what has not answered by then is given up, said so, and
+the probes go without it (no "model"; the default cache bypass, a nonce prefix).
+
 Every ``--header`` value is a secret: never printed, and redacted from whatever the
 endpoint answers (its model id, its errors) before it is shown (docs/design.md §10)."""
 
@@ -14,7 +19,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from llm_health.cli.argtypes import duration, positive_int
+from llm_health.cli.commands import summary
 from llm_health.cli.text import ms
+from llm_health.engines.detect import INFO_PATHS
 from llm_health.engines.side_reads import READ_ERRORS, SideReads, open_connections
 from llm_health.model.outcome import SUCCESSES, ProbeResult
 from llm_health.model.redact import redact_secrets, secret_forms
@@ -26,11 +33,16 @@ from llm_health.probe.target import (
     compile_fatal_patterns,
 )
 
+# How long the probes wait for the model and the engine: a serving engine answers these
+# reads in milliseconds, while each may take MAX_SIDE_TIMEOUT_S (2 s) and detection asks
+# up to four paths in turn, which held a wedged endpoint's verdict for 8 s and more.
+PREFLIGHT_S = 0.5
+
 
 def register(commands: Any) -> None:
     parser = commands.add_parser(
         "probe",
-        help="send micro-probes to a live endpoint and print TTFT",
+        help=summary("probe"),
         description="Send one-token streaming probes to URL and print each probe's outcome "
         "and connect / headers / first-token times. Exit 0 if every probe got a token.",
     )
@@ -71,9 +83,8 @@ async def _probe_all(args: argparse.Namespace) -> int:
     url = _probe_url(args.url, args.api)
     async with open_connections() as side, new_connections() as connections:
         reads = SideReads(side)  # connections of their own, as serve's side reads
-        model = args.model or await _discover_model(reads, _target(args, url, None))
+        model, engine = await _preflight(args, reads, _target(args, url, None))
         target = _target(args, url, model)
-        engine = await _detect_engine(reads, target) if args.cache_bust == "auto" else None
         prober = MicroProbe(connections, engines={target.key: engine} if engine else None)
         limit = f"{args.timeout * 1000:g} ms"
         shown = redact_secrets(model, target.secrets) if model else "-"
@@ -120,6 +131,37 @@ def _probe_url(raw: str, api: str) -> str:
         raise SystemExit(2)
     path = parts.path if parts.path not in ("", "/") else API_PATHS[api]
     return f"{parts.scheme}://{parts.netloc}{path}"
+
+
+async def _preflight(
+    args: argparse.Namespace, reads: SideReads, target: ProbeTarget
+) -> tuple[str | None, str | None]:
+    """The model (unless ``--model``) and the engine (``--cache-bust auto``), asked side by
+    side and waited for PREFLIGHT_S at most; a line for each given up (then None)."""
+    model = asyncio.create_task(_discover_model(reads, target)) if not args.model else None
+    auto = args.cache_bust == "auto"
+    engine = asyncio.create_task(_detect_engine(reads, target)) if auto else None
+    asked = [task for task in (model, engine) if task is not None]
+    if asked:
+        await asyncio.wait(asked, timeout=PREFLIGHT_S)
+    for task in asked:
+        task.cancel()  # a read still waiting: its connection is closed
+    await asyncio.gather(*asked, return_exceptions=True)
+    if model is not None and model.cancelled():
+        print(_gave_up("model discovery", "no answer from GET /v1/models", "without a model"))
+    if engine is not None and engine.cancelled():
+        paths = ", ".join(path for path, _engine, _key in INFO_PATHS)
+        reason = f"its info endpoints ({paths}, asked in turn) had not answered"
+        print(_gave_up("engine detection", reason, "with the default body"))
+    return _result(model) or args.model, _result(engine)
+
+
+def _result(task: asyncio.Task[str | None] | None) -> str | None:
+    return None if task is None or task.cancelled() else task.result()
+
+
+def _gave_up(what: str, reason: str, instead: str) -> str:
+    return f"{what} gave up after {PREFLIGHT_S:g} s: {reason}; probing {instead}"
 
 
 async def _detect_engine(reads: SideReads, target: ProbeTarget) -> str | None:

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from llm_health.cli.commands import summary
 from llm_health.cli.validate import load_or_report
 from llm_health.ops.logging_setup import setup_logging
 from llm_health.probe.loop import run as run_loop
@@ -29,7 +30,7 @@ STOP_THREADS_S = 0.5  # what the exit waits for worker threads (the whole stop: 
 def register(commands: Any) -> None:
     parser = commands.add_parser(
         "serve",
-        help="run the plugin: probe, serve xDS to Envoy, serve /status",
+        help=summary("serve"),
         description="Probe every configured endpoint and push health and weights to Envoy.",
     )
     parser.add_argument("--config", "-c", required=True, metavar="FILE")

@@ -13,9 +13,10 @@ import sys
 from typing import Any
 
 from llm_health.cli.argtypes import MAX_PORT, duration, integer, port, positive_int
+from llm_health.cli.commands import summary
 from llm_health.probe.loop import run as run_on
 from llm_health.sim.engines import ENGINE_NAMES
-from llm_health.sim.faults import AFFECTS_MODES, FAULTS, OVERLOAD_STATUSES, FaultSpec
+from llm_health.sim.faults import AFFECTS_MODES, FAULTS, INFO_MODES, OVERLOAD_STATUSES, FaultSpec
 from llm_health.sim.server import SimHandle, SimSettings, serve
 
 
@@ -23,7 +24,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``sim`` subcommand to ``subparsers`` (from ``add_subparsers``); return it."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "sim",
-        help="run the fault-injecting OpenAI-compatible fake inference server",
+        help=summary("sim"),
         description=(
             "An OpenAI-compatible (vLLM-flavoured) fake inference server with fault "
             "injection. Change the fault at run time with POST /sim/fault; read counters "
@@ -107,6 +108,15 @@ def _add_fault_arguments(parser: argparse.ArgumentParser) -> None:
         ),
     )
     parser.add_argument(
+        "--info",
+        choices=INFO_MODES,
+        default=defaults.info,
+        help=(
+            "GET /v1/models and the engines' info endpoints: ok, or hang (a wedged server "
+            "that answers nothing until --hang-max) (default %(default)s)"
+        ),
+    )
+    parser.add_argument(
         "--startup-delay",
         type=duration,
         default=defaults.startup_delay,
@@ -168,6 +178,7 @@ def settings_from_args(args: argparse.Namespace) -> SimSettings:
         overload_status=args.overload_status,
         load_ttft_per_request=args.load_ttft_per_request,
         hang_max=args.hang_max,
+        info=args.info,
         affects=args.affects,
     )
     return SimSettings(

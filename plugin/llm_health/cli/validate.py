@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from llm_health.cli.commands import summary
 from llm_health.config import Config, load_config
 from llm_health.errors import ConfigError
 
@@ -16,7 +17,7 @@ T = TypeVar("T")
 def register(commands: Any) -> None:
     parser = commands.add_parser(
         "validate",
-        help="check a config file and exit",
+        help=summary("validate"),
         description="Validate a config file: exit 0 if it is valid, else 2 with one line per "
         "problem, each naming the file line and the field.",
     )

@@ -35,6 +35,8 @@ from llm_health.sim.wire import (
 __all__ = ["STATE_KEY", "build_app"]
 
 STATE_KEY = web.AppKey("llm_health_sim_state", SimState)
+#: What the ``info`` knob hangs: the model list and every engine's info endpoint.
+INFO_PATHS = frozenset({"/v1/models", *(engine.info_path for engine in ENGINES.values())})
 
 
 def build_app(settings: SimSettings) -> web.Application:
@@ -44,7 +46,7 @@ def build_app(settings: SimSettings) -> web.Application:
     does) for immediate disconnect detection; without it disconnects are still seen
     within 0.5 s.
     """
-    app = web.Application(middlewares=[_count_paths])
+    app = web.Application(middlewares=[_count_paths, _hang_info])
     state = SimState(settings)
     app[STATE_KEY] = state
     app.router.add_post("/v1/completions", _completions)
@@ -75,6 +77,29 @@ async def _count_paths(
     key = resource.canonical if resource is not None else "other"
     request.app[STATE_KEY].paths[key] += 1
     return await handler(request)
+
+
+@web.middleware
+async def _hang_info(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """The ``info`` knob "hang": ``GET /v1/models`` and every engine's info endpoint (the
+    played engine's and, otherwise 404, the others') wait for ``hang_max``, then 504."""
+    state = request.app[STATE_KEY]
+    if state.fault.info != "hang" or request.method != "GET" or request.path not in INFO_PATHS:
+        return await handler(request)
+    return await _hang_then_504(request, state)
+
+
+async def _hang_then_504(request: web.Request, state: SimState) -> web.Response:
+    """No answer until ``hang_max`` (then 504), the client leaves or the server stops."""
+    try:
+        await wait_for_client(request, state, state.fault.hang_max)
+    except ClientGone:
+        return web.Response(status=499)  # never sent: the client is gone
+    except Stopping:
+        return error_response(503, "simulator shutting down", "ServiceUnavailableError")
+    return error_response(504, "simulated hang ended after hang_max", "GatewayTimeoutError")
 
 
 # ------------------------------------------------------------ simple endpoints
@@ -121,14 +146,7 @@ async def _metrics(request: web.Request) -> web.Response:
     if mode == "404":
         return web.Response(status=404, text="404: Not Found")
     if mode == "hang":
-        try:
-            await wait_for_client(request, state, state.fault.hang_max)
-        except ClientGone:
-            return web.Response(status=499)  # never sent: the client is gone
-        except Stopping:
-            return error_response(503, "simulator shutting down", "ServiceUnavailableError")
-        message = "simulated hang ended after hang_max"
-        return error_response(504, message, "GatewayTimeoutError")
+        return await _hang_then_504(request, state)
     body = METRICS_GARBAGE if mode == "garbage" else render_metrics(state).encode()
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 

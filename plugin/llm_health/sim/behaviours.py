@@ -154,6 +154,23 @@ async def _fault_hang_after_role_chunk(call: Call) -> web.StreamResponse:
     return response
 
 
+async def _fault_hang_after_first_token(call: Call) -> web.StreamResponse:
+    """Streams: the role delta (chat) and the first token at the normal TTFT, then
+    nothing: a hang mid-body. A non-streamed request: hang before headers."""
+    if not call.params.stream:
+        return await _fault_hang_before_headers(call)
+    response = await _open_stream(call)
+    await pause(call, call.spec.draw_ttft(call.state.rng))
+    call.mark_running()
+    finish = "length" if call.params.max_tokens == 1 else None
+    await send_event(response, token_chunk(call, steps_for(call.spec, False)[0], 0, finish))
+    call.note_first_token_written()
+    call.mark_first_token()
+    await _hang(call)
+    await response.write_eof()
+    return response
+
+
 async def _fault_http_500(call: Call) -> web.StreamResponse:
     """A generic 500."""
     return await send_whole(
@@ -229,6 +246,7 @@ _FAULT_HANDLERS: Mapping[str, Callable[[Call], Awaitable[web.StreamResponse]]] =
     "hang_before_headers": _fault_hang_before_headers,
     "hang_after_headers": _fault_hang_after_headers,
     "hang_after_role_chunk": _fault_hang_after_role_chunk,
+    "hang_after_first_token": _fault_hang_after_first_token,
     "http_500": _fault_http_500,
     "http_500_echo": _fault_http_500_echo,
     "cuda_error": _fault_cuda_error,

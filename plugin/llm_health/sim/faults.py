@@ -12,7 +12,7 @@ JSON form (durations are strings, as everywhere in llm-health)::
      "load_ttft_per_request": "20ms", "hang_max": "3600s", "health": "ok",
      "answer": " Paris is a city", "top_alternatives": [" Lyon", " the", " a", " France"],
      "served_model": null, "metrics": "ok", "metrics_waiting": null,
-     "metrics_kv_cache": null, "affects": "all"}
+     "metrics_kv_cache": null, "info": "ok", "affects": "all"}
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ FAULTS: Mapping[str, str] = {
     "hang_before_headers": "accept the request, never send response headers",
     "hang_after_headers": "send 200 + headers, then nothing",
     "hang_after_role_chunk": "chat streams: send the role delta, then nothing",
+    "hang_after_first_token": "streams: send the first token, then nothing (a hang mid-body)",
     "http_500": "answer 500 with a generic error JSON",
     "http_500_echo": "answer 500 quoting every request header (a proxy that echoes secrets)",
     "cuda_error": "answer 500 with a vLLM CUDA illegal-memory-access / EngineDeadError body",
@@ -49,7 +50,9 @@ FAULTS: Mapping[str, str] = {
 }
 
 #: Faults that keep the request open without answering (bounded by ``hang_max``).
-HANG_FAULTS = frozenset({"hang_before_headers", "hang_after_headers", "hang_after_role_chunk"})
+HANG_FAULTS = frozenset(
+    {"hang_before_headers", "hang_after_headers", "hang_after_role_chunk", "hang_after_first_token"}
+)
 
 #: Statuses ``overloaded`` may answer with.
 OVERLOAD_STATUSES = (429, 503)
@@ -64,6 +67,13 @@ HEALTH_MODES = ("ok", "http_503", "reset")
 #: "404" = 404 (metrics not exposed); "garbage" = 200 whose body is not Prometheus
 #: exposition; "hang" = no answer until ``hang_max`` (then 504) or the client leaves.
 METRICS_MODES = ("ok", "404", "garbage", "hang")
+
+#: What ``GET /v1/models`` and the engines' info endpoints (``/version``,
+#: ``/get_server_info``, ``/info``, ``/props``, whichever engine is played) do (the ``info``
+#: knob): "ok" = answer (the played engine's own, 404 for the others'); "hang" = no answer
+#: until ``hang_max`` (then 504) or the client leaves: a wedged server that accepts every
+#: request and answers none (``/health`` and ``/metrics`` keep their own knobs).
+INFO_MODES = ("ok", "hang")
 
 #: Which inference requests the fault may apply to (the ``affects`` knob): "all" = every
 #: one; "users" = only those without ``X-LLM-Probe: true`` (probes are served normally).
@@ -116,6 +126,8 @@ class FaultSpec:
       instead of the live count (e.g. 12: a saturated engine).
     - ``metrics_kv_cache``: if set (0..1), the KV-cache usage gauge reports it instead of
       ``in_flight / max_num_seqs``.
+    - ``info``: what ``GET /v1/models`` and the engines' info endpoints do, one of
+      :data:`INFO_MODES`.
     - ``affects``: one of :data:`AFFECTS_MODES`. "all" (default): the fault applies to every
       inference request. "users": only to requests without ``X-LLM-Probe: true``; probes
       are served normally (no ``fault_rate`` draw, no ``slow_under_load`` extra TTFT): an
@@ -138,6 +150,7 @@ class FaultSpec:
     metrics: str = "ok"
     metrics_waiting: int | None = None
     metrics_kv_cache: float | None = None
+    info: str = "ok"
     affects: str = "all"
 
     def __post_init__(self) -> None:
@@ -158,6 +171,8 @@ class FaultSpec:
             raise ValueError(
                 f'"health": must be one of {", ".join(HEALTH_MODES)}, got {self.health!r}'
             )
+        if self.info not in INFO_MODES:
+            raise ValueError(f'"info": must be one of {", ".join(INFO_MODES)}, got {self.info!r}')
         if self.affects not in AFFECTS_MODES:
             raise ValueError(
                 f'"affects": must be one of {", ".join(AFFECTS_MODES)}, got {self.affects!r}'
@@ -253,6 +268,7 @@ class FaultSpec:
             "metrics": self.metrics,
             "metrics_waiting": self.metrics_waiting,
             "metrics_kv_cache": self.metrics_kv_cache,
+            "info": self.info,
             "affects": self.affects,
         }
 
@@ -265,7 +281,7 @@ class FaultSpec:
 
 def _decode_field(key: object, value: object) -> object:
     """Decode one JSON field of a fault spec, or raise ValueError naming ``key``."""
-    if key in ("fault", "health", "metrics", "answer", "affects"):
+    if key in ("fault", "health", "metrics", "answer", "info", "affects"):
         if not isinstance(value, str):
             raise ValueError(f'"{key}": must be a string, got {value!r}')
         return value

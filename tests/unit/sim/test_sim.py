@@ -296,6 +296,28 @@ async def test_hang_after_role_chunk(sim: SimHandle, session: aiohttp.ClientSess
     )
 
 
+async def test_hang_after_first_token(sim: SimHandle, session: aiohttp.ClientSession) -> None:
+    await set_fault(session, sim, fault="hang_after_first_token")
+    seen: list[bytes] = []
+
+    async def hung_chat() -> None:
+        url = f"{sim.base_url}/v1/chat/completions"
+        body = chat(max_tokens=3)
+        async with session.post(url, json=body, timeout=HANG_TIMEOUT) as resp:
+            async for raw in resp.content:
+                seen.append(raw)
+
+    with pytest.raises(asyncio.TimeoutError):
+        await hung_chat()
+    events = [json.loads(raw[6:]) for raw in seen if raw.startswith(b"data: ")]
+    deltas = [e["choices"][0]["delta"] for e in events]
+    assert deltas == [{"role": "assistant", "content": ""}, {"content": " Paris"}]
+    assert events[1]["choices"][0]["finish_reason"] is None  # mid-body: more was due
+    await wait_until_async(
+        lambda: sim.state.counters.aborted == 1, 5, "sim.state.counters.aborted == 1"
+    )
+
+
 async def test_hang_is_bounded_by_hang_max(sim: SimHandle, session: aiohttp.ClientSession) -> None:
     await set_fault(session, sim, fault="hang_before_headers", hang_max="200ms")
     async with session.post(f"{sim.base_url}/v1/completions", json=completion()) as resp:

@@ -137,6 +137,30 @@ async def test_metrics_hang_does_not_hold_up_shutdown(session: aiohttp.ClientSes
     response.release()
 
 
+@pytest.mark.parametrize("path", ["/v1/models", *INFO_PATHS])
+async def test_info_mode_hang_holds_the_model_list_and_every_info_endpoint(
+    sim: SimHandle, session: aiohttp.ClientSession, path: str
+) -> None:
+    """A wedged server: the played engine's info endpoint, the others' (else 404) and the
+    model list answer nothing; /health, /metrics and inference are not affected."""
+    await set_fault(session, sim, info="hang")
+    with pytest.raises(asyncio.TimeoutError):
+        async with session.get(f"{sim.base_url}{path}", timeout=HANG_TIMEOUT) as resp:
+            await resp.read()
+    for other in ("/health", "/metrics"):
+        async with session.get(f"{sim.base_url}{other}") as resp:
+            assert resp.status == 200, other
+    async with session.post(f"{sim.base_url}/v1/completions", json=completion()) as resp:
+        assert resp.status == 200
+        await resp.read()
+    await set_fault(session, sim, hang_max="200ms")
+    async with session.get(f"{sim.base_url}{path}") as resp:
+        assert resp.status == 504
+    await set_fault(session, sim, info="ok")
+    async with session.get(f"{sim.base_url}{path}") as resp:
+        assert resp.status == (200 if path in ("/v1/models", "/version") else 404)
+
+
 # ---------------------------------------------------------------- engine flavours
 
 EXPECTED_METRICS = {
