@@ -482,7 +482,7 @@ class _Guard(asyncio.Protocol):
         if completed:
             self._disarm()
             self._connections.in_use(self)  # until the middleware says it is answered
-        if began:  # the first byte of a next request (or of a body)
+        if began:  # bytes after a complete head (empty lines too): the next one is owed
             self._arm()
         self._inner.data_received(data)
 
