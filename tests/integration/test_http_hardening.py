@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import pytest
@@ -188,3 +188,79 @@ async def test_malformed_request_gets_400_and_no_error_log(
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == [], [r.getMessage() for r in errors]
     assert "Traceback" not in caplog.text
+
+
+# Empty lines before a request line are no request (RFC 9112 §2.2): each of these owes a
+# request head from its first byte on, however long it keeps sending them.
+async def crlf_at_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    writer.write(b"\r\n\r\n")
+
+
+async def crlf_slowly(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """One empty line every 200 ms until the server closes the connection."""
+    while not closed(reader):
+        writer.write(b"\r\n")
+        await asyncio.sleep(0.2)
+
+
+async def crlf_after_a_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    writer.write(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")  # keep-alive
+    assert await status_line(reader) == b"HTTP/1.1 200 OK\r\n"
+    async with asyncio.timeout(5):
+        await reader.readuntil(b"ok\n")
+    writer.write(b"\r\n\r\n")
+
+
+EMPTY_LINE_SENDERS = [crlf_at_once, crlf_slowly, crlf_after_a_request]
+
+
+async def closed_after(
+    send: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]], port: int
+) -> bool:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        await send(reader, writer)
+        return await closed_by_server(reader)
+    finally:
+        writer.close()
+
+
+async def test_empty_lines_without_a_request_are_closed_by_the_header_timeout(
+    server: int,
+) -> None:
+    """With room to spare (no eviction), only the header timer closes them: aiohttp's own
+    keep-alive timer (30 s) would take 30 times the header timeout."""
+    async with asyncio.timeout(HEADER_TIMEOUT_S * 10):
+        results = await asyncio.gather(
+            *(closed_after(send, server) for send in EMPTY_LINE_SENDERS * 10)
+        )
+    assert all(results) and len(results) == 30
+    assert await livez(server) == 200
+
+
+async def test_at_the_cap_empty_line_connections_are_idle_and_give_way() -> None:
+    """Connections that sent only empty lines hold no request: at the cap, a probe's new
+    connection closes the ones idle longest, as if they had sent nothing."""
+    runner, port = await start(header_timeout_s=30.0, max_connections=8)
+    held: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    senders = []
+    try:
+        for send in EMPTY_LINE_SENDERS * 3:
+            if len(held) == 8:
+                break
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            held.append((reader, writer))
+            senders.append(asyncio.create_task(send(reader, writer)))
+            await asyncio.sleep(0.05)
+        reader, writer = await get(port, "/livez")
+        assert await status_line(reader) == b"HTTP/1.1 200 OK\r\n"  # got in
+        writer.close()
+        await asyncio.sleep(0.2)  # the closes reach the clients
+        assert sum(closed(r) for r, _ in held) >= 3, [closed(r) for r, _ in held]
+    finally:
+        for task in senders:
+            task.cancel()
+        await asyncio.gather(*senders, return_exceptions=True)
+        for _, w in held:
+            w.close()
+        await runner.cleanup()

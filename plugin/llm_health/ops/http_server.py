@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
@@ -25,7 +26,8 @@ from llm_health.ops.status_page import status_page
 HEADER_TIMEOUT_S = 5.0
 """A request head (request line + headers) must be complete this long after its first
 byte, and a new connection must send one this long after it opened: slowloris
-connections are closed."""
+connections are closed. Empty lines before a request line (``HeadScan``) are not a head:
+the timer keeps running through them."""
 KEEPALIVE_TIMEOUT_S = 30.0
 """An idle keep-alive connection is closed after this long."""
 MAX_CONNECTIONS = 256
@@ -141,7 +143,8 @@ class _Connections:
       backlog of sockets per wake-up and creates their protocols only later, so a check
       in the protocol factory let a burst through.
     - A connection is *idle* while no request of it is being handled: from when it opens
-      or its last request is answered until its next request head is complete. Above
+      or its last request is answered until its next request head is complete (empty
+      lines alone are no head, ``HeadScan``). Above
       three quarters of the cap (``evict_above``), each new connection closes the one
       idle longest: a client that holds connections without using them loses them
       first, and the rest of the cap stays free, so that a burst of new connections (a
@@ -396,23 +399,69 @@ async def _readable(sock: socket.socket) -> None:
         loop.remove_reader(sock.fileno())
 
 
+class HeadScan:
+    """Where a connection's bytes stand against its request heads (RFC 9112 §2.1: a
+    request line, header lines, an empty line). Only the bytes are read, never parsed:
+    a head ends at the first ``\r\n\r\n`` after its request line has begun, which
+    aiohttp's parser (llhttp) needs too, as it answers a bare LF in a head 400.
+
+    Empty lines before a request line begin no head (RFC 9112 §2.2: a server ignores
+    them, and llhttp skips any run of CR and LF there): a client that sends only
+    ``\r\n\r\n``, at once or one line at a time, or after an answered request, has
+    sent no request, so it stays idle and its header timer runs on."""
+
+    def __init__(self) -> None:
+        self.owed = True  # a head is owed: the connection opened, or bytes followed a head
+        self._begun = False  # the owed head's request line has begun
+        self._tail = b""  # its last bytes so far (a "\r\n\r\n" split across reads)
+
+    def feed(self, data: bytes) -> tuple[int, bool]:
+        """(heads completed in ``data``, whether the head owed now began in it)."""
+        completed, began = 0, False
+        buffer, at = self._tail + data, 0
+        while at < len(buffer):
+            if not self.owed:  # any byte after a head begins the next (or is a body)
+                self.owed, self._begun, began = True, False, True
+            if not self._begun:
+                at = _past_empty_lines(buffer, at)
+                if at == len(buffer):
+                    break
+                self._begun = True
+            end = buffer.find(b"\r\n\r\n", at)
+            if end < 0:
+                break
+            completed, self.owed, at = completed + 1, False, end + 4
+        self._tail = buffer[max(at, len(buffer) - 3) :] if self.owed and self._begun else b""
+        return completed, began and self.owed
+
+
+_EMPTY_LINES = re.compile(rb"[\r\n]+")
+
+
+def _past_empty_lines(buffer: bytes, at: int) -> int:
+    """Where the first byte other than CR and LF from ``at`` is (a scan in C: a read of
+    64 KiB of empty lines costs no Python loop)."""
+    match = _EMPTY_LINES.match(buffer, at)
+    return match.end() if match else at
+
+
 class _Guard(asyncio.Protocol):
     """In front of aiohttp's ``RequestHandler``, made only at the connection's first
     byte (an idle connection costs no handler, task or timer of aiohttp's), every call
     forwarded to it from then on. Closes the connection when a request head stays
     incomplete for ``header_timeout_s``: armed when the connection opens and by the
-    first byte after a complete head, disarmed when a head ends (``\r\n\r\n``).
-    aiohttp itself closes idle keep-alive connections, but counts a half-sent request
-    as idle only from its own keep-alive clock. Tells ``_Connections`` when it opens,
-    when a head is complete (in use) and when it is lost."""
+    first byte after a complete head, disarmed when a head ends (``HeadScan``: empty
+    lines alone never end one). aiohttp itself closes idle keep-alive connections, but
+    counts a half-sent request as idle only from its own keep-alive clock. Tells
+    ``_Connections`` when it opens, when a head is complete (in use) and when it is
+    lost."""
 
     def __init__(self, handler: Callable[[], asyncio.Protocol], connections: _Connections) -> None:
         self._handler, self._connections = handler, connections
         self._inner: asyncio.Protocol | None = None
         self.transport: asyncio.BaseTransport | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._in_head = True  # a new connection owes a request head
-        self._tail = b""  # the last bytes of the head so far (a split "\r\n\r\n")
+        self._heads = HeadScan()
 
     @property
     def silent(self) -> bool:
@@ -429,15 +478,12 @@ class _Guard(asyncio.Protocol):
             assert self.transport is not None  # data arrives on a made connection
             self._inner = self._handler()
             self._inner.connection_made(self.transport)
-        if not self._in_head:  # the first byte of a next request (or of a body)
-            self._in_head, self._tail = True, b""
-            self._arm()
-        seen = self._tail + data
-        if b"\r\n\r\n" in seen:
-            self._in_head = False
+        completed, began = self._heads.feed(data)
+        if completed:
             self._disarm()
             self._connections.in_use(self)  # until the middleware says it is answered
-        self._tail = seen[-3:]
+        if began:  # bytes after a complete head (empty lines too): the next one is owed
+            self._arm()
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -475,7 +521,7 @@ class _Guard(asyncio.Protocol):
 
     def _expired(self) -> None:
         self._timer = None
-        if self.transport is not None and self._in_head:
+        if self.transport is not None and self._heads.owed:
             _LOG.debug("HTTP connection closed: no complete request head in time")
             self.transport.close()
 
