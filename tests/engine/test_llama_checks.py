@@ -78,12 +78,7 @@ class Running(RunningRuntime):
             self.changes.append((address, t))
 
     def endpoint(self, server: LlamaServer) -> Any:
-        (found,) = [
-            e
-            for e in self.runtime.control.snapshot().clusters["llama"].endpoints
-            if e.spec.address == server.address
-        ]
-        return found
+        return self.runtime.control.snapshot().endpoint("llama", server.address)
 
     async def wait_state(
         self, server: LlamaServer, state: State, within: float, cause: Cause | None = None

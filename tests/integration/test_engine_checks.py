@@ -54,12 +54,7 @@ def runtime_for(sims: list[SimProcess], every: str = "3s", expect: str | None = 
 
 
 def endpoint(runtime: Runtime, sim: SimProcess) -> Any:
-    (found,) = [
-        e
-        for e in runtime.control.snapshot().clusters["llama"].endpoints
-        if e.spec.address == sim.address
-    ]
-    return found
+    return runtime.control.snapshot().endpoint("llama", sim.address)
 
 
 class Running(RunningRuntime):

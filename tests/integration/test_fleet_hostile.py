@@ -120,8 +120,7 @@ class Replica:
         return {e.spec.address: e.state for e in cluster.endpoints}
 
     def endpoint(self, address: str) -> Any:
-        cluster = self.running.runtime.control.snapshot().clusters["c"]
-        return next(e for e in cluster.endpoints if e.spec.address == address)
+        return self.running.runtime.control.snapshot().endpoint("c", address)
 
     async def watch(self, session: aiohttp.ClientSession) -> None:
         while True:

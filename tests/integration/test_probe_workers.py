@@ -48,12 +48,7 @@ def runtime_for(sims: list[SimProcess]) -> Runtime:
 
 
 def state_of(runtime: Runtime, sim: SimProcess) -> Any:
-    (found,) = [
-        e
-        for e in runtime.control.snapshot().clusters["llama"].endpoints
-        if e.spec.address == sim.address
-    ]
-    return found
+    return runtime.control.snapshot().endpoint("llama", sim.address)
 
 
 def alive(pid: int) -> bool:

@@ -23,8 +23,7 @@ def probe(board: Board, address: str, now: float, outcome: Outcome = Outcome.FAS
 
 
 def seen(board: Board, address: str):  # type: ignore[no-untyped-def]
-    (found,) = [e for e in board.snapshot().clusters["c"].endpoints if e.spec.address == address]
-    return found
+    return board.snapshot().endpoint("c", address)
 
 
 def healthy_board() -> Board:
