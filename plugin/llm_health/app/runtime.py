@@ -34,7 +34,7 @@ from llm_health.app.live import LiveConfig
 from llm_health.app.probing import ProbeSlots, bound_port, probe_scheduler
 from llm_health.config import Config
 from llm_health.config.apart import load_config_off_loop
-from llm_health.config.loader import MAX_FILE_BYTES, open_regular
+from llm_health.config.reading import MAX_FILE_BYTES, open_regular
 from llm_health.core.component import Component, Preparing, SkipRule
 from llm_health.core.control import ProberStats
 from llm_health.errors import ConfigError

@@ -19,7 +19,8 @@ from typing import Any
 from pydantic import Field
 
 from llm_health.agent.settings import AgentSettings
-from llm_health.config.loader import FileModel, Problem, Redact, load_file, parse_file
+from llm_health.config.loader import FileModel, Redact, load_file, parse_file
+from llm_health.config.rules import Problem
 from llm_health.config.schema import Config, ProbeSettings, secrets_of
 from llm_health.core.addresses import split_address
 from llm_health.core.settings import Frozen
