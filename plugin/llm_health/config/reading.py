@@ -2,11 +2,12 @@
 
 A FIFO's open would wait for a writer, forever, and a device's data never ends: those (and
 directories, sockets) are refused before any read (docs/design.md §7.11). Used by the
-loader and by the reload watcher's fingerprint.
+loader, and by the reload watcher (``fingerprint``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from pathlib import Path
@@ -68,3 +69,20 @@ def _refuse_irregular(file: Path, mode: int) -> None:
 
 def too_big(size: int) -> str:
     return f"the file is larger than the limit of {MAX_FILE_BYTES} bytes (4 MiB): {size} bytes"
+
+
+def fingerprint(path: Path | None) -> bytes | None:
+    """The config file's content hash (None if absent/unreadable, or not a regular file:
+    a FIFO's open would hold this worker thread forever): a touch without a change does
+    not reload; an editor's atomic rename does."""
+    if path is None:
+        return None
+    try:
+        with open_regular(path) as handle:
+            # Bounded: a file over the loader's limit is hashed on its first bytes and its
+            # size (the reload that follows is rejected by the loader anyway).
+            head = handle.read(MAX_FILE_BYTES + 1)
+            size = os.fstat(handle.fileno()).st_size
+    except (OSError, ConfigError):
+        return None
+    return hashlib.sha256(head + size.to_bytes(8, "big")).digest()

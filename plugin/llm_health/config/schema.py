@@ -393,6 +393,10 @@ class Config(Frozen):
             found[cluster.name] = in_force(probe.verify, probe.engine_metrics)
         return found
 
+    def discovery(self) -> tuple[DnsConfig, dict[str, DiscoveryConfig]]:
+        """What ``DiscoveryComponent`` reads: ``dns`` and ``discoveries()``."""
+        return self.dns, self.discoveries()
+
     def discoveries(self) -> dict[str, DiscoveryConfig]:
         """Every cluster's ``discovery:`` by the cluster's name (the section, under
         ``clusters[]``, does not carry it), in the file's order."""
