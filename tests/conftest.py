@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import AsyncIterator, Generator, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,66 @@ async def sim(request: pytest.FixtureRequest) -> AsyncIterator[SimHandle]:
     )
     async with running_sim(config) as handle:
         yield handle
+
+
+@dataclass(frozen=True, slots=True)
+class SimsWanted:
+    """What the nearest ``@pytest.mark.sims(count, *args, prefix=..., per_module=...,
+    reset=...)`` asks of the ``sims`` fixture."""
+
+    count: int
+    args: tuple[str, ...]
+    prefix: str = "sim"
+    per_module: bool = False  # started once for the module (else for each test)
+    reset: bool = False  # per_module ones back to how they came up before each test
+
+    @classmethod
+    def of(cls, request: pytest.FixtureRequest) -> SimsWanted:
+        marker = request.node.get_closest_marker("sims")
+        if marker is None:
+            pytest.fail("the sims fixture needs @pytest.mark.sims(count, *args)")
+        count, *args = marker.args
+        return cls(count, tuple(args), **marker.kwargs)
+
+
+@pytest.fixture(scope="module")
+def module_sims(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Callable[[SimsWanted], list[SimProcess]]]:
+    """The simulators ``sims`` keeps for a whole module (``per_module=True``), started
+    when first asked for, one set per different ask; all stopped after the module."""
+    made: dict[SimsWanted, list[SimProcess]] = {}
+    with contextlib.ExitStack() as stack:
+
+        def get(wanted: SimsWanted) -> list[SimProcess]:
+            if wanted not in made:
+                workdir = tmp_path_factory.mktemp("sims")
+                started = running_sims(workdir, wanted.prefix, wanted.count, *wanted.args)
+                made[wanted] = stack.enter_context(started)
+            return made[wanted]
+
+        yield get
+
+
+@pytest.fixture
+def sims(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    module_sims: Callable[[SimsWanted], list[SimProcess]],
+) -> Iterator[list[SimProcess]]:
+    """``llm-health sim`` processes, each up before the test starts: as many, with the
+    arguments, of the nearest ``@pytest.mark.sims(count, *args)`` (a test's, else its
+    module's ``pytestmark``); ``per_module=True`` shares them between the module's tests."""
+    wanted = SimsWanted.of(request)
+    if not wanted.per_module:
+        with running_sims(tmp_path, wanted.prefix, wanted.count, *wanted.args) as started:
+            yield started
+        return
+    started = module_sims(wanted)
+    if wanted.reset:
+        for sim in started:
+            sim.reset()
+    yield started
 
 
 @pytest.fixture

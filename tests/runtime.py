@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import Self
+from typing import Any, Self
 
 from llm_health.app.assemble import build_runtime
 from llm_health.app.runtime import Runtime
 from llm_health.config import parse_config
+from tests.configs import Endpoints, plugin_yaml
 from tests.hangs import task_stacks
 from tests.polling import wait_until_async
 
@@ -30,6 +31,12 @@ def runtime_from(
     """The runtime ``llm-health serve`` would build from a file with ``text`` (``environ``
     for its ``${VAR}`` references), not started."""
     return build_runtime(parse_config(text, source, environ or {}))
+
+
+def runtime_for(endpoints: Endpoints, source: str = "test.yaml", **settings: Any) -> Runtime:
+    """The runtime of a ``plugin_yaml(endpoints, **settings)`` file named ``source``, not
+    started (each test module keeps its own settings; this builds them one way)."""
+    return runtime_from(plugin_yaml(endpoints, **settings), source)
 
 
 class Running:

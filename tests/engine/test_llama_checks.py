@@ -16,50 +16,31 @@ from typing import Any
 
 import pytest
 
-from llm_health.app.assemble import build_runtime
 from llm_health.app.runtime import Runtime
-from llm_health.config import parse_config
 from llm_health.model.causes import Cause
 from llm_health.model.machine import Transition
 from llm_health.model.outcome import ProbeResult
 from llm_health.model.states import State
 from tests.engine.llama import DEFAULT_ALIAS, LlamaServer, StartServer
 from tests.polling import wait_until_async
-from tests.ports import free_port
 from tests.runtime import Running as RunningRuntime
+from tests.runtime import runtime_for
 
 SOAK_S = float(os.environ.get("LLM_HEALTH_ENGINE_SOAK", "300"))
 pytestmark = pytest.mark.timeout(SOAK_S + 120)
 
-CONFIG = """
-server: {{grpc: "127.0.0.1:{grpc}", http: "127.0.0.1:{http}"}}
-probe:
-  api: {api}
-  interval: 1s
-  timeout: 5s
-  healthy_ttft: 2s
-  healthy_after: 2
-  verify: {{every: {every}}}
-clusters:
-  - name: llama
-    model: {model}
-    endpoints: [{endpoints}]
-"""
 
-
-def runtime_for(
-    servers: list[LlamaServer], *, every: str = "3s", api: str = "openai-completions"
-) -> Runtime:
-    endpoints = ", ".join(f'{{address: "{s.address}"}}' for s in servers)
-    text = CONFIG.format(
-        grpc=free_port(),
-        http=free_port(),
-        api=api,
-        every=every,
-        model=DEFAULT_ALIAS,
-        endpoints=endpoints,
-    )
-    return build_runtime(parse_config(text, "llama.yaml", {}))
+def llama(every: str = "3s", api: str = "openai-completions") -> dict[str, Any]:
+    """The module's settings: known-answer probes every ``every`` on ``api``."""
+    probe = {
+        "api": api,
+        "interval": "1s",
+        "timeout": "5s",
+        "healthy_ttft": "2s",
+        "healthy_after": 2,
+        "verify": {"every": every},
+    }
+    return {"cluster_keys": {"model": DEFAULT_ALIAS}, "probe": probe}
 
 
 class Running(RunningRuntime):
@@ -78,12 +59,7 @@ class Running(RunningRuntime):
             self.changes.append((address, t))
 
     def endpoint(self, server: LlamaServer) -> Any:
-        (found,) = [
-            e
-            for e in self.runtime.control.snapshot().clusters["llama"].endpoints
-            if e.spec.address == server.address
-        ]
-        return found
+        return self.runtime.control.snapshot().endpoint("llama", server.address)
 
     async def wait_state(
         self, server: LlamaServer, state: State, within: float, cause: Cause | None = None
@@ -104,7 +80,7 @@ async def test_the_server_with_another_model_is_the_odd_one_out(
 ) -> None:
     same = [llama_server(seed=1), llama_server(seed=1)]
     other = llama_server(seed=2)
-    async with Running(runtime_for([*same, other])) as running:
+    async with Running(runtime_for([*same, other], "llama.yaml", **llama())) as running:
         out = await running.wait_state(other, State.UNHEALTHY, 20, Cause.WRONG_ANSWER)
         assert "wrong answer:" in out.reason and "majority says" in out.reason, out.reason
         for server in same:
@@ -120,7 +96,9 @@ async def test_three_identical_servers_never_get_a_false_verdict(
     llama_server: StartServer,
 ) -> None:
     servers = [llama_server(seed=1) for _ in range(3)]
-    async with Running(runtime_for(servers, every="5s", api="openai-chat")) as running:
+    async with Running(
+        runtime_for(servers, "llama.yaml", **llama(every="5s", api="openai-chat"))
+    ) as running:
         for server in servers:
             await running.wait_state(server, State.HEALTHY, 20)
         started = time.monotonic()
@@ -139,7 +117,7 @@ async def test_three_identical_servers_never_get_a_false_verdict(
 
 async def test_a_frozen_server_is_taken_out_and_comes_back(llama_server: StartServer) -> None:
     servers = [llama_server(seed=1) for _ in range(3)]
-    async with Running(runtime_for(servers, every="30s")) as running:
+    async with Running(runtime_for(servers, "llama.yaml", **llama(every="30s"))) as running:
         for server in servers:
             await running.wait_state(server, State.HEALTHY, 20)
         servers[0].pause()
@@ -160,7 +138,7 @@ async def test_probes_on_both_apis_are_fast_and_answers_are_read(
     llama_server: StartServer, api: str
 ) -> None:
     servers = [llama_server(seed=1) for _ in range(3)]
-    async with Running(runtime_for(servers, every="2s", api=api)) as running:
+    async with Running(runtime_for(servers, "llama.yaml", **llama(every="2s", api=api))) as running:
         for server in servers:
             await running.wait_state(server, State.HEALTHY, 20)
         await wait_until_async(

@@ -8,7 +8,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,10 +31,13 @@ from llm_health.servers.grpc import start_grpc_server
 from llm_health.xds.resources import TYPE_URL
 from tests.configs import plugin_yaml
 from tests.ports import free_port
-from tests.processes import SimProcess, running_sims
+from tests.processes import SimProcess
 from tests.runtime import Running
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [
+    pytest.mark.timeout(60),
+    pytest.mark.sims(2, "--ttft", "20ms", prefix="", per_module=True),
+]
 TOKEN = "test-token-0123456789abcdef"
 ADMIN_REFUSED = "admin call rejected: missing or wrong bearer token"
 CLUSTER = "llama"
@@ -51,13 +54,7 @@ class Admin:
     metadata: tuple[tuple[str, str], ...] = ()
 
 
-@pytest.fixture(scope="module")
-def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SimProcess, SimProcess]]:
-    with running_sims(tmp_path_factory.mktemp("sims"), "", 2, "--ttft", "20ms") as (a, b):
-        yield a, b
-
-
-def started(sims: tuple[SimProcess, SimProcess], admin: dict[str, str] | None = None) -> Running:
+def started(sims: list[SimProcess], admin: dict[str, str] | None = None) -> Running:
     """The runtime probing both simulators once a minute; ``admin``: its ``admin:`` section."""
     text = plugin_yaml(
         sims,
@@ -69,7 +66,7 @@ def started(sims: tuple[SimProcess, SimProcess], admin: dict[str, str] | None = 
 
 
 @pytest.fixture
-async def running(sims: tuple[SimProcess, SimProcess]) -> AsyncIterator[Admin]:
+async def running(sims: list[SimProcess]) -> AsyncIterator[Admin]:
     async with started(sims) as run:
         runtime = (await run.ready()).runtime
         async with grpc.aio.insecure_channel(f"127.0.0.1:{runtime.grpc_port}") as channel:
@@ -273,7 +270,7 @@ async def test_watch_unknown_cluster(running: Admin) -> None:
 
 
 async def test_token_required_for_every_method_but_not_for_xds(
-    sims: tuple[SimProcess, SimProcess],
+    sims: list[SimProcess],
 ) -> None:
     async with started(sims, admin={"token": TOKEN}) as run:
         runtime = (await run.ready()).runtime
@@ -345,7 +342,7 @@ async def test_a_flood_of_wrong_tokens_is_counted_and_logged_once_per_peer_host(
 
 
 async def test_own_bind_moves_the_api_off_the_xds_server(
-    sims: tuple[SimProcess, SimProcess],
+    sims: list[SimProcess],
 ) -> None:
     port = free_port()
     async with started(sims, admin={"grpc": f"127.0.0.1:{port}"}) as run:

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llm_health.config.loader import MAX_FILE_BYTES
 from llm_health.config.messages import MAX_MESSAGES
+from llm_health.config.reading import MAX_FILE_BYTES
 from tests.polling import wait_until
 from tests.processes import ROOT, PluginProcess, SimProcess, _env
 

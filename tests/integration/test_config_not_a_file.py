@@ -182,7 +182,7 @@ STUCK_WORKER = textwrap.dedent(
     import llm_health.app.runtime as runtime
     from llm_health.cli import main
 
-    first = runtime._fingerprint
+    first = runtime.fingerprint
     calls = []
 
     def stuck(path):  # the first call answers; the next never returns (a hung open)
@@ -192,7 +192,7 @@ STUCK_WORKER = textwrap.dedent(
             threading.Event().wait()
         return first(path)
 
-    runtime._fingerprint = stuck
+    runtime.fingerprint = stuck
     sys.exit(main(sys.argv[1:]))
     """
 )

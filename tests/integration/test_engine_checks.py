@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -14,33 +14,19 @@ import pytest
 from llm_health.app.runtime import Runtime
 from llm_health.model.causes import Cause
 from llm_health.model.states import State
-from tests.configs import plugin_yaml
 from tests.polling import wait_until_async
-from tests.processes import SimProcess, running_sims
+from tests.processes import SimProcess
 from tests.runtime import Running as RunningRuntime
-from tests.runtime import runtime_from
+from tests.runtime import runtime_for
+
+# The module's three simulators, each as it came up before every test (faults undone).
+SIM_ARGS = ("--ttft", "20ms")
+SHARED: dict[str, Any] = {"prefix": "engine", "per_module": True, "reset": True}
+pytestmark = pytest.mark.sims(3, *SIM_ARGS, **SHARED)
 
 
-@pytest.fixture(scope="module")
-def started_sims(
-    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-) -> Iterator[list[SimProcess]]:
-    """Three simulators for the module's tests (``request.param``: more arguments)."""
-    extra: tuple[str, ...] = getattr(request, "param", ())
-    workdir = tmp_path_factory.mktemp("engines")
-    with running_sims(workdir, "engine", 3, "--ttft", "20ms", *extra) as started:
-        yield started
-
-
-@pytest.fixture
-def sims(started_sims: list[SimProcess]) -> list[SimProcess]:
-    """The module's simulators, each as it came up (faults of the last test undone)."""
-    for sim in started_sims:
-        sim.reset()
-    return started_sims
-
-
-def runtime_for(sims: list[SimProcess], every: str = "3s", expect: str | None = None) -> Runtime:
+def engine_settings(every: str = "3s", expect: str | None = None) -> dict[str, Any]:
+    """The module's settings: the engine checks every ``every``, known answer ``expect``."""
     probe = {
         "interval": "500ms",
         "timeout": "800ms",
@@ -49,17 +35,11 @@ def runtime_for(sims: list[SimProcess], every: str = "3s", expect: str | None = 
         "verify": {"every": every, "expect": expect},
         "engine_metrics": {"interval": "300ms"},
     }
-    text = plugin_yaml(sims, cluster_keys={"model": "sim-model"}, probe=probe)
-    return runtime_from(text, "engines.yaml")
+    return {"cluster_keys": {"model": "sim-model"}, "probe": probe}
 
 
 def endpoint(runtime: Runtime, sim: SimProcess) -> Any:
-    (found,) = [
-        e
-        for e in runtime.control.snapshot().clusters["llama"].endpoints
-        if e.spec.address == sim.address
-    ]
-    return found
+    return runtime.control.snapshot().endpoint("llama", sim.address)
 
 
 class Running(RunningRuntime):
@@ -103,7 +83,7 @@ async def wait_probes(
 async def test_garbage_output_takes_one_endpoint_out_within_every_plus_2s(
     sims: list[SimProcess],
 ) -> None:
-    async with Running(runtime_for(sims, every="3s")) as running:
+    async with Running(runtime_for(sims, "engines.yaml", **engine_settings(every="3s"))) as running:
         await running.all_healthy(sims)
         await set_fault(sims[0], fault="garbage_tokens")
         started = time.monotonic()
@@ -126,7 +106,9 @@ async def test_garbage_output_takes_one_endpoint_out_within_every_plus_2s(
 async def test_expect_misses_take_it_out_after_the_confirming_check(
     sims: list[SimProcess],
 ) -> None:
-    async with Running(runtime_for(sims, every="3s", expect="Paris")) as running:
+    async with Running(
+        runtime_for(sims, "engines.yaml", **engine_settings(every="3s", expect="Paris"))
+    ) as running:
         await running.all_healthy(sims)
         await set_fault(sims[1], answer=" London is big")
         out = await running.wait_state(sims[1], State.UNHEALTHY, 3 + 3, Cause.WRONG_ANSWER)
@@ -138,7 +120,7 @@ async def test_expect_misses_take_it_out_after_the_confirming_check(
 
 
 async def test_the_odd_answer_out_of_three_is_a_wrong_answer(sims: list[SimProcess]) -> None:
-    async with Running(runtime_for(sims, every="3s")) as running:
+    async with Running(runtime_for(sims, "engines.yaml", **engine_settings(every="3s"))) as running:
         await running.all_healthy(sims)
         # Another model: a different answer, and " Paris" not among its alternatives.
         await set_fault(sims[2], answer=" Rome is old", top_alternatives=[" Milan", " the"])
@@ -153,7 +135,7 @@ async def test_the_odd_answer_out_of_three_is_a_wrong_answer(sims: list[SimProce
 async def test_a_different_answer_whose_alternatives_hold_the_majority_is_no_miss(
     sims: list[SimProcess],
 ) -> None:
-    async with Running(runtime_for(sims, every="1s")) as running:
+    async with Running(runtime_for(sims, "engines.yaml", **engine_settings(every="1s"))) as running:
         await running.all_healthy(sims)
         faulted = time.time()
         await set_fault(sims[2], answer=" Lyon is near", top_alternatives=[" Paris", " the"])
@@ -165,7 +147,7 @@ async def test_a_different_answer_whose_alternatives_hold_the_majority_is_no_mis
 
 
 async def test_wrong_served_model_is_unhealthy_with_both_names(sims: list[SimProcess]) -> None:
-    async with Running(runtime_for(sims, every="2s")) as running:
+    async with Running(runtime_for(sims, "engines.yaml", **engine_settings(every="2s"))) as running:
         await running.all_healthy(sims)
         await set_fault(sims[0], served_model="llama-3-8b-base")
         out = await running.wait_state(sims[0], State.UNHEALTHY, 2 + 3, Cause.WRONG_MODEL)
@@ -177,7 +159,9 @@ async def test_wrong_served_model_is_unhealthy_with_both_names(sims: list[SimPro
 async def test_saturated_metrics_degrade_and_normal_metrics_restore(
     sims: list[SimProcess],
 ) -> None:
-    async with Running(runtime_for(sims, every="30s")) as running:
+    async with Running(
+        runtime_for(sims, "engines.yaml", **engine_settings(every="30s"))
+    ) as running:
         await running.all_healthy(sims)
         await set_fault(sims[0], metrics_waiting=12)
         started = time.monotonic()
@@ -192,7 +176,9 @@ async def test_saturated_metrics_degrade_and_normal_metrics_restore(
 
 @pytest.mark.parametrize("mode", ["404", "garbage"])
 async def test_unreadable_metrics_change_nothing(sims: list[SimProcess], mode: str) -> None:
-    async with Running(runtime_for(sims, every="30s")) as running:
+    async with Running(
+        runtime_for(sims, "engines.yaml", **engine_settings(every="30s"))
+    ) as running:
         await running.all_healthy(sims)
         await set_fault(sims[0], metrics=mode)
 
@@ -205,9 +191,11 @@ async def test_unreadable_metrics_change_nothing(sims: list[SimProcess], mode: s
         assert found.state is State.HEALTHY and found.limits == {}
 
 
-@pytest.mark.parametrize("started_sims", [("--engine", "llamacpp")], indirect=True)
+@pytest.mark.sims(3, *SIM_ARGS, "--engine", "llamacpp", **SHARED)
 async def test_detected_llamacpp_gets_cache_prompt_false(sims: list[SimProcess]) -> None:
-    async with Running(runtime_for(sims, every="30s")) as running:
+    async with Running(
+        runtime_for(sims, "engines.yaml", **engine_settings(every="30s"))
+    ) as running:
         await running.all_healthy(sims)
         checks = running.runtime.component_status()["engines"]["endpoints"]
         assert checks[f"llama/{sims[0].address}"]["engine"] == "llamacpp", checks
@@ -226,10 +214,10 @@ def test_metrics_reads_are_stretched_to_the_budget() -> None:
     many = [SimProcess.__new__(SimProcess) for _ in range(1000)]
     for index, sim in enumerate(many):
         sim.host, sim.port = "127.0.0.1", 10_000 + index
-    runtime = runtime_for(many)
+    runtime = runtime_for(many, "engines.yaml", **engine_settings())
     (checks,) = [c for c in runtime.components if isinstance(c, EngineChecks)]
     stretched = checks.status()["metrics_min_interval_s"]
     assert stretched == pytest.approx(1000 / MAX_METRICS_READS_PER_S)
-    few = runtime_for(many[:3])
+    few = runtime_for(many[:3], "engines.yaml", **engine_settings())
     (checks,) = [c for c in few.components if isinstance(c, EngineChecks)]
     assert checks.status()["metrics_min_interval_s"] < 0.3  # the configured 300 ms holds

@@ -42,12 +42,16 @@ from llm_health.model.outcome import Outcome
 from llm_health.model.states import State
 from tests.polling import wait_until_async
 from tests.ports import free_port
-from tests.processes import SimProcess, running_sims
+from tests.processes import SimProcess
 from tests.redis_server import RedisServer
 from tests.runtime import Running
 
 # alone: /livez (or the agent's answers) timed against tight bounds while the attack runs
-pytestmark = [pytest.mark.timeout(90), pytest.mark.alone]
+pytestmark = [
+    pytest.mark.timeout(90),
+    pytest.mark.alone,
+    pytest.mark.sims(4, "--ttft", "30ms", prefix="fleet-", per_module=True),
+]
 
 SECRET = "hostile-fleet-redis-secret"
 PREFIX = "llmh:{hostile}"
@@ -76,12 +80,6 @@ clusters:
   - name: c
     endpoints: [{endpoints}]
 """
-
-
-@pytest.fixture(scope="module")
-def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[SimProcess]]:
-    with running_sims(tmp_path_factory.mktemp("sims"), "fleet-", 4, "--ttft", "30ms") as made:
-        yield made
 
 
 @pytest.fixture
@@ -120,8 +118,7 @@ class Replica:
         return {e.spec.address: e.state for e in cluster.endpoints}
 
     def endpoint(self, address: str) -> Any:
-        cluster = self.running.runtime.control.snapshot().clusters["c"]
-        return next(e for e in cluster.endpoints if e.spec.address == address)
+        return self.running.runtime.control.snapshot().endpoint("c", address)
 
     async def watch(self, session: aiohttp.ClientSession) -> None:
         while True:

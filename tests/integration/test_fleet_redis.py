@@ -21,11 +21,10 @@ from llm_health.fleet.store import FleetStore
 from llm_health.fleet.wire import Action, Verdict, decode_stored, verdict_body
 from llm_health.model.causes import Cause
 from llm_health.model.states import State
-from tests.configs import plugin_yaml
 from tests.polling import wait_until_async
 from tests.ports import free_port
 from tests.redis_server import RedisServer
-from tests.runtime import runtime_from
+from tests.runtime import runtime_for
 
 KEY = endpoint_key("c", "127.0.0.1:8000")
 
@@ -205,7 +204,7 @@ async def test_a_member_that_stops_vouching_is_evicted_after_fresh(
 # --- a replica's component ---------------------------------------------------------------
 
 
-def runtime_for(url: str, member: str, member_ttl: str = "600ms") -> tuple[object, FleetComponent]:
+def replica(url: str, member: str, member_ttl: str = "600ms") -> tuple[object, FleetComponent]:
     fleet = {
         "redis": url,
         "name": "it",
@@ -213,8 +212,8 @@ def runtime_for(url: str, member: str, member_ttl: str = "600ms") -> tuple[objec
         "heartbeat": "200ms",
         "member_ttl": member_ttl,
     }
-    text = plugin_yaml(["127.0.0.1:8000", "127.0.0.2:8000"], cluster="c", listen=False, fleet=fleet)
-    runtime = runtime_from(text, "t.yaml")
+    endpoints = ["127.0.0.1:8000", "127.0.0.2:8000"]
+    runtime = runtime_for(endpoints, "t.yaml", cluster="c", listen=False, fleet=fleet)
     component = next(c for c in runtime.components if isinstance(c, FleetComponent))
     return runtime, component
 
@@ -222,7 +221,7 @@ def runtime_for(url: str, member: str, member_ttl: str = "600ms") -> tuple[objec
 async def test_hostile_redis_contents_are_refused_not_applied(
     redis_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    runtime, fleet = runtime_for(redis_url, "solo")
+    runtime, fleet = replica(redis_url, "solo")
     client = sync_redis.Redis.from_url(redis_url)
     prefix = "llmh:{it}"
     client.hset(f"{prefix}:verdicts", KEY, b"\xff" * 10)
@@ -268,7 +267,7 @@ async def cancel_all(tasks: list[asyncio.Task[None]]) -> None:
 async def test_unreachable_redis_at_start_is_a_clear_fallback(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    runtime, fleet = runtime_for(f"redis://127.0.0.1:{free_port()}/0", "lonely")
+    runtime, fleet = replica(f"redis://127.0.0.1:{free_port()}/0", "lonely")
     with caplog.at_level(logging.WARNING, logger="llm_health"):
         await fleet.prepare()
     assert fleet.mode == "fallback"
@@ -286,7 +285,7 @@ async def test_an_evicted_member_publishes_what_it_owns_again_in_its_new_epoch(
     """Evicted (its heartbeat late past member_ttl) and back with a new epoch, a replica
     publishes every endpoint it owns again: readers apply only an owner's current epoch,
     so a verdict left in its former one would never reach them (docs/design.md §12.5)."""
-    _runtime, fleet = runtime_for(redis_url, "solo")
+    _runtime, fleet = replica(redis_url, "solo")
     client = sync_redis.Redis.from_url(redis_url)
     prefix = "llmh:{it}"
     keys = ("c|127.0.0.1:8000", "c|127.0.0.2:8000")
@@ -323,7 +322,7 @@ async def test_a_member_whose_loop_is_busy_past_member_ttl_is_not_evicted(
     loop kept busy longer than ``member_ttl`` (a burst of first probes at start or after
     a takeover) does not cost the member its place, its epoch and a publish of every
     verdict it owns. Before, the loop's own heartbeat came too late and it was evicted."""
-    _runtime, fleet = runtime_for(redis_url, "busy", member_ttl="900ms")
+    _runtime, fleet = replica(redis_url, "busy", member_ttl="900ms")
     client = sync_redis.Redis.from_url(redis_url)
     await fleet.prepare()
     first = fleet.status()["epoch"]

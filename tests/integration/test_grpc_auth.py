@@ -23,7 +23,7 @@ import logging
 import shutil
 import subprocess
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +51,13 @@ from llm_health.xds.runtime import RUNTIME_TYPE_URL
 from tests.configs import Endpoints, plugin_yaml
 from tests.polling import wait_until_async
 from tests.ports import free_port
-from tests.processes import SimProcess, http_json, running_sims
+from tests.processes import SimProcess, http_json
 from tests.runtime import Running
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [
+    pytest.mark.timeout(90),
+    pytest.mark.sims(3, "--ttft", "20ms", prefix="s", per_module=True),
+]
 
 TOKEN = "s3cret-token-0123456789abcdef"
 WRONG = "wrong-token-0123456789abcdef"
@@ -445,12 +448,6 @@ async def test_mutual_tls_requires_a_client_certificate(pki: dict[str, Path]) ->
 
 
 # --------------------------------------------------------------------------- the finding
-
-
-@pytest.fixture(scope="module")
-def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[SimProcess]]:
-    with running_sims(tmp_path_factory.mktemp("sims"), "s", 3, "--ttft", "20ms") as started:
-        yield started
 
 
 class FakeGateways:

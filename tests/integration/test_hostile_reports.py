@@ -26,7 +26,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -53,7 +53,11 @@ from tests.ports import free_port
 from tests.processes import SimProcess
 
 # alone: /livez (or the agent's answers) timed against tight bounds while the attack runs
-pytestmark = [pytest.mark.timeout(90), pytest.mark.alone]
+pytestmark = [
+    pytest.mark.timeout(90),
+    pytest.mark.alone,
+    pytest.mark.sims(3, "--ttft", "20ms", prefix="r", per_module=True),
+]
 
 SECRET = "probe-secret-5f0c2a9e7d31"
 SOLO, TRIO = "solo", "llama"  # "llama": the cluster FakeGateways' ADS streams ask for
@@ -63,19 +67,6 @@ MAX_LIVEZ_S = 0.1
 LIVEZ_EVERY_S = 0.05
 MAX_LOG_BYTES = 20_000
 OUT = (State.UNHEALTHY, State.DEGRADED)
-
-
-@pytest.fixture(scope="module")
-def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[SimProcess]]:
-    workdir = tmp_path_factory.mktemp("sims")
-    started = [SimProcess(workdir, f"r{i}", "--ttft", "20ms") for i in range(3)]
-    try:
-        for process in started:
-            process.wait_up()
-        yield started
-    finally:
-        for process in started:
-            process.stop()
 
 
 def config_text(sims: list[SimProcess], server: str = "") -> str:

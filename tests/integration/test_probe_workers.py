@@ -11,8 +11,6 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,11 +18,11 @@ import pytest
 from llm_health.app.runtime import Runtime
 from llm_health.model.causes import Cause
 from llm_health.model.states import State
-from tests.configs import plugin_yaml
 from tests.polling import wait_until_async
-from tests.processes import SimProcess, running_sims
-from tests.runtime import Running, runtime_from
+from tests.processes import SimProcess
+from tests.runtime import Running, runtime_for
 
+pytestmark = pytest.mark.sims(3, "--ttft", "20ms", prefix="w")
 PROBE = {
     "interval": "300ms",
     "timeout": "800ms",
@@ -34,26 +32,15 @@ PROBE = {
 }
 
 
-@pytest.fixture
-def sims(tmp_path: Path) -> Iterator[list[SimProcess]]:
-    with running_sims(tmp_path, "w", 3, "--ttft", "20ms") as started:
-        yield started
-
-
-def runtime_for(sims: list[SimProcess]) -> Runtime:
-    text = plugin_yaml(
-        sims, cluster_keys={"model": "sim-model"}, server={"probe_workers": 2}, probe=PROBE
-    )
-    return runtime_from(text, "workers.yaml")
+WORKERS: dict[str, Any] = {
+    "cluster_keys": {"model": "sim-model"},
+    "server": {"probe_workers": 2},
+    "probe": PROBE,
+}
 
 
 def state_of(runtime: Runtime, sim: SimProcess) -> Any:
-    (found,) = [
-        e
-        for e in runtime.control.snapshot().clusters["llama"].endpoints
-        if e.spec.address == sim.address
-    ]
-    return found
+    return runtime.control.snapshot().endpoint("llama", sim.address)
 
 
 def alive(pid: int) -> bool:
@@ -74,7 +61,7 @@ async def until(runtime: Runtime, sim: SimProcess, state: State, within: float) 
 
 @pytest.mark.alone  # a hang out within interval + two timeouts: timed
 async def test_workers_give_the_same_verdicts(sims: list[SimProcess]) -> None:
-    runtime = runtime_for(sims)
+    runtime = runtime_for(sims, "workers.yaml", **WORKERS)
     changes: list[tuple[str, str, str]] = []
     runtime.control.on_transition(
         lambda _c, a, t, _r: (
@@ -109,7 +96,7 @@ async def test_workers_give_the_same_verdicts(sims: list[SimProcess]) -> None:
 
 
 async def test_a_killed_worker_is_replaced_without_a_verdict(sims: list[SimProcess]) -> None:
-    runtime = runtime_for(sims)
+    runtime = runtime_for(sims, "workers.yaml", **WORKERS)
     changes: list[str] = []
     runtime.control.on_transition(
         lambda _c, a, t, _r: (

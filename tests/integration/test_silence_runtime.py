@@ -16,10 +16,9 @@ from llm_health.model.causes import Cause
 from llm_health.model.machine import Transition
 from llm_health.model.outcome import ProbeResult
 from llm_health.model.states import State
-from tests.configs import plugin_yaml
 from tests.polling import wait_until_async
 from tests.processes import SimProcess
-from tests.runtime import Running, runtime_from
+from tests.runtime import Running, runtime_for
 
 # alone: the silent endpoint must be out 0.8-1.3 s after it went silent.
 pytestmark = [pytest.mark.sim_args("--ttft", "30ms"), pytest.mark.alone]
@@ -64,10 +63,6 @@ async def run_until(
             watcher.cancel()
 
 
-def runtime_for(sim: SimProcess, **probe: object) -> Runtime:
-    return runtime_from(plugin_yaml([sim], probe={**PROBE, **probe}), "silence.yaml")
-
-
 class Once:
     """Inject a fault once, when ``ready()`` first holds (off the loop: it is HTTP)."""
 
@@ -83,7 +78,7 @@ class Once:
 async def test_a_hang_degrades_at_silence_and_is_out_one_timeout_later(
     sim_process: SimProcess,
 ) -> None:
-    runtime = runtime_for(sim_process)
+    runtime = runtime_for([sim_process], "silence.yaml", probe=PROBE)
     recorder = Recorder(runtime)
     hang = Once(sim_process, fault="hang_after_headers")
 
@@ -111,7 +106,7 @@ async def test_a_hang_degrades_at_silence_and_is_out_one_timeout_later(
 async def test_a_late_token_that_counts_fast_restores_the_endpoint(sim_process: SimProcess) -> None:
     """silence_degrade 2: silent at twice the recent TTFT (30 ms -> 60 ms); a token at
     150 ms is late for that but FAST by healthy_ttft: the early verdict is undone."""
-    runtime = runtime_for(sim_process, silence_degrade=2)
+    runtime = runtime_for([sim_process], "silence.yaml", probe={**PROBE, "silence_degrade": 2})
     recorder = Recorder(runtime)
     slower = Once(sim_process, fault="none", ttft="150ms")
 

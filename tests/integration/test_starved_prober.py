@@ -12,28 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from llm_health.model.states import State
 from tests.configs import plugin_yaml
 from tests.polling import wait_until_async
-from tests.processes import SimProcess, running_sims
+from tests.processes import SimProcess
 from tests.runtime import Running
 
 PROBE = {"interval": "200ms", "timeout": "500ms", "healthy_ttft": "150ms", "model": "sim-model"}
 # alone: it starves its own event loop on purpose; a loaded machine would add to it.
-pytestmark = pytest.mark.alone
+pytestmark = [pytest.mark.alone, pytest.mark.sims(3, "--ttft", "30ms", prefix="starved-")]
 BLOCK_S = 0.7  # longer than the timeout: probes in flight then read TIMEOUT
 BLOCKS = 8
-
-
-@pytest.fixture
-def sims(tmp_path: Path) -> Iterator[list[SimProcess]]:
-    with running_sims(tmp_path, "starved-", 3, "--ttft", "30ms") as started:
-        yield started
 
 
 async def _burn(blocks: int, block_s: float) -> None:

@@ -23,12 +23,12 @@ from typing import Any
 import pytest
 
 from llm_health.core.hub import SnapshotHub
-from llm_health.model.board import Board, ClusterSpec, EndpointSpec, HealthSnapshot
+from llm_health.model.board import Board, HealthSnapshot
 from llm_health.model.outcome import Outcome, ProbeResult
-from llm_health.model.policy import Policy
 from llm_health.servers.grpc import start_grpc_server
 from llm_health.servers.xds import add_xds_servicers
 from llm_health.xds.stream import XdsCounters, XdsStats
+from tests.boards import DEGRADED, DRAINING, HEALTHY, STARTING, UNHEALTHY, every_state_board
 from tests.envoy_harness import (
     ENVOY_CONFIGS_DIR,
     XDS_CLUSTER,
@@ -41,10 +41,6 @@ from tests.ports import free_port
 pytestmark = [pytest.mark.envoy, pytest.mark.timeout(90)]
 
 CLUSTER = "llama-70b"
-HEALTHY, DEGRADED, UNHEALTHY, DRAINING, STARTING = (
-    EndpointSpec(f"127.0.0.1:{port}", "127.0.0.1", port, weight)
-    for port, weight in ((9001, 100), (9002, 100), (9003, 100), (9004, 80), (9005, 50))
-)
 #: docs/design.md §4, as Envoy's /clusters reports it: address -> (eds_health_status, weight).
 EXPECTED = {
     HEALTHY.address: ("HEALTHY", 100),
@@ -77,20 +73,6 @@ VARIANTS = {
 
 def probe(outcome: Outcome) -> ProbeResult:
     return ProbeResult(outcome, 0.0, ttft_ms=10 if outcome is Outcome.FAST else 500)
-
-
-def make_board() -> Board:
-    """One endpoint per docs/design.md §4 row. STARTING never gets a probe; mark_warm lets the
-    cluster be pushed anyway (as the warm-start timeout would)."""
-    spec = ClusterSpec(CLUSTER, Policy(), (HEALTHY, DEGRADED, UNHEALTHY, DRAINING, STARTING))
-    board = Board([spec], now=0.0, wall_offset=0.0)
-    board.record(CLUSTER, HEALTHY.address, probe(Outcome.FAST), 1.0)
-    board.record(CLUSTER, DEGRADED.address, probe(Outcome.SLOW), 1.0)
-    board.record(CLUSTER, UNHEALTHY.address, probe(Outcome.FATAL), 1.0)
-    board.record(CLUSTER, DRAINING.address, probe(Outcome.FAST), 1.0)
-    board.drain(CLUSTER, DRAINING.address, 2.0, "operator drain")
-    board.mark_warm()
-    return board
 
 
 @dataclass
@@ -140,7 +122,7 @@ def _labels(assignment: dict[str, Any]) -> dict[int, str | None]:
 @pytest.fixture(params=list(VARIANTS), ids=list(VARIANTS))
 async def rig(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Rig]:
     variant = VARIANTS[request.param]
-    board = make_board()
+    board = every_state_board(CLUSTER, warm=True)  # STARTING never gets a probe
     hub, stats = SnapshotHub(board.snapshot()), XdsStats()
     server, port = await start_grpc_server("127.0.0.1:0")
     add_xds_servicers(server, hub, stats)
@@ -241,7 +223,7 @@ def _fast_keepalive(config: dict[str, Any]) -> None:
 async def test_envoy_keepalive_pings_do_not_drop_an_idle_stream(tmp_path: Path) -> None:
     """gRPC's default server policy answers frequent pings on an idle connection with
     GOAWAY "too_many_pings"; GRPC_SERVER_OPTIONS must accept Envoy's keepalive pings."""
-    board = make_board()
+    board = every_state_board(CLUSTER, warm=True)
     hub, stats = SnapshotHub(board.snapshot()), XdsStats()
     server, port = await start_grpc_server("127.0.0.1:0")
     add_xds_servicers(server, hub, stats)

@@ -32,3 +32,9 @@ class AdminConfig(Frozen):
                 '(e.g. token: "${LLM_HEALTH_ADMIN_TOKEN}") or bind 127.0.0.1'
             )
         return self
+
+    @property
+    def own_token_on_shared_port(self) -> bool:
+        """The API is served on ``server.grpc`` and checks its own ``token`` there: the
+        port's shared token check lets its calls through (``servers.auth.GrpcAuth``)."""
+        return self.token is not None and self.grpc is None

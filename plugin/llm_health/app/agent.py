@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable
 
 from llm_health.agent.component import AgentSurface
-from llm_health.agent.signals import stall_bound
 from llm_health.app.heap import settle_heap
 from llm_health.app.keeper import BoardKeeper
 from llm_health.app.probing import ProbeSlots, bound_port, probe_scheduler
@@ -66,13 +65,12 @@ class Agent:
         self.checks = EngineChecks(
             self.control, [self.target], file.engine_checks, clock, on_load=self._engine_read
         )
-        probe = file.probe
         self.surface = AgentSurface(
             self.control,
             file.agent,
             (ENGINE_CLUSTER, address),
             self.control.stats,
-            stall_s=stall_bound(probe.interval, probe.timeout, probe.unhealthy_after),
+            stall_s=file.stall_s(),
             secrets=self.secrets,
             parts=[self.checks],
             clock=clock,

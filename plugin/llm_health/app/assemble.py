@@ -24,7 +24,6 @@ from llm_health.config import Config
 from llm_health.core.component import Component, Preparing, SkipRule
 from llm_health.core.control import ProberStats
 from llm_health.discovery.component import DiscoveryComponent
-from llm_health.discovery.settings import DiscoveryConfig, DnsConfig
 from llm_health.engines.component import EngineChecks
 from llm_health.engines.settings import ClusterChecks
 from llm_health.hds.component import HdsComponent
@@ -110,9 +109,7 @@ def build_components(
     wrapper."""
     config = live.current
     fleet = _fleet(config, control, catalog)  # first: its probe filter is read below
-    grpc_auth = GrpcAuth(
-        config.server, exempt_admin=config.admin.token is not None and config.admin.grpc is None
-    )
+    grpc_auth = GrpcAuth(config.server, exempt_admin=config.admin.own_token_on_shared_port)
     components: list[Component] = [
         grpc_auth,
         AdminComponent(
@@ -140,7 +137,7 @@ def build_components(
         ),
     ]
     if catalog is not None:
-        components.append(DiscoveryComponent(lambda: _discovery(live), catalog, control))
+        components.append(DiscoveryComponent(lambda: live.current.discovery(), catalog, control))
     if config.remediation:
         components.append(_remediation(config, control, catalog))
     traffic = _traffic(live, control, clock, catalog, xds_open, grpc_auth.authenticated)
@@ -233,8 +230,3 @@ def _remediation(
         control,
         responsible=catalog.probes_here if catalog is not None else lambda _c, _a: True,
     )
-
-
-def _discovery(live: LiveConfig) -> tuple[DnsConfig, dict[str, DiscoveryConfig]]:
-    config = live.current
-    return config.dns, config.discoveries()

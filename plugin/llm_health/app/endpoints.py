@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 
 from llm_health.app.keeper import BoardKeeper
 from llm_health.app.live import LiveConfig
-from llm_health.config.schema import MAX_ENDPOINTS
+from llm_health.config.rules import MAX_ENDPOINTS
 from llm_health.model.board import Change, EndpointSpec
 from llm_health.probe.target import ProbeTarget
 

@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -34,7 +31,7 @@ from llm_health.app.live import LiveConfig
 from llm_health.app.probing import ProbeSlots, bound_port, probe_scheduler
 from llm_health.config import Config
 from llm_health.config.apart import load_config_off_loop
-from llm_health.config.loader import MAX_FILE_BYTES, open_regular
+from llm_health.config.reading import fingerprint
 from llm_health.core.component import Component, Preparing, SkipRule
 from llm_health.core.control import ProberStats
 from llm_health.errors import ConfigError
@@ -266,14 +263,14 @@ class Runtime:
 
     async def _reload_watcher(self) -> None:
         """Reload on request (SIGHUP) or when the config file's content changes."""
-        seen = await asyncio.to_thread(_fingerprint, self.live.path)
+        seen = await asyncio.to_thread(fingerprint, self.live.path)
         while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(RELOAD_POLL_S):
                     await self._reload_requested.wait()
             requested = self._reload_requested.is_set()
             self._reload_requested.clear()
-            current = await asyncio.to_thread(_fingerprint, self.live.path)
+            current = await asyncio.to_thread(fingerprint, self.live.path)
             if requested or current != seen:
                 seen = current
                 await self.reload()
@@ -362,16 +359,7 @@ class Runtime:
         return status_document(
             self.control.snapshot(),
             {
-                "prober": {
-                    "probes_total": self.stats.probes_total,
-                    "probes_ignored_loop_lag": self.stats.probes_ignored_loop_lag,
-                    "silences_ignored_loop_lag": self.stats.silences_ignored_loop_lag,
-                    "overlapping_confirms": self.stats.overlapping_confirms,
-                    # Requests sent again because a pooled keep-alive connection had been
-                    # closed by the server before it answered (llama.cpp does that).
-                    "stale_connection_resends": self.prober.stale_resends if self.prober else 0,
-                    "loop_lag_ms": round(self.lag.current_ms, 2),
-                },
+                "prober": self.stats.status(self.prober.stale_resends if self.prober else 0),
                 "reloads": dict(self.live.reloads),
                 "xds": self.xds_stats.as_dict(),
                 **self.component_status(),
@@ -392,20 +380,3 @@ def _expire(board: Board, now: float) -> list[Change]:
 def _log_changes(changes: list[Change]) -> None:
     for change in changes:
         log.info(change.what, extra={"cluster": change.cluster, "endpoint": change.address})
-
-
-def _fingerprint(path: Path | None) -> bytes | None:
-    """The config file's content hash (None if absent/unreadable, or not a regular file:
-    a FIFO's open would hold this worker thread forever): a touch without a change does
-    not reload; an editor's atomic rename does."""
-    if path is None:
-        return None
-    try:
-        with open_regular(path) as handle:
-            # Bounded: a file over the loader's limit is hashed on its first bytes and its
-            # size (the reload that follows is rejected by the loader anyway).
-            head = handle.read(MAX_FILE_BYTES + 1)
-            size = os.fstat(handle.fileno()).st_size
-    except (OSError, ConfigError):
-        return None
-    return hashlib.sha256(head + size.to_bytes(8, "big")).digest()

@@ -19,7 +19,9 @@ from typing import Any
 from pydantic import Field
 
 from llm_health.agent.settings import AgentSettings
-from llm_health.config.loader import FileModel, Problem, Redact, load_file, parse_file
+from llm_health.agent.signals import stall_bound
+from llm_health.config.loader import FileModel, Redact, load_file, parse_file
+from llm_health.config.rules import Problem
 from llm_health.config.schema import Config, ProbeSettings, secrets_of
 from llm_health.core.addresses import split_address
 from llm_health.core.settings import Frozen
@@ -40,6 +42,12 @@ _SERVE_ONLY = "not used by the agent (a section of llm-health serve's file)"
 class AgentFile(Frozen):
     probe: ProbeSettings = Field(default_factory=ProbeSettings)
     agent: AgentSettings = Field(default_factory=AgentSettings)
+
+    def stall_s(self) -> float:
+        """How long without a probe result the agent calls the prober stalled
+        (``agent.signals.stall_bound`` of these probe settings)."""
+        probe = self.probe
+        return stall_bound(probe.interval, probe.timeout, probe.unhealthy_after)
 
     def secret_values(self) -> frozenset[str]:
         """Every secret the file holds (the probe's header values), in the forms to

@@ -5,7 +5,8 @@ The feature sections are defined in their own packages (``<feature>/settings.py`
 ``probe.backoff_when_busy`` in ``traffic``, ``hds``, ``authz``, ``alerts``, ``admin``,
 ``fleet``, ``remediation``, ``dns`` and ``clusters[].discovery``) and are the types those
 features receive; this module composes them into the whole file, with the sections that
-belong to no one feature (server, xds, probe, clusters) and the rules across sections.
+belong to no one feature (server, xds, probe, clusters); the rules across fields and
+sections are ``config.rules``, which the validators here raise.
 Where a section builds a different domain type (``to_policy``: ``model.Policy``,
 ``to_target``: ``probe.ProbeTarget``) it is built here, in one place. Loading (YAML,
 ``${ENV}``, error lines) is ``config.loader``.
@@ -16,7 +17,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -34,11 +35,9 @@ from pydantic import (
 from llm_health.admin.settings import AdminConfig
 from llm_health.alerts.settings import AlertsConfig
 from llm_health.authz.settings import AuthzConfig
-from llm_health.core.addresses import (
-    is_ip_host,
-    is_local_bind,
-    split_address,
-)
+from llm_health.config import rules
+from llm_health.config.rules import MAX_CLUSTERS, MAX_ENDPOINTS
+from llm_health.core.addresses import is_ip_host, split_address
 from llm_health.core.settings import (
     MERGING,
     Duration,
@@ -71,10 +70,8 @@ from llm_health.probe.target import (
 from llm_health.remediation.settings import LimitsConfig, RemediationConfig
 from llm_health.traffic.settings import BusyConfig, QualityConfig, busy_shorthand
 
-MAX_WEIGHT_SUM = 4_294_967_295  # Envoy: per-locality weight sum must fit in uint32
-MAX_CLUSTERS = 2_000  # per file (docs/configuration.md "Limits")
-MAX_ENDPOINTS = 50_000  # per file, over every cluster
 MAX_FATAL_PATTERNS = 100
+_V = TypeVar("_V")
 Discovered = Mapping[str, tuple[EndpointSpec, ...]]  # cluster -> endpoints found in DNS
 
 
@@ -117,9 +114,7 @@ class ProbeSettings(Frozen):
 
     @model_validator(mode="after")
     def _ttft_within_timeout(self) -> ProbeSettings:
-        if self.healthy_ttft >= self.timeout:
-            raise ValueError("healthy_ttft must be shorter than timeout")
-        return self
+        return _held_to(self, rules.ttft_within_timeout(self.healthy_ttft, self.timeout))
 
     def to_policy(self) -> Policy:
         return Policy(
@@ -230,9 +225,8 @@ class ClusterConfig(Frozen):
 
     @model_validator(mode="after")
     def _has_endpoints(self) -> ClusterConfig:
-        if not self.endpoints and self.discovery is None:
-            raise ValueError(f"cluster {self.name}: give endpoints, discovery, or both")
-        return self
+        found = rules.endpoints_or_discovery(self.name, len(self.endpoints), bool(self.discovery))
+        return _held_to(self, found)
 
     @field_validator("name")
     @classmethod
@@ -249,9 +243,7 @@ class ClusterConfig(Frozen):
     @field_validator("endpoints")
     @classmethod
     def _weights_fit(cls, value: tuple[EndpointConfig, ...]) -> tuple[EndpointConfig, ...]:
-        if sum(e.weight for e in value) > MAX_WEIGHT_SUM:
-            raise ValueError("the sum of endpoint weights exceeds Envoy's uint32 limit")
-        return value
+        return _held_to(value, rules.weights_fit(e.weight for e in value))
 
 
 class ServerTlsConfig(Frozen):
@@ -322,22 +314,9 @@ class ServerConfig(Frozen):
     @model_validator(mode="after")
     def _authenticated_off_loopback(self) -> ServerConfig:
         mtls = self.tls is not None and self.tls.client_ca is not None
-        if self.authz is not None and self.authz in (self.grpc, self.http):
-            raise ValueError(f'authz "{self.authz}" must differ from grpc and http')
-        if self.token is None and not mtls and self.authz and not is_local_bind(self.authz):
-            raise ValueError(
-                f'authz "{self.authz}" is not a loopback address or Unix socket: set '
-                "server.token or server.tls.client_ca (mutual TLS); otherwise anyone "
-                "reaching the port can read every cluster's admission state"
-            )
-        if self.token is None and not mtls and not is_local_bind(self.grpc):
-            raise ValueError(
-                f'grpc "{self.grpc}" is not a loopback address or Unix socket: set '
-                'server.token (e.g. token: "${LLM_HEALTH_TOKEN}", sent by Envoy as '
-                "initial_metadata) or server.tls.client_ca (mutual TLS); otherwise anyone "
-                "reaching the port can eject endpoints through HDS"
-            )
-        return self
+        authenticated = self.token is not None or mtls
+        found = rules.server_reachable(self.grpc, self.http, self.authz, authenticated)
+        return _held_to(self, found)
 
 
 class XdsConfig(Frozen):
@@ -362,10 +341,7 @@ class Config(Frozen):
     @field_validator("clusters")
     @classmethod
     def _endpoints_bounded(cls, value: tuple[ClusterConfig, ...]) -> tuple[ClusterConfig, ...]:
-        total = sum(len(c.endpoints) for c in value)
-        if total > MAX_ENDPOINTS:
-            raise ValueError(f"{total} endpoints in all; at most {MAX_ENDPOINTS} are allowed")
-        return value
+        return _held_to(value, rules.endpoints_total(sum(len(c.endpoints) for c in value)))
 
     def probe_for(self, cluster: ClusterConfig) -> ProbeSettings:
         """The cluster's effective probe settings: defaults, then its overrides."""
@@ -417,6 +393,10 @@ class Config(Frozen):
             found[cluster.name] = in_force(probe.verify, probe.engine_metrics)
         return found
 
+    def discovery(self) -> tuple[DnsConfig, dict[str, DiscoveryConfig]]:
+        """What ``DiscoveryComponent`` reads: ``dns`` and ``discoveries()``."""
+        return self.dns, self.discoveries()
+
     def discoveries(self) -> dict[str, DiscoveryConfig]:
         """Every cluster's ``discovery:`` by the cluster's name (the section, under
         ``clusters[]``, does not carry it), in the file's order."""
@@ -447,6 +427,14 @@ class Config(Frozen):
             return static
         configured = {e.address for e in static}
         return static + tuple(e for e in found if e.address not in configured)
+
+
+def _held_to(value: _V, problem: str | None) -> _V:
+    """``value`` if a rule (``config.rules``) found no problem; else the validator fails
+    with the rule's words."""
+    if problem is not None:
+        raise ValueError(problem)
+    return value
 
 
 def secrets_of(model: BaseModel) -> frozenset[str]:

@@ -179,3 +179,16 @@ class ProberStats:
         """How late the prober runs now: its own loop, or a probe worker's."""
         workers = self.worker_lag_ms() if self.worker_lag_ms is not None else 0.0
         return max(self.lag.current_ms, workers)
+
+    def status(self, stale_resends: int) -> dict[str, int | float]:
+        """/status's ``prober`` section. ``stale_resends``: requests sent again because a
+        pooled keep-alive connection had been closed by the server before it answered
+        (llama.cpp does that)."""
+        return {
+            "probes_total": self.probes_total,
+            "probes_ignored_loop_lag": self.probes_ignored_loop_lag,
+            "silences_ignored_loop_lag": self.silences_ignored_loop_lag,
+            "overlapping_confirms": self.overlapping_confirms,
+            "stale_connection_resends": stale_resends,
+            "loop_lag_ms": round(self.lag.current_ms, 2),
+        }

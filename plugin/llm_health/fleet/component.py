@@ -1,7 +1,9 @@
 """The ``fleet`` component: this replica as one member of a fleet sharing one probe per
 endpoint through Redis (docs/design.md §12). It talks to Redis (``store.FleetStore``), to
 the board (``core.control.BoardControl``) and to the endpoint catalog (``ProbeRouting``);
-what it decides is in the pure modules (``membership``, ``verdicts``, ``actions``).
+what it decides is in the pure modules (``membership``, ``verdicts``, ``actions``); the
+verdicts and actions it exchanges through Redis go through ``fleet.exchange``, its
+counters are declared in ``fleet.counters``.
 
 - Membership: join (a new epoch), heartbeat every ``heartbeat`` from a thread of its own
   (``pulse``: a busy loop must not cost us our place); the heartbeat's answer, acted on
@@ -30,45 +32,31 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import grpc
 from prometheus_client.metrics_core import Metric
-from redis.exceptions import RedisError
 
 from llm_health.core.component import Job
-from llm_health.core.control import BoardControl, Notice, OperatorAction
+from llm_health.core.control import BoardControl, Notice
 from llm_health.core.families import counter, gauge
 from llm_health.core.problems import ProblemLog
-from llm_health.fleet import actions
+from llm_health.fleet import counters
+from llm_health.fleet.exchange import Exchange
 from llm_health.fleet.membership import Mode, Roster
-from llm_health.fleet.ownership import endpoint_key, split_key
+from llm_health.fleet.ownership import endpoint_key
 from llm_health.fleet.pulse import Beat, Pulse
 from llm_health.fleet.settings import FleetConfig
-from llm_health.fleet.store import FleetStore, stop_if_cancelled
+from llm_health.fleet.store import FleetStore, RedisFailure, failure_name, stop_if_cancelled
 from llm_health.fleet.verdicts import (
-    Ledger,
-    acceptable,
-    adopt,
     endpoint_status,
-    fresh,
-    taken_as_is,
-    takeover,
-    verdict_of,
 )
 from llm_health.fleet.wire import (
-    Action,
     Member,
     Membership,
-    Verdict,
     WireError,
-    decode_action,
-    decode_stored,
-    verdict_body,
 )
-from llm_health.model.board import Board
-from llm_health.model.machine import Transition
 from llm_health.model.outcome import ProbeResult
 from llm_health.probe.target import ProbeTarget
 
@@ -83,61 +71,6 @@ FULL_SYNC_EVERY_S = 30.0  # read every stored verdict this often even if no even
 # (docs/design.md §15.4), so a prober that works is never taken for a stuck one.
 STALL_SLOTS = 100
 log = logging.getLogger("llm_health")
-RedisFailure = (RedisError, OSError, TimeoutError, WireError)
-# ``FleetComponent.counters`` on /metrics: (series, key of the counter, what).
-_FLEET_COUNTERS = (
-    (
-        "llm_health_fleet_verdicts_published_total",
-        "verdicts_published_total",
-        "Verdicts of owned endpoints published to Redis.",
-    ),
-    (
-        "llm_health_fleet_verdicts_applied_total",
-        "verdicts_applied_total",
-        "Verdicts of the endpoints' owners adopted here.",
-    ),
-    (
-        "llm_health_fleet_verdicts_rejected_total",
-        "verdicts_rejected_total",
-        "Verdicts and events read from Redis and refused (unusable).",
-    ),
-    (
-        "llm_health_fleet_verdicts_fenced_total",
-        "verdicts_fenced_total",
-        "Verdicts Redis refused: not a live member with our epoch.",
-    ),
-    (
-        "llm_health_fleet_verdicts_not_owner_total",
-        "verdicts_not_owner_total",
-        "Verdicts Redis refused: another member owns the endpoint.",
-    ),
-    ("llm_health_fleet_redis_errors_total", "redis_errors_total", "Redis commands that failed."),
-    (
-        "llm_health_fleet_fallbacks_total",
-        "fallbacks_total",
-        "Times this replica fell back to probing every endpoint.",
-    ),
-    (
-        "llm_health_fleet_takeovers_total",
-        "takeovers_total",
-        "Endpoints taken over from a member that left.",
-    ),
-    (
-        "llm_health_fleet_rejoins_total",
-        "rejoins_total",
-        "Times this replica joined the fleet again (a new epoch).",
-    ),
-    (
-        "llm_health_fleet_actions_shared_total",
-        "actions_shared_total",
-        "Operator actions taken here shared with the fleet.",
-    ),
-    (
-        "llm_health_fleet_actions_applied_total",
-        "actions_applied_total",
-        "Operator actions from other replicas applied here.",
-    ),
-)
 
 
 class ProbeRouting(Protocol):
@@ -177,34 +110,30 @@ class FleetComponent:
         self._clock = clock
         self._wall_clock = wall_clock
         self._roster = Roster(member, clock())
-        self._ledger = Ledger()
-        self._pending: dict[str, None] = {}  # owned keys whose verdict is to publish
-        self._publish_wake = asyncio.Event()
         self._beat_now = asyncio.Event()  # join now (while not a member)
         self._pulse = Pulse(
             self._store.heartbeat_blocking, self._vouches, settings.heartbeat, clock
         )
         self._beats: deque[Beat] = deque(maxlen=MAX_BEATS_WAITING)
         self._beat_arrived = asyncio.Event()
-        self._synced_at = clock()
         self._stall_s = settings.fresh  # widened by the probe intervals (_targets_changed)
         self._problems = ProblemLog(log, every_s=PROBLEM_LOG_EVERY_S, clock=clock)
-        self.counters = {
-            "verdicts_published_total": 0,
-            "verdicts_applied_total": 0,
-            "verdicts_rejected_total": 0,
-            "verdicts_fenced_total": 0,  # refused: not a live member with our epoch
-            "verdicts_not_owner_total": 0,  # refused: another member owns it (lists differ)
-            "redis_errors_total": 0,
-            "fallbacks_total": 0,
-            "takeovers_total": 0,
-            "rejoins_total": 0,
-            "actions_shared_total": 0,
-            "actions_applied_total": 0,
-        }
-        control.on_transition(self._on_transition)
+        self.counters = counters.zeroed()
+        self._exchange = Exchange(
+            settings,
+            member,
+            control,
+            self._store,
+            self._roster,
+            clock=clock,
+            wall_clock=wall_clock,
+            counters=self.counters,
+            problem=self._problem,
+            beat_soon=self._beat_soon,
+        )
+        control.on_transition(self._exchange.on_transition)
         control.on_probe(self._on_probe)
-        control.on_action(self._on_action)
+        control.on_action(self._exchange.on_action)
         routing.on_targets(self._targets_changed)
 
     @property
@@ -232,7 +161,7 @@ class FleetComponent:
         """No gRPC service."""
 
     def tasks(self) -> list[Job]:
-        return [self._heartbeats, self._events, self._publisher]
+        return [self._heartbeats, self._exchange.events, self._exchange.publisher]
 
     def status(self) -> dict[str, Any]:
         roster = self._roster
@@ -249,12 +178,12 @@ class FleetComponent:
             "redis_commands_total": self._store.commands,
             **self.counters,
             "endpoints": {
-                key: endpoint_status(key, roster, self._ledger, now_ms) for key in self._keys()
+                key: endpoint_status(key, roster, self._exchange.ledger, now_ms)
+                for key in self._keys()
             },
         }
 
     def metrics(self) -> Iterator[Metric]:
-        counters = self.counters
         yield gauge(
             "llm_health_fleet_fallback",
             "1 while this replica probes every endpoint itself (Redis unreachable, or starting).",
@@ -272,8 +201,7 @@ class FleetComponent:
         yield counter(
             "llm_health_fleet_redis_commands_total", "Redis commands sent.", self._store.commands
         )
-        for name, key, what in _FLEET_COUNTERS:
-            yield counter(name, what, counters[key])
+        yield from counters.families(self.counters)
 
     async def prepare(self) -> None:
         """Before the first probe: join and adopt the fleet's fresh verdicts (warm start:
@@ -281,11 +209,11 @@ class FleetComponent:
         Redis unreachable: fallback at once, with a clear message."""
         try:
             await self._join()
-            await self._sync(warm=True)
-            await self._apply_overrides()
+            await self._exchange.sync(warm=True)
+            await self._exchange.apply_overrides()
         except RedisFailure as exc:
             self._enter_fallback(
-                f"Redis at {self.settings.where} unreachable at start ({_why(exc)})"
+                f"Redis at {self.settings.where} unreachable at start ({failure_name(exc)})"
             )
 
     # --- ownership ----------------------------------------------------------------------
@@ -314,21 +242,9 @@ class FleetComponent:
         if gained is None:
             return  # who is a member did not change: owners neither (the common case)
         if gained and self._roster.sharing:
-            await self._take_over(gained)
+            await self._exchange.take_over(gained)
         self._routing.refilter()
-        await self._sync(warm=False)  # verdicts refused under the old member list
-
-    async def _take_over(self, keys: frozenset[str]) -> None:
-        """Endpoints now ours continue from their last stored verdict, then carry our
-        name (docs/design.md §12.5)."""
-        self.counters["takeovers_total"] += len(keys)
-        stored = self._decode_all(await self._store.stored(sorted(keys)))
-        plan = takeover(keys, stored, self._roster, self._ledger)
-        await self._adopt_all(plan.adopt)
-        for key in plan.publish:
-            self._pending[key] = None
-        self._publish_wake.set()
-        log.info("fleet: took over endpoints", extra={"endpoints": len(keys)})
+        await self._exchange.sync(warm=False)  # verdicts refused under the old member list
 
     # --- membership loop ----------------------------------------------------------------
 
@@ -354,7 +270,7 @@ class FleetComponent:
         if was_fallback:
             log.info("fleet: Redis answers again; sharing probes", extra=self._fields())
             self._control.announce(Notice("fleet_recovered", "*", "sharing probes again"))
-            self._republish_owned()  # Redis may have restarted empty meanwhile
+            self._exchange.republish_owned()  # Redis may have restarted empty meanwhile
         log.info("fleet: joined", extra=self._fields())
 
     async def _heartbeats(self) -> None:
@@ -414,7 +330,7 @@ class FleetComponent:
             if not isinstance(beat.error, RedisFailure):
                 raise beat.error  # a bug, not Redis: as if the beat had run here
             self.counters["redis_errors_total"] += 1
-            self._check_silence(_why(beat.error))
+            self._check_silence(failure_name(beat.error))
             return
         self._roster.answered(beat.at)
         if beat.membership is None:
@@ -440,7 +356,7 @@ class FleetComponent:
             self._roster.answered(self._clock())
         except RedisFailure as exc:
             self.counters["redis_errors_total"] += 1
-            self._check_silence(_why(exc))
+            self._check_silence(failure_name(exc))
             return
         await self._follow_up(membership, joined=True)
 
@@ -453,11 +369,13 @@ class FleetComponent:
                     await self._joined(membership)
                 else:
                     await self._set_members(membership)
-                if self._clock() - self._synced_at >= FULL_SYNC_EVERY_S:
-                    await self._sync(warm=False)  # a safety net under the event stream
+                if self._clock() - self._exchange.synced_at >= FULL_SYNC_EVERY_S:
+                    await self._exchange.sync(warm=False)  # a safety net under the event stream
         except RedisFailure as exc:
             self.counters["redis_errors_total"] += 1
-            self._problem("sync", f"fleet: reading the fleet's verdicts failed ({_why(exc)})")
+            self._problem(
+                "sync", f"fleet: reading the fleet's verdicts failed ({failure_name(exc)})"
+            )
 
     def _vouches(self) -> bool:
         """Whether a heartbeat vouches for the verdicts we own (docs/design.md §12.3): not
@@ -469,7 +387,7 @@ class FleetComponent:
         self._roster.fall_back()
         self._pulse.follow(None)
         self.counters["fallbacks_total"] += 1
-        self._pending.clear()
+        self._exchange.drop_pending()
         log.warning(f"fleet: {why}; probing every endpoint here (fallback)", extra=self._fields())
         self._control.announce(
             Notice("fleet_fallback", "*", f"{why}; every replica probes every endpoint")
@@ -488,198 +406,8 @@ class FleetComponent:
             async with asyncio.timeout(LEAVE_BUDGET_S):
                 await self._store.close()
 
-    # --- verdicts out -----------------------------------------------------------------------
-
     def _on_probe(self, cluster: str, address: str, _result: ProbeResult) -> None:
         self._roster.probed(endpoint_key(cluster, address), self._clock())
-
-    def _on_transition(self, cluster: str, address: str, transition: Any, result: Any) -> None:
-        key = endpoint_key(cluster, address)
-        if self._roster.owns(key):
-            self._pending[key] = None
-            self._publish_wake.set()
-
-    def _republish_owned(self) -> None:
-        """After an outage: Redis may have lost what we published (a restart)."""
-        for key in self._roster.owned:
-            self._pending[key] = None
-        self._publish_wake.set()
-
-    async def _publisher(self) -> None:
-        while True:
-            stop_if_cancelled()
-            await self._publish_wake.wait()
-            self._publish_wake.clear()
-            epoch = self._roster.write_epoch
-            if epoch is None:
-                self._pending.clear()
-                continue
-            keys, self._pending = list(self._pending), {}
-            items = [
-                (k, verdict_body(v)) for k in keys if (v := self._verdict_of(k, epoch)) is not None
-            ]
-            try:
-                statuses = await self._store.publish(epoch, items)
-            except RedisFailure as exc:
-                self.counters["redis_errors_total"] += 1
-                self._problem("publish", f"fleet: publishing verdicts failed ({_why(exc)})")
-                continue
-            self.counters["verdicts_published_total"] += statuses.count("ok")
-            self.counters["verdicts_fenced_total"] += statuses.count("fenced")
-            self.counters["verdicts_not_owner_total"] += statuses.count("not_owner")
-            if any(s != "ok" for s in statuses):
-                self._beat_soon()  # our member list or epoch is stale: heartbeat now
-
-    def _verdict_of(self, key: str, epoch: int) -> Verdict | None:
-        cluster, address = split_key(key)
-        found = self._control.endpoint_health(cluster, address)
-        if found is None:
-            return None
-        health, last = found
-        wall_offset = self._wall_clock() - self._clock()
-        return verdict_of(
-            cluster, address, health, last, owner=self.me, epoch=epoch, wall_offset=wall_offset
-        )
-
-    # --- verdicts in ------------------------------------------------------------------------
-
-    async def _events(self) -> None:
-        while True:
-            stop_if_cancelled()
-            try:
-                async for data in self._store.events():
-                    stop_if_cancelled()
-                    await self._on_event(data)
-            except RedisFailure as exc:
-                self._problem("events", f"fleet: event stream lost ({_why(exc)})")
-            await asyncio.sleep(self.settings.heartbeat)
-            if self._roster.sharing:
-                with contextlib.suppress(*RedisFailure):
-                    await self._sync(warm=False)  # what we may have missed meanwhile
-
-    async def _on_event(self, data: bytes) -> None:
-        kind, _, rest = data.partition(b"\n")
-        try:
-            if kind == b"v":
-                key_bytes, _, stored = rest.partition(b"\n")
-                key = key_bytes.decode()
-                verdicts = [decode_stored(key, stored)]
-                await self._adopt_all(acceptable(verdicts, self._roster, self._ledger))
-            elif kind == b"a":
-                await self._apply_action(decode_action(rest))
-            elif kind == b"m":
-                self._beat_soon()  # membership changed: learn it now, not in a second
-        except (WireError, UnicodeDecodeError, ValueError, KeyError) as exc:
-            self.counters["verdicts_rejected_total"] += 1
-            self._problem("event", f"fleet: unusable event ({_why(exc)})")
-
-    async def _sync(self, *, warm: bool) -> None:
-        """Read every stored verdict. ``warm``: at start, adopt every fresh one (younger
-        than ``fresh``, whoever wrote it: it was the owner when it was written);
-        otherwise only by the fencing rules."""
-        stored = await self._store.verdicts()
-        self._synced_at = self._clock()
-        verdicts = self._decode_all(stored)
-        if warm:
-            now_ms = self._roster.server_now_ms(self._wall_clock())
-            await self._adopt_all(
-                fresh(verdicts, self._roster.members, now_ms, self.settings.fresh)
-            )
-            return
-        await self._adopt_all(acceptable(verdicts, self._roster, self._ledger))
-
-    async def _adopt_all(self, verdicts: Iterable[Verdict]) -> None:
-        offered = list(verdicts)
-        if not offered:
-            return
-        wall_now = self._wall_clock()
-
-        def adopt_and_log(board: Board, now: float) -> list[tuple[Verdict, Transition]]:
-            adopted = adopt(board, now, offered, wall_now)
-            for verdict, transition in adopted:
-                if transition.changed:
-                    log.info(
-                        "state change from the fleet",
-                        extra={
-                            "cluster": verdict.cluster,
-                            "endpoint": verdict.address,
-                            "from": transition.from_state.value,
-                            "to": transition.to_state.value,
-                            "reason": verdict.reason,
-                            "owner": verdict.owner,
-                        },
-                    )
-            return adopted
-
-        adopted = await self._control.update(adopt_and_log, publish_when=bool)
-        self._ledger.record(taken_as_is(adopted))
-        self.counters["verdicts_applied_total"] += len(adopted)
-
-    def _decode_all(self, stored: dict[str, bytes]) -> list[Verdict]:
-        verdicts = []
-        for key, text in stored.items():
-            try:
-                verdicts.append(decode_stored(key, text))
-            except WireError as exc:
-                self.counters["verdicts_rejected_total"] += 1
-                self._problem("verdict", f"fleet: unusable stored verdict ({exc})")
-        return verdicts
-
-    # --- operator actions ----------------------------------------------------------------
-
-    def _on_action(self, action: OperatorAction) -> None:
-        epoch = self._roster.write_epoch
-        if epoch is None:
-            log.warning(
-                "fleet: operator action applied on this replica only (no Redis)",
-                extra={"cluster": action.cluster, "endpoint": action.address, "kind": action.kind},
-            )
-            return
-        shared = actions.shared(action, self.me)
-        asyncio.get_running_loop().create_task(self._share(epoch, shared))
-
-    async def _share(self, epoch: int, action: Action) -> None:
-        try:
-            status = await self._store.act(
-                epoch, endpoint_key(action.cluster, action.address), action
-            )
-        except RedisFailure as exc:
-            self.counters["redis_errors_total"] += 1
-            self._problem("act", f"fleet: sharing an operator action failed ({_why(exc)})")
-            return
-        if status == "ok":
-            self.counters["actions_shared_total"] += 1
-
-    async def _apply_overrides(self) -> None:
-        """At start: the operators' forced states still running in the fleet."""
-        for text in (await self._store.overrides()).values():
-            try:
-                action = decode_action(text)
-            except WireError as exc:
-                self._problem("override", f"fleet: unusable stored override ({exc})")
-                continue
-            if actions.still_forced(action, self._wall_clock()):
-                await self._apply_action(action, own_ok=True)
-
-    async def _apply_action(self, action: Action, *, own_ok: bool = False) -> None:
-        if action.sender == self.me and not own_ok:
-            return
-        cluster, address = action.cluster, action.address
-        if self._control.endpoint_health(cluster, address) is None:
-            return
-        transition = await self._control.update(actions.mutation(action, self._wall_clock()))
-        if transition is not None and transition.changed:
-            self._control.notify(cluster, address, transition, None)
-        self.counters["actions_applied_total"] += 1
-        log.info(
-            "operator action from the fleet",
-            extra={
-                "cluster": cluster,
-                "endpoint": address,
-                "kind": action.kind,
-                "sender": action.sender,
-            },
-        )
 
     # --- helpers ------------------------------------------------------------------------
 
@@ -696,8 +424,3 @@ class FleetComponent:
         """Log ``message`` at most once per PROBLEM_LOG_EVERY_S for each ``kind``
         (``core.problems``: the line says how many were left out)."""
         self._problems.report(kind, message, {"member": self.me})
-
-
-def _why(exc: BaseException) -> str:
-    """An error's class only: a Redis error text may quote the URL (and its password)."""
-    return type(exc).__name__

@@ -17,6 +17,7 @@ import redis as blocking_redis
 import redis.asyncio as redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
 from redis.retry import Retry as BlockingRetry
 
 from llm_health.fleet import scripts
@@ -182,3 +183,13 @@ def _status(reply: Any) -> str:
     if isinstance(reply, list) and reply and isinstance(reply[0], bytes):
         return reply[0].decode(errors="replace")
     return "malformed"
+
+
+# What a call to Redis may fail with: the client's errors, the socket's, its bound, and an
+# answer ``fleet.wire`` refuses.
+RedisFailure = (RedisError, OSError, TimeoutError, WireError)
+
+
+def failure_name(exc: BaseException) -> str:
+    """An error's class only: a Redis error text may quote the URL (and its password)."""
+    return type(exc).__name__

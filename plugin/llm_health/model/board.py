@@ -1,28 +1,30 @@
-"""The board: every endpoint's health, folded from probe results, published as snapshots.
+"""The board: every endpoint's health, folded from probe results.
 
 Single-owner and synchronous: one task (the app's prober loop) calls ``record``/``drain``;
-readers only ever see immutable ``HealthSnapshot`` objects. ``snapshot()`` is cheap when
-nothing changed (cached), and after a change it rebuilds only what changed: the snapshots
-of the endpoints touched since the last one, and the clusters holding them; a cluster's
-``envoy_version`` is re-hashed only when one of those endpoints changed what Envoy sees
-(at thousands of endpoints a whole rebuild per probe result was the prober's largest
-cost: docs/design.md §16).
-
-Versions: each cluster's ``envoy_version`` is a content hash of exactly what Envoy would
-receive for it (addresses, health, weights, labels). It changes when and only when the
-Envoy-visible view changes, so xDS pushes happen only on change and a NACKed version is
-recognisable when it comes round again.
+readers only ever see immutable ``HealthSnapshot`` objects (``model/snapshot.py``), which
+``model/snapshot_builder.py`` makes from what the board says it touched.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from types import MappingProxyType
 
 from llm_health.model.causes import Cause
-from llm_health.model.envoy_view import EnvoyView, envoy_view
+from llm_health.model.entry import (
+    BoardCluster,
+    Entry,
+    Hold,
+    Override,
+    ejects_by_failure,
+    endpoint_snapshot,
+    held_by_limits,
+    held_by_signals,
+    new_cluster,
+    out_of_service,
+    outside_allowed,
+    still_limited,
+)
 from llm_health.model.machine import (
     Transition,
     cap,
@@ -33,84 +35,31 @@ from llm_health.model.machine import (
     step,
     undrain,
 )
-from llm_health.model.outcome import FAILURES, ProbeResult
+from llm_health.model.outcome import ProbeResult
 from llm_health.model.policy import Policy
+from llm_health.model.snapshot import (
+    ClusterSnapshot,
+    ClusterSpec,
+    EndpointSnapshot,
+    EndpointSpec,
+    HealthSnapshot,
+)
+from llm_health.model.snapshot_builder import SnapshotBuilder
 from llm_health.model.states import EndpointHealth, State
 
-
-@dataclass(frozen=True, slots=True)
-class EndpointSpec:
-    """A configured endpoint: ``address`` is "host:port" as written in the config."""
-
-    address: str
-    host: str
-    port: int
-    weight: int = 100
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterSpec:
-    """A configured cluster (``name`` is the Envoy cluster / EDS resource name)."""
-
-    name: str
-    policy: Policy
-    endpoints: tuple[EndpointSpec, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Override:
-    """An operator's forced state (maintenance) until ``until`` (monotonic seconds)."""
-
-    state: State
-    until: float
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class EndpointSnapshot:
-    """One endpoint as readers see it. ``since`` is wall-clock seconds (epoch).
-
-    ``state``/``reason``/``view`` are the effective ones (an override wins); ``cause``: why
-    the state machine's verdict last changed (``Cause.OVERRIDE`` while an override holds);
-    ``probe_state`` is the state machine's own verdict. ``signals``: outside sources that
-    currently hold the endpoint down (e.g. {"hds": "unreachable from gw-2"}); ``limits``:
-    outside sources that currently allow it at most DEGRADED (e.g. {"engine": "12 waiting
-    ≥ 5"}).
-    ``override_until``: wall-clock end of a forced state, if any.
-    """
-
-    cluster: str
-    spec: EndpointSpec
-    state: State
-    reason: str
-    since: float
-    view: EnvoyView
-    last: ProbeResult | None
-    probe_state: State | None = None
-    signals: Mapping[str, str] = field(default_factory=dict)
-    limits: Mapping[str, str] = field(default_factory=dict)
-    override_until: float | None = None
-    removing: bool = False
-    cause: Cause = Cause.OTHER
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterSnapshot:
-    """``warm``: every endpoint has had a probe since boot (or the warm-up timed out):
-    only warm clusters may be pushed to Envoy (docs/design.md §7)."""
-
-    name: str
-    endpoints: tuple[EndpointSnapshot, ...]
-    warm: bool
-    envoy_version: str
-
-
-@dataclass(frozen=True, slots=True)
-class HealthSnapshot:
-    """Immutable view of the whole board. ``revision`` grows on every change of any kind."""
-
-    revision: int
-    clusters: Mapping[str, ClusterSnapshot]
+__all__ = [
+    "Board",
+    "Change",
+    "ClusterSnapshot",
+    "ClusterSpec",
+    "EndpointSnapshot",
+    "EndpointSpec",
+    "HealthSnapshot",
+    "Hold",
+    "Override",
+    "Reported",
+    "outside_allowed",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,17 +72,6 @@ class Change:
     what: str
 
 
-@dataclass(frozen=True, slots=True)
-class Hold:
-    """One outside source's say on an endpoint: why, and the cause label it carries.
-    ``reported``: it came from outside reports (``Board.report``), so it counts against
-    the cap on what those may hold out."""
-
-    reason: str
-    cause: Cause
-    reported: bool = False
-
-
 @dataclass(slots=True)
 class Reported:
     """What became of a batch of outside reports (``Board.report``): the transitions of
@@ -143,46 +81,29 @@ class Reported:
     held: set[tuple[str, str]] = field(default_factory=set)
 
 
-@dataclass(slots=True)
-class _Entry:
-    spec: EndpointSpec
-    health: EndpointHealth
-    last: ProbeResult | None = None
-    signals: dict[str, Hold] = field(default_factory=dict)  # held UNHEALTHY
-    limits: dict[str, Hold] = field(default_factory=dict)  # allowed at most DEGRADED
-    override: Override | None = None
-    removing_at: float | None = None  # removed from config: gone after drain_time
-    ejected_by_failure: bool = False  # UNHEALTHY by TIMEOUT/ERROR probes, or a fleet verdict
-
-
-@dataclass(slots=True)
-class _Cluster:
-    spec: ClusterSpec
-    entries: dict[str, _Entry] = field(default_factory=dict)
-    warm: bool = False
-    removing_at: float | None = None
-    known_at_boot: bool = False  # in the board the plugin (re)started with
-
-
 class Board:
     """Mutable owner of all endpoint health. Not thread-safe; one owning task.
 
     ``wall_offset``: add to the monotonic ``now`` the caller passes to get epoch seconds
     (the machine runs on a monotonic clock so a wall-clock jump cannot expire a grace).
     Unknown cluster or endpoint: KeyError from every method that names one.
+    ``snapshots``: the builder of its snapshots (a new one unless given), told of every
+    change.
     """
 
-    def __init__(self, clusters: Iterable[ClusterSpec], now: float, wall_offset: float) -> None:
+    def __init__(
+        self,
+        clusters: Iterable[ClusterSpec],
+        now: float,
+        wall_offset: float,
+        *,
+        snapshots: SnapshotBuilder | None = None,
+    ) -> None:
         self._wall_offset = wall_offset
-        self._clusters: dict[str, _Cluster] = {}
-        self._revision = 0
-        self._cached: HealthSnapshot | None = None
-        self._dirty = _Dirty()
-        self._cluster_cache: dict[str, ClusterSnapshot] = {}
-        self._endpoint_cache: dict[str, dict[str, EndpointSnapshot]] = {}
-        self._key_cache: dict[str, dict[str, str]] = {}  # Envoy-visible content per endpoint
+        self._clusters: dict[str, BoardCluster] = {}
+        self._snapshots = snapshots if snapshots is not None else SnapshotBuilder()
         for spec in clusters:
-            self._clusters[spec.name] = _new_cluster(spec, now, known_at_boot=True)
+            self._clusters[spec.name] = new_cluster(spec, now, known_at_boot=True)
 
     @property
     def cluster_names(self) -> tuple[str, ...]:
@@ -201,23 +122,25 @@ class Board:
         policy = entry_cluster.spec.policy
         transition = step(entry.health, result, now, policy)
         if entry.signals and entry.health.state is State.UNHEALTHY:
-            transition = _held(entry, transition)
-        elif transition.changed and _ejects_by_failure(transition, result):
+            transition = held_by_signals(entry, transition)
+        elif transition.changed and ejects_by_failure(transition, result):
             transition = self._cap_ejection(entry_cluster, entry, transition)
         if entry.limits and transition.after.state in (State.HEALTHY, State.DEGRADED):
-            transition = _limited(entry, transition, now)
+            transition = held_by_limits(entry, transition, now)
         entry.health = transition.after
         if transition.after.state is not State.UNHEALTHY:
             entry.ejected_by_failure = False
         elif transition.changed:
-            entry.ejected_by_failure = _ejects_by_failure(transition, result)
+            entry.ejected_by_failure = ejects_by_failure(transition, result)
         entry.last = result
         if not entry_cluster.warm and all(e.last for e in entry_cluster.entries.values()):
             entry_cluster.warm = True
         self._touch(cluster, address)
         return transition
 
-    def _cap_ejection(self, cluster: _Cluster, entry: _Entry, transition: Transition) -> Transition:
+    def _cap_ejection(
+        self, cluster: BoardCluster, entry: Entry, transition: Transition
+    ) -> Transition:
         """docs/design.md §7: if taking this endpoint out would put more than max_ejection_percent
         of the cluster out by probe failures, keep it routed (DEGRADED, reduced weight) and
         say why: many endpoints failing at once points at the prober's own network."""
@@ -326,7 +249,7 @@ class Board:
         if reason is None:
             had = entry.limits.pop(source, None)
             if had is not None:
-                entry.health = _still_limited(entry, had)
+                entry.health = still_limited(entry, had)
                 self._touch(cluster, address)
             return Transition(entry.health.state, entry.health, changed=False, cause=cause)
         hold = Hold(reason, cause, reported)
@@ -436,9 +359,8 @@ class Board:
         return self._clusters[cluster].entries[address].last
 
     def snapshot(self) -> HealthSnapshot:
-        if self._cached is None:
-            self._cached = HealthSnapshot(self._revision, self._rebuild())
-        return self._cached
+        """The board as readers see it (the same object until something changes)."""
+        return self._snapshots.snapshot(self._clusters, self._render)
 
     def replace_policy(self, cluster: str, policy: Policy) -> None:
         entry_cluster = self._clusters[cluster]
@@ -446,6 +368,11 @@ class Board:
         self._touch(cluster)
 
     # --- internals ---------------------------------------------------------------------
+
+    def _render(self, name: str, address: str) -> EndpointSnapshot:
+        cluster = self._clusters[name]
+        share = cluster.spec.policy.degraded_weight
+        return endpoint_snapshot(name, cluster.entries[address], share, self._wall_offset)
 
     def _outside_fits(
         self, cluster: str, address: str, rooms: dict[str, tuple[set[str], int]]
@@ -455,7 +382,7 @@ class Board:
         and the room left; taking one uses it)."""
         if cluster not in rooms:
             entries = self._clusters[cluster].entries
-            out = {a for a, e in entries.items() if _out_of_service(e)}
+            out = {a for a, e in entries.items() if out_of_service(e)}
             allowed = outside_allowed(len(entries), self.policy(cluster).max_ejection_percent)
             rooms[cluster] = (out, allowed - len(out))
         out, room = rooms[cluster]
@@ -479,29 +406,7 @@ class Board:
     def _touch(self, cluster: str | None = None, address: str | None = None) -> None:
         """Something changed: the next ``snapshot()`` rebuilds ``address`` of ``cluster``
         (both None: everything; address None: the whole cluster)."""
-        self._revision += 1
-        self._cached = None
-        self._dirty.mark(cluster, address)
-
-    def _rebuild(self) -> Mapping[str, ClusterSnapshot]:
-        dirty, self._dirty = self._dirty, _Dirty()
-        if dirty.everything:
-            self._cluster_cache.clear()
-            self._endpoint_cache.clear()
-            self._key_cache.clear()
-        for name in list(self._cluster_cache):
-            if name not in self._clusters:
-                del self._cluster_cache[name]
-                self._endpoint_cache.pop(name, None)
-                self._key_cache.pop(name, None)
-        for name, cluster in self._clusters.items():
-            if name in self._cluster_cache and name not in dirty.clusters:
-                continue
-            addresses = dirty.clusters.get(name)
-            if addresses is None:  # the whole cluster, or never built
-                self._endpoint_cache.pop(name, None)
-            self._cluster_cache[name] = self._cluster_snapshot(name, cluster, addresses or set())
-        return MappingProxyType(dict(self._cluster_cache))
+        self._snapshots.touch(cluster, address)
 
     def _expire_overrides(self, now: float) -> Iterator[Change]:
         for name, cluster in self._clusters.items():
@@ -534,7 +439,7 @@ class Board:
     def _update_cluster(self, spec: ClusterSpec, now: float, source: str) -> list[Change]:
         cluster = self._clusters.get(spec.name)
         if cluster is None or cluster.removing_at is not None:
-            self._clusters[spec.name] = _new_cluster(spec, now, known_at_boot=False)
+            self._clusters[spec.name] = new_cluster(spec, now, known_at_boot=False)
             return [Change(spec.name, "*", None, "cluster added")]
         cluster.spec = spec
         wanted = {e.address: e for e in spec.endpoints}
@@ -548,7 +453,7 @@ class Board:
         return changes
 
     def _keep_or_add(
-        self, cluster: _Cluster, endpoint: EndpointSpec, now: float, source: str
+        self, cluster: BoardCluster, endpoint: EndpointSpec, now: float, source: str
     ) -> list[Change]:
         entry = cluster.entries.get(endpoint.address)
         if entry is not None and entry.removing_at is None:
@@ -560,7 +465,7 @@ class Board:
         health = initial_health(now, cluster.spec.policy, known_at_boot=booting)
         if not booting and source != "config":
             health = replace(health, reason=f"new endpoint (from {source})")
-        cluster.entries[endpoint.address] = _Entry(endpoint, health)
+        cluster.entries[endpoint.address] = Entry(endpoint, health)
         added = Transition(State.STARTING, health, changed=False, cause=Cause.ADDED)
         what = "endpoint added" if source == "config" else f"endpoint added from {source}"
         return [Change(cluster.spec.name, endpoint.address, added, what)]
@@ -572,171 +477,3 @@ class Board:
         transition = drain(entry.health, now, gone, Cause.REMOVED)
         entry.health = transition.after
         return Change(cluster, address, transition, f"endpoint {gone}")
-
-    def _cluster_snapshot(self, name: str, cluster: _Cluster, changed: set[str]) -> ClusterSnapshot:
-        """``changed``: the addresses touched since this cluster's cached snapshot; the
-        other endpoints' snapshots (and Envoy keys) are reused as they are."""
-        share = cluster.spec.policy.degraded_weight
-        previous = self._cluster_cache.get(name)
-        cache = self._endpoint_cache.get(name)
-        keys = self._key_cache.get(name)
-        if (
-            previous is None
-            or cache is None
-            or keys is None
-            or len(cache) != len(cluster.entries)
-            or any(a not in cache or a not in cluster.entries for a in changed)
-        ):
-            fresh = {a: self._endpoint_snapshot(name, e, share) for a, e in cluster.entries.items()}
-            fresh_keys = {a: _envoy_key(e) for a, e in fresh.items()}
-            rehash = True
-        else:
-            fresh, fresh_keys, rehash = dict(cache), keys, False
-            for address in changed:
-                new = fresh[address] = self._endpoint_snapshot(
-                    name, cluster.entries[address], share
-                )
-                key = _envoy_key(new)
-                if key != fresh_keys[address]:
-                    if not rehash:  # copy on write: the previous keys stay the previous'
-                        fresh_keys, rehash = dict(fresh_keys), True
-                    fresh_keys[address] = key
-        self._endpoint_cache[name], self._key_cache[name] = fresh, fresh_keys
-        endpoints = tuple(fresh.values())
-        if rehash or previous is None:
-            version = hashlib.sha256("".join(fresh_keys.values()).encode()).hexdigest()[:16]
-        else:
-            version = previous.envoy_version
-        return ClusterSnapshot(name, endpoints, cluster.warm, version)
-
-    def _endpoint_snapshot(self, name: str, entry: _Entry, share: float) -> EndpointSnapshot:
-        health, override = entry.health, entry.override
-        state = override.state if override else health.state
-        reason = f"override: {override.reason}" if override else health.reason
-        return EndpointSnapshot(
-            cluster=name,
-            spec=entry.spec,
-            state=state,
-            reason=reason,
-            cause=Cause.OVERRIDE if override else health.cause,
-            since=health.since + self._wall_offset,
-            view=envoy_view(state, entry.spec.weight, share),
-            last=entry.last,
-            probe_state=health.state,
-            signals=MappingProxyType({k: v.reason for k, v in entry.signals.items()}),
-            limits=MappingProxyType({k: v.reason for k, v in entry.limits.items()}),
-            override_until=override.until + self._wall_offset if override else None,
-            removing=entry.removing_at is not None,
-        )
-
-
-def outside_allowed(total: int, max_ejection_percent: int) -> int:
-    """How many of a cluster's ``total`` endpoints unauthenticated outside reports may hold
-    out: ⌊total × max_ejection_percent / 100⌋, and never all of them (1 → 0, 2 at 50 % → 1,
-    3 at 50 % → 1). Unlike the probe cap (``_cap_ejection``, at least one), the last
-    endpoint of a small cluster stays in: a forged report must not blank it."""
-    return max(0, min(total * max_ejection_percent // 100, total - 1))
-
-
-def _out_of_service(entry: _Entry) -> bool:
-    """Counted against ``outside_allowed``: held down by any signal, UNHEALTHY by probe, or
-    limited by an outside report."""
-    return (
-        bool(entry.signals)
-        or entry.health.state is State.UNHEALTHY
-        or any(hold.reported for hold in entry.limits.values())
-    )
-
-
-def _ejects_by_failure(transition: Transition, result: ProbeResult) -> bool:
-    """Taken out by TIMEOUT/ERROR probes (not FATAL, not a newcomer's expired grace)."""
-    newcomer = transition.from_state is State.STARTING and not transition.after.known_at_boot
-    return (
-        transition.changed
-        and transition.after.state is State.UNHEALTHY
-        and result.outcome in FAILURES
-        and not newcomer
-    )
-
-
-def _held(entry: _Entry, transition: Transition) -> Transition:
-    """Held down by an outside signal: probes are counted (failures, FATAL alerts) but no
-    success streak builds up, so recovery starts only once every signal has cleared."""
-    cause = next(iter(entry.signals.values())).cause
-    held = replace(
-        transition.after,
-        state=State.UNHEALTHY,
-        since=entry.health.since,
-        reason="; ".join(hold.reason for hold in entry.signals.values()),
-        cause=cause,
-        successes=0,
-        all_fast=True,
-        fast_streak=0,
-    )
-    return Transition(State.UNHEALTHY, held, changed=False, alert=transition.alert, cause=cause)
-
-
-def _still_limited(entry: _Entry, lifted: Hold) -> EndpointHealth:
-    """A limit lifted while others hold: a DEGRADED endpoint that was so for the lifted
-    one now says why it still is (the state does not change)."""
-    health = entry.health
-    if not entry.limits or health.state is not State.DEGRADED or health.cause is not lifted.cause:
-        return health
-    first = next(iter(entry.limits.values()))
-    reason = "; ".join(hold.reason for hold in entry.limits.values())
-    return replace(health, reason=reason, cause=first.cause)
-
-
-def _limited(entry: _Entry, transition: Transition, now: float) -> Transition:
-    """A limit holds: a result that would make the endpoint HEALTHY leaves it DEGRADED with
-    the limit's reason, and no fast streak builds up (recovery begins once the limit
-    lifts)."""
-    if transition.after.state is State.DEGRADED:
-        after = replace(transition.after, fast_streak=0)
-        return replace(transition, after=after)
-    first = next(iter(entry.limits.values()))
-    stays = transition.from_state is State.DEGRADED
-    capped = replace(
-        transition.after,
-        state=State.DEGRADED,
-        since=entry.health.since if stays else now,
-        reason="; ".join(hold.reason for hold in entry.limits.values()),
-        cause=first.cause,
-        fast_streak=0,
-        silenced=False,
-    )
-    return Transition(transition.from_state, capped, changed=not stays, cause=first.cause)
-
-
-def _new_cluster(spec: ClusterSpec, now: float, *, known_at_boot: bool) -> _Cluster:
-    cluster = _Cluster(spec, known_at_boot=known_at_boot)
-    for endpoint in spec.endpoints:
-        health = initial_health(now, spec.policy, known_at_boot=known_at_boot)
-        cluster.entries[endpoint.address] = _Entry(endpoint, health)
-    return cluster
-
-
-def _envoy_key(e: EndpointSnapshot) -> str:
-    """The Envoy-visible fields of one endpoint (reasons and timings excluded); a
-    cluster's ``envoy_version`` is a hash of its endpoints' keys in order."""
-    v = e.view
-    return f"{e.spec.host}|{e.spec.port}|{v.health.value}|{v.weight}|{v.lb_label};"
-
-
-@dataclass(slots=True)
-class _Dirty:
-    """What changed since the last snapshot: ``everything``, or per cluster the addresses
-    touched (None: the whole cluster)."""
-
-    everything: bool = False
-    clusters: dict[str, set[str] | None] = field(default_factory=dict)
-
-    def mark(self, cluster: str | None, address: str | None) -> None:
-        if cluster is None:
-            self.everything = True
-        elif address is None:
-            self.clusters[cluster] = None
-        else:
-            touched = self.clusters.setdefault(cluster, set())
-            if touched is not None:
-                touched.add(address)

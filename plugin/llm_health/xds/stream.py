@@ -11,12 +11,11 @@ Each stream serves one type URL (EDS; RTDS on its own stream). Requests for othe
 (possible on ADS) are counted, logged, and ignored; the stream keeps working (spec "Aggregated Discovery Service": each
 type URL is an independent request/response sequence).
 
-Logs stay bounded whatever a peer sends: one line per kind of problem per stream (other
-type URLs, unknown cluster names) with a running count and at most ``MAX_SAMPLES`` names,
-repeated at most every ``REPEAT_LOG_S`` while the count grows. Peer-supplied text is cut
-to ``MAX_LOGGED_CHARS`` and escaped. A request's names are screened in chunks of
-``SCREEN_CHUNK`` (``protocol.NameScreen``) with a yield to the event loop between chunks,
-so a request naming 300,000 clusters neither stalls the loop nor grows the stream's state.
+Logs stay bounded whatever a peer sends (``xds.tally``: one line per kind of problem per
+stream, a running count and a few samples, repeated at most every minute while the count
+grows). A request's names are screened in chunks of ``SCREEN_CHUNK``
+(``protocol.NameScreen``) with a yield to the event loop between chunks, so a request
+naming 300,000 clusters neither stalls the loop nor grows the stream's state.
 """
 
 from __future__ import annotations
@@ -24,8 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import AsyncIterator, Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from itertools import islice
 from typing import Protocol, TypeAlias, TypeVar
@@ -35,7 +33,6 @@ from envoy.service.runtime.v3 import rtds_pb2
 from google.protobuf import any_pb2, struct_pb2
 
 from llm_health.core.control import SnapshotSource
-from llm_health.core.problems import ProblemLog
 from llm_health.model.board import HealthSnapshot
 from llm_health.model.redact import printable
 from llm_health.xds import protocol
@@ -43,13 +40,11 @@ from llm_health.xds.nodes import OpenNodes
 from llm_health.xds.protocol import DeltaPush, RequestKind, RequestOutcome, SotwPush
 from llm_health.xds.resources import RESOURCES, TYPE_URL
 from llm_health.xds.runtime import LAYER_NAME, RUNTIME_TYPE_URL, Layer, LayerPush, LayerState
+from llm_health.xds.tally import MAX_LOGGED_CHARS, ProblemTally
 
 DEFAULT_COALESCE_S = 0.02
 DEFAULT_LAYER_REFRESH_S = 1.0  # RTDS: how soon a settings-only reload reaches the layer
 MAX_ERROR_CHARS = 2000
-MAX_LOGGED_CHARS = 200  # any other peer-supplied text in a log line (names, node, type URL)
-MAX_SAMPLES = 3  # names quoted in one log line
-REPEAT_LOG_S = 60.0  # a kind of problem already logged on a stream: again at most this often
 SCREEN_CHUNK = 4096  # names screened between two yields to the event loop
 KIND_TYPES = "requests for other types ignored (only EDS)"
 KIND_UNKNOWN = "unknown clusters ignored"
@@ -93,66 +88,6 @@ class XdsStats:
 
     def as_dict(self) -> dict[str, dict[str, int | str | None]]:
         return {name: asdict(counters) for name, counters in self.by_variant().items()}
-
-
-def quoted(text: str, limit: int = MAX_LOGGED_CHARS) -> str:
-    """A peer-supplied name in a list: ``'ghost'`` (cut, escaped by ``repr``)."""
-    return repr(text[:limit]) + ("..." if len(text) > limit else "")
-
-
-@dataclass(slots=True)
-class _Tally:
-    count: int = 0  # running total on this stream
-    unlogged: int = 0  # added since the last line
-    samples: list[str] = field(default_factory=list)  # the first MAX_SAMPLES seen
-
-
-class ProblemTally:
-    """One stream's bounded log of peer protocol problems: per kind a count and a few
-    samples; a line when a kind is first seen, then at most every ``REPEAT_LOG_S`` while
-    its count grows. Memory is O(kinds x MAX_SAMPLES), whatever the peer sends.
-
-    The tally is this stream's own (its line quotes the running count and samples); when
-    a kind is due is ``core.problems.ProblemLog``'s decision (``claim``), as on every
-    other surface."""
-
-    def __init__(
-        self,
-        log: logging.Logger,
-        label: Callable[[], str],
-        *,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._log, self._label = log, label
-        self._due = ProblemLog(log, every_s=REPEAT_LOG_S, clock=clock)
-        self._tallies: dict[str, _Tally] = {}
-
-    def add(self, kind: str, count: int, samples: Iterable[str] = ()) -> None:
-        """Count ``count`` occurrences; only the first few ``samples`` are looked at."""
-        if count <= 0:
-            return
-        tally = self._tallies.setdefault(kind, _Tally())
-        tally.count += count
-        tally.unlogged += count
-        room = MAX_SAMPLES - len(tally.samples)
-        if room > 0:
-            tally.samples.extend(s for s in islice(samples, room) if s not in tally.samples)
-
-    def flush(self) -> None:
-        """Log every kind that is due."""
-        for kind, tally in self._tallies.items():
-            if not tally.unlogged or not self._due.claim(kind):
-                continue
-            tally.unlogged = 0
-            more = ", ..." if tally.count > len(tally.samples) else ""
-            self._log.warning(
-                "%s: %s: %d (first: %s%s)",
-                self._label(),
-                kind,
-                tally.count,
-                ", ".join(quoted(s) for s in tally.samples),
-                more,
-            )
 
 
 async def _screen(screen: protocol.NameScreen, names: Sequence[str]) -> list[str]:

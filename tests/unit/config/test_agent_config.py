@@ -14,7 +14,7 @@ from llm_health.config.agent import (
     load_agent_config,
     parse_agent_config,
 )
-from llm_health.config.loader import MAX_FILE_BYTES
+from llm_health.config.reading import MAX_FILE_BYTES
 from llm_health.errors import ConfigError
 
 

@@ -20,9 +20,9 @@ import pytest
 import yaml
 
 from llm_health.cli import argtypes
-from llm_health.config import load_config, loader, parse_config
+from llm_health.config import composer, load_config, parse_config, reading
 from llm_health.config.messages import MAX_INPUT_CHARS, MAX_MESSAGE_CHARS, MAX_MESSAGES
-from llm_health.config.schema import MAX_CLUSTERS, MAX_ENDPOINTS
+from llm_health.config.rules import MAX_CLUSTERS, MAX_ENDPOINTS
 from llm_health.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -96,12 +96,12 @@ def test_self_referencing_anchor_is_a_config_error(text: str) -> None:
 @pytest.mark.parametrize("text", [DEEP_FLOW, DEEP_BLOCK], ids=["flow", "block"])
 def test_600_levels_of_nesting_is_a_config_error(text: str) -> None:
     (message,) = messages_for(text)
-    assert f"nests more than {loader.MAX_DEPTH} levels deep" in message
+    assert f"nests more than {composer.MAX_DEPTH} levels deep" in message
 
 
 def test_nesting_at_the_limit_is_not_a_depth_error() -> None:
     """The root mapping is level 1: 63 more levels are fine (here: an unknown key)."""
-    inner = loader.MAX_DEPTH - 1
+    inner = composer.MAX_DEPTH - 1
     ok = "x: " + "[" * inner + "]" * inner + "\n" + CLUSTER
     assert messages_for(ok) == [f"{SOURCE}:1 x: unknown key"]
     over = "x: " + "[" * (inner + 1) + "]" * (inner + 1) + "\n" + CLUSTER
@@ -113,7 +113,7 @@ def test_billion_laughs_fails_fast_in_small_memory() -> None:
     assert seconds < 1.0
     assert peak < 16 * 2**20
     message = one_message(LAUGHS)
-    assert f"aliases expand to more than {loader.MAX_ALIAS_VALUES} values" in message
+    assert f"aliases expand to more than {composer.MAX_ALIAS_VALUES} values" in message
     assert message.startswith(f"{SOURCE}:{line_of(LAUGHS, '&f')} ")
 
 
@@ -122,7 +122,7 @@ def test_the_pure_python_parser_gives_the_same_answer(
     text: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     expected = messages_for(text)
-    monkeypatch.setattr(loader, "_LOADER", yaml.SafeLoader)
+    monkeypatch.setattr(composer, "_LOADER", yaml.SafeLoader)
     assert messages_for(text) == expected
 
 
@@ -227,7 +227,7 @@ def test_a_file_over_4_mib_is_refused_before_it_is_read(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(path, environ={})
     (message,) = info.value.messages
-    assert str(loader.MAX_FILE_BYTES) in message and "4 MiB" in message
+    assert str(reading.MAX_FILE_BYTES) in message and "4 MiB" in message
 
 
 def test_an_endless_file_is_not_read_at_all() -> None:
@@ -243,15 +243,15 @@ def test_an_endless_file_is_not_read_at_all() -> None:
 
 
 def test_parse_config_refuses_text_over_the_limit() -> None:
-    text = CLUSTER + "#" * loader.MAX_FILE_BYTES + "\n"
+    text = CLUSTER + "#" * reading.MAX_FILE_BYTES + "\n"
     assert "4 MiB" in one_message(text)
 
 
 def test_a_file_just_under_the_limit_is_read(tmp_path: Path) -> None:
     path = tmp_path / "padded.yaml"
     padding = "#" * 99 + "\n"
-    text = CLUSTER + padding * ((loader.MAX_FILE_BYTES - len(CLUSTER)) // len(padding))
-    assert len(text) <= loader.MAX_FILE_BYTES
+    text = CLUSTER + padding * ((reading.MAX_FILE_BYTES - len(CLUSTER)) // len(padding))
+    assert len(text) <= reading.MAX_FILE_BYTES
     path.write_text(text, encoding="utf-8")
     assert len(load_config(path, environ={}).clusters) == 1
 
@@ -283,7 +283,7 @@ def test_endpoint_limit() -> None:
 
 
 def test_value_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loader, "MAX_VALUES", 1000)
+    monkeypatch.setattr(composer, "MAX_VALUES", 1000)
     message = one_message("x: [" + ", ".join(["1"] * 1001) + "]\n" + CLUSTER)
     assert "more than 1000 values" in message
 
@@ -634,7 +634,7 @@ def test_crafted_host_names_validate_in_linear_time(host: str) -> None:
         "probe: {timeout: 2001-13-45}\n" + CLUSTER,
         "x: =\n" + CLUSTER,
         CLUSTER + "---\n" + CLUSTER,
-        "probe: {model: " + "x" * (loader.MAX_STRING_CHARS + 1) + "}\n" + CLUSTER,
+        "probe: {model: " + "x" * (composer.MAX_STRING_CHARS + 1) + "}\n" + CLUSTER,
         'probe: {model: "' + "${X}" * 1000 + '"}\n' + CLUSTER,
         "{" + "x" * 2000 + ": 1}\n" + CLUSTER,
         "<<: 1\n" + CLUSTER,

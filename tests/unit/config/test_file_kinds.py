@@ -1,4 +1,4 @@
-"""The loader reads only regular files (config/loader.py ``open_regular``): a FIFO, a
+"""The loader reads only regular files (config/reading.py ``open_regular``): a FIFO, a
 directory or a device (here /dev/zero through a symlink) is refused with one clear line,
 at once and without a read (a FIFO's open would wait for a writer forever)."""
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from llm_health.config import load_config
-from llm_health.config.loader import open_regular
+from llm_health.config.reading import open_regular
 from llm_health.errors import ConfigError
 
 WITHIN_S = 5.0

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from llm_health.config import loader, parse_config
+from llm_health.config import composer, loader, parse_config, pruning
 from llm_health.config.messages import MAX_MESSAGES
+from llm_health.config.schema import Config
 from llm_health.errors import ConfigError
 
 CLUSTER = "clusters: [{name: a, endpoints: [{address: 10.0.0.1:80}]}]\n"
@@ -49,7 +50,7 @@ def test_the_messages_are_those_of_a_full_validation(
     text: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     bounded = messages_for(text)
-    monkeypatch.setattr(loader, "_unknown_keys_cut", lambda value, _annotation: (value, 0))
+    monkeypatch.setattr(loader, "unknown_keys_cut", lambda value, _annotation: (value, 0))
     full = messages_for(text)
     assert bounded == full
     assert len(bounded) == MAX_MESSAGES + 1
@@ -76,7 +77,7 @@ def test_suggestions_are_computed_only_for_the_messages_shown(
 
 def test_reading_problems_are_collected_up_to_the_messages_shown() -> None:
     text = CLUSTER + "".join(f"k{i}: !!binary eA==\n" for i in range(5_000))
-    document = loader._Document("x.yaml", {})
+    document = composer.Document("x.yaml", {})
     document.build(text)
     assert len(document.problems) == MAX_MESSAGES
     assert document.unlisted == 5_000 - MAX_MESSAGES
@@ -86,17 +87,17 @@ def test_reading_problems_are_collected_up_to_the_messages_shown() -> None:
 
 
 def test_the_shared_mapping_is_left_as_it_was() -> None:
-    document = loader._Document("x.yaml", {})
+    document = composer.Document("x.yaml", {})
     raw = document.build(SHAPES["in a mapping shared by an alias"])
     shared = raw["probe"]
     keys = len(shared)
-    cut, count = loader._unknown_keys_cut(raw, loader.Config)
+    cut, count = pruning.unknown_keys_cut(raw, Config)
     assert count == 2 * (80 - MAX_MESSAGES)
     assert len(shared) == keys and raw["probe"] is shared
     assert len(cut["probe"]) == keys - (80 - MAX_MESSAGES)
 
 
 def test_a_valid_file_is_untouched() -> None:
-    document = loader._Document("x.yaml", {})
+    document = composer.Document("x.yaml", {})
     raw = document.build("probe: {timeout: 2s}\n" + CLUSTER)
-    assert loader._unknown_keys_cut(raw, loader.Config) == (raw, 0)
+    assert pruning.unknown_keys_cut(raw, Config) == (raw, 0)

@@ -270,11 +270,11 @@ def test_actions_from_the_fleet_on_this_board() -> None:
     assert undrain(here, 6.0) is not None and here.health("c", A).state is not State.DRAINING
     force = Action("force", "c", B, "upgrade", "b", State.UNHEALTHY, until=1_030.0)
     assert actions.mutation(force, wall_now=1_010.0)(here, 7.0) is None
-    (forced,) = [e for e in here.snapshot().clusters["c"].endpoints if e.spec.address == B]
+    forced = here.snapshot().endpoint("c", B)
     assert forced.state is State.UNHEALTHY
     assert forced.override_until == pytest.approx(1_027.0)  # 20 s left, from our now
     actions.mutation(Action("clear", "c", B, "", "b"), wall_now=1_010.0)(here, 8.0)
-    (cleared,) = [e for e in here.snapshot().clusters["c"].endpoints if e.spec.address == B]
+    cleared = here.snapshot().endpoint("c", B)
     assert cleared.override_until is None and cleared.state is State.STARTING
 
 

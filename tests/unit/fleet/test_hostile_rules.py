@@ -10,11 +10,12 @@ from llm_health.fleet.membership import Roster
 from llm_health.fleet.ownership import endpoint_key, owner_of
 from llm_health.fleet.verdicts import adopt, taken_as_is
 from llm_health.fleet.wire import Member, Membership, Verdict
-from llm_health.model.board import Board, ClusterSpec, EndpointSpec
+from llm_health.model.board import Board
 from llm_health.model.causes import Cause
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.policy import Policy
 from llm_health.model.states import State
+from tests import boards
 
 KEYS = [endpoint_key("c", f"10.0.0.{i}:8000") for i in range(1, 41)]
 STALL_S = 10.0
@@ -71,13 +72,8 @@ FAST = ProbeResult(Outcome.FAST, started_at=0.0, ttft_ms=20.0)
 
 
 def healthy_board() -> Board:
-    endpoints = tuple(EndpointSpec(a, a.split(":")[0], 8000) for a in ADDRESSES)
     policy = Policy(healthy_after=1, unhealthy_after=1, max_ejection_percent=50)
-    board = Board([ClusterSpec("c", policy, endpoints)], now=0.0, wall_offset=1_000.0)
-    for address in ADDRESSES:
-        board.record("c", address, FAST, 1.0)
-    assert {board.health("c", a).state for a in ADDRESSES} == {State.HEALTHY}
-    return board
+    return boards.healthy_board(*ADDRESSES, policy=policy, wall_offset=1_000.0, ttft_ms=20.0)
 
 
 def out(address: str, seq: int, cause: Cause = Cause.FATAL) -> Verdict:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from llm_health.model.board import Board, ClusterSpec, EndpointSpec
 from llm_health.model.envoy_view import EnvoyHealth
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.policy import Policy
 from llm_health.model.states import State
+from tests import boards
 
 POLICY = Policy(healthy_after=3, unhealthy_after=2, drain_time_s=30.0)
 A, B, C = "10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80"
@@ -23,17 +26,20 @@ def fast(board: Board, cluster: str, address: str, now: float, times: int = 1) -
 
 
 def endpoint(board: Board, cluster: str, address: str):  # type: ignore[no-untyped-def]
-    (found,) = [
-        e for e in board.snapshot().clusters[cluster].endpoints if e.spec.address == address
-    ]
-    return found
+    return board.snapshot().endpoint(cluster, address)
 
 
 def healthy_board() -> Board:
-    board = Board([spec("c", A, B)], now=0.0, wall_offset=1000.0)
-    fast(board, "c", A, 1.0)
-    fast(board, "c", B, 1.0)
-    return board
+    return boards.healthy_board(A, B, policy=POLICY, wall_offset=1000.0)
+
+
+def test_a_snapshot_finds_an_endpoint_by_cluster_and_address() -> None:
+    snapshot = healthy_board().snapshot()
+    assert snapshot.endpoint("c", B) is snapshot.clusters["c"].endpoints[1]
+    with pytest.raises(KeyError):
+        snapshot.endpoint("c", C)
+    with pytest.raises(KeyError):
+        snapshot.endpoint("other", A)
 
 
 def test_signal_down_forces_unhealthy_and_holds_until_cleared() -> None:

@@ -10,6 +10,7 @@ import pytest
 from llm_health.model.board import Board, ClusterSpec, EndpointSpec, HealthSnapshot
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.policy import Policy
+from llm_health.model.snapshot_builder import SnapshotBuilder
 from llm_health.model.states import State
 
 POLICY = Policy(healthy_after=2, unhealthy_after=2, drain_time_s=5.0)
@@ -23,8 +24,8 @@ def spec(name: str, count: int, offset: int = 0) -> ClusterSpec:
     return ClusterSpec(name, POLICY, endpoints)
 
 
-def from_scratch(board: Board) -> HealthSnapshot:
-    board._touch()  # everything dirty: the reference rebuild
+def from_scratch(board: Board, snapshots: SnapshotBuilder) -> HealthSnapshot:
+    snapshots.touch()  # everything dirty: the reference rebuild
     return board.snapshot()
 
 
@@ -57,13 +58,14 @@ def step(board: Board, rng: random.Random, now: float) -> None:
 @pytest.mark.parametrize("seed", range(20))
 def test_incremental_snapshot_equals_a_rebuild_from_scratch(seed: int) -> None:
     rng = random.Random(seed)
-    board = Board([spec("a", 4), spec("b", 3)], now=0.0, wall_offset=1000.0)
+    snapshots = SnapshotBuilder()
+    board = Board([spec("a", 4), spec("b", 3)], now=0.0, wall_offset=1000.0, snapshots=snapshots)
     for i in range(300):
         now = i * 0.25
         step(board, rng, now)
         if rng.random() < 0.5:  # snapshots taken after one change or after several
             incremental = board.snapshot().clusters
-            assert dict(incremental) == dict(from_scratch(board).clusters), f"step {i}"
+            assert dict(incremental) == dict(from_scratch(board, snapshots).clusters), f"step {i}"
 
 
 def test_unchanged_endpoints_and_clusters_are_reused_and_the_version_kept() -> None:

@@ -3,12 +3,13 @@ cause (garbage output, wrong answer, wrong model)."""
 
 from __future__ import annotations
 
-from llm_health.model.board import Board, ClusterSpec, EndpointSpec
+from llm_health.model.board import Board
 from llm_health.model.causes import Cause
 from llm_health.model.envoy_view import EnvoyHealth
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.policy import Policy
 from llm_health.model.states import State
+from tests import boards
 
 POLICY = Policy(healthy_after=3, unhealthy_after=2, drain_time_s=30.0, degraded_weight=0.3)
 A, B = "10.0.0.1:80", "10.0.0.2:80"
@@ -23,17 +24,11 @@ def probe(board: Board, address: str, now: float, outcome: Outcome = Outcome.FAS
 
 
 def seen(board: Board, address: str):  # type: ignore[no-untyped-def]
-    (found,) = [e for e in board.snapshot().clusters["c"].endpoints if e.spec.address == address]
-    return found
+    return board.snapshot().endpoint("c", address)
 
 
 def healthy_board() -> Board:
-    endpoints = tuple(EndpointSpec(a, a.split(":")[0], 80) for a in (A, B))
-    board = Board([ClusterSpec("c", POLICY, endpoints)], now=0.0, wall_offset=0.0)
-    probe(board, A, 1.0)
-    probe(board, B, 1.0)
-    assert seen(board, A).state is State.HEALTHY
-    return board
+    return boards.healthy_board(A, B, policy=POLICY)
 
 
 def test_a_limit_degrades_a_healthy_endpoint_with_its_reason_and_weight() -> None:

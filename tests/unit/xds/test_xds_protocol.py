@@ -22,7 +22,8 @@ from llm_health.xds.protocol import (
     sotw_needs_push,
     sotw_subscription,
 )
-from llm_health.xds.stream import KIND_TYPES, REPEAT_LOG_S, ProblemTally
+from llm_health.xds.stream import KIND_TYPES
+from llm_health.xds.tally import REPEAT_LOG_S, ProblemTally
 
 K = RequestKind
 

@@ -16,32 +16,17 @@ from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.policy import Policy
 from llm_health.xds import resources
 from llm_health.xds.resources import TYPE_URL, ResourceCache, cluster_load_assignment, lb_endpoint
-
-HEALTHY, DEGRADED, UNHEALTHY, DRAINING, STARTING, TINY = (
-    EndpointSpec(f"127.0.0.1:{port}", "127.0.0.1", port, weight)
-    for port, weight in ((9001, 100), (9002, 100), (9003, 100), (9004, 80), (9005, 50), (9006, 1))
-)
+from tests.boards import DEGRADED, DRAINING, HEALTHY, STARTING, TINY, UNHEALTHY, every_state_board
 
 
 def probe(outcome: Outcome, ttft_ms: float | None = None) -> ProbeResult:
     return ProbeResult(outcome, 0.0, ttft_ms=ttft_ms)
 
 
-def make_board() -> Board:
-    """One endpoint per docs/design.md §4 row; TINY (base weight 1) is degraded too."""
-    endpoints = (HEALTHY, DEGRADED, UNHEALTHY, DRAINING, STARTING, TINY)
-    board = Board([ClusterSpec("llama-70b", Policy(), endpoints)], now=0.0, wall_offset=0.0)
-    board.record("llama-70b", HEALTHY.address, probe(Outcome.FAST, 10), 1.0)
-    board.record("llama-70b", DEGRADED.address, probe(Outcome.SLOW, 500), 1.0)
-    board.record("llama-70b", UNHEALTHY.address, probe(Outcome.FATAL), 1.0)
-    board.record("llama-70b", DRAINING.address, probe(Outcome.FAST, 10), 1.0)
-    board.drain("llama-70b", DRAINING.address, 2.0, "operator")
-    board.record("llama-70b", TINY.address, probe(Outcome.SLOW, 500), 1.0)
-    return board
-
-
 def assignment() -> endpoint_pb2.ClusterLoadAssignment:
-    return cluster_load_assignment(make_board().snapshot().clusters["llama-70b"])
+    return cluster_load_assignment(
+        every_state_board("llama-70b", TINY).snapshot().clusters["llama-70b"]
+    )
 
 
 def by_port(cla: endpoint_pb2.ClusterLoadAssignment) -> dict[int, Any]:
@@ -84,13 +69,13 @@ def test_every_endpoint_kept_in_one_locality_with_its_address() -> None:
 
 def test_weight_zero_is_clamped_to_one() -> None:
     """LbEndpoint.load_balancing_weight: validate rule gte 1; 0 would be NACKed."""
-    endpoint = make_board().snapshot().clusters["llama-70b"].endpoints[0]
+    endpoint = every_state_board("llama-70b", TINY).snapshot().clusters["llama-70b"].endpoints[0]
     zero = replace(endpoint, view=EnvoyView(EnvoyHealth.UNHEALTHY, 0, None))
     assert lb_endpoint(zero).load_balancing_weight.value == 1
 
 
 def test_packed_resources_have_the_eds_type_url() -> None:
-    cluster = make_board().snapshot().clusters["llama-70b"]
+    cluster = every_state_board("llama-70b", TINY).snapshot().clusters["llama-70b"]
     built = ResourceCache().get(cluster)
     assert built.packed.type_url == TYPE_URL
     unpacked = endpoint_pb2.ClusterLoadAssignment()
@@ -129,7 +114,12 @@ def test_cache_builds_once_per_name_and_version(monkeypatch: pytest.MonkeyPatch)
 def test_cache_is_bounded() -> None:
     cache = ResourceCache(max_entries=2)
     for version in ("v1", "v2", "v3"):
-        cache.get(replace(make_board().snapshot().clusters["llama-70b"], envoy_version=version))
+        cache.get(
+            replace(
+                every_state_board("llama-70b", TINY).snapshot().clusters["llama-70b"],
+                envoy_version=version,
+            )
+        )
     assert len(cache) == 2
 
 
