@@ -227,6 +227,7 @@ class MicroProbe:
         status: int | None,
         detail: str,
         answer: Answer | None = None,
+        interim: int = 0,
     ) -> ProbeResult:
         start, token = timing.start, timing.first_token
         ttft_ms = timing.ms(token)
@@ -256,6 +257,7 @@ class MicroProbe:
             detail=_shown(detail, target),
             loop_lag_ms=lag_ms,
             answer=answer,
+            interim=interim,
         )
 
 
@@ -551,12 +553,13 @@ class _Exchange:
 
     def _finish(self, outcome: Outcome, status: int | None, detail: str) -> None:
         """The verdict: the result to the receiver, then the tail (or the close)."""
-        timing, reader = self._timing, self._reader
+        timing, reader, connection = self._timing, self._reader, self._connection
         answer = None
         if reader is not None and timing.first_token is not None:
             answer = reader.answer(complete=reader.finished)
+        interim = 0 if connection is None else connection.interim
         result = self._owner._result(
-            self._target, timing, self._wall, outcome, status, detail, answer
+            self._target, timing, self._wall, outcome, status, detail, answer, interim
         )
         self._cancel_alarms()
         self._after_verdict(status)
