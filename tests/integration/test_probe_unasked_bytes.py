@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import socket
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -20,6 +22,7 @@ from llm_health.probe.http1 import (
     MAX_FRAMING_BYTES,
     MAX_HEAD_BYTES,
     STAMPS,
+    Connection,
     ResponseError,
     request_head,
     route_of,
@@ -343,3 +346,53 @@ async def test_a_read_the_kernel_timed_before_the_request_is_no_answer() -> None
             connection.head_ready()
         pool.release(connection, reuse=True)
         assert connection.lost  # never kept
+
+
+# --- what a failed exchange leaves ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "start", "filler"),
+    [
+        ("endless trailer", CHUNKED_HEAD + b"0\r\nX-Trailer: ", b"a" * 16384),
+        ("malformed", b"HTTP/1.1 200 OK\r\nX: y\r\n\r\n", b"\x00" * 16384),
+        ("head too long", b"HTTP/1.1 200 OK\r\nX-Pad: ", b"a" * 16384),
+    ],
+)
+async def test_a_failed_exchange_leaves_nothing_for_the_collector(
+    monkeypatch: pytest.MonkeyPatch, name: str, start: bytes, filler: bytes
+) -> None:
+    """The connection of an exchange that failed goes when the exchange is over, its read
+    buffers and parser with it, not at the collector's next run: the prober's collections
+    are rare (app/heap.py), and a backend that fails every probe so grew ``serve`` by
+    about 0.6 MiB a probe (a kept exception's traceback held the frames that read the
+    bytes, in a cycle with the connection)."""
+    made: weakref.WeakSet[Connection] = weakref.WeakSet()
+    real = Connection.connection_made
+
+    def tracked(self: Connection, transport: asyncio.BaseTransport) -> None:
+        made.add(self)
+        real(self, transport)
+
+    monkeypatch.setattr(Connection, "connection_made", tracked)
+    endless = Endless(start, filler)
+    gc.collect()
+    gc.disable()
+    try:
+        async with endless.serving() as port, new_connections() as connections:
+            result = await MicroProbe(connections).probe(target(port, timeout="5s"))
+            await asyncio.wait_for(endless.gone.wait(), 5)
+            assert len(made) == 0 or await _gone(made), (name, result)
+    finally:
+        gc.enable()
+    assert result.outcome is Outcome.ERROR, (name, result)
+
+
+async def _gone(made: weakref.WeakSet[Connection]) -> bool:
+    """Whether every connection in ``made`` goes within a few loop turns (a transport lets
+    go of its protocol on the turn after its close)."""
+    for _ in range(20):
+        if not made:
+            return True
+        await asyncio.sleep(0.01)
+    return False
