@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import gzip
 import socket
+import struct
 import threading
 import time
 import weakref
@@ -27,7 +29,7 @@ from llm_health.probe.http1 import (
     request_head,
     route_of,
 )
-from tests.integration.test_probe_http1 import ONE_TOKEN, SSE_HEAD, probing, target
+from tests.integration.test_probe_http1 import ONE_TOKEN, SSE_HEAD, TOKEN, probing, target
 from tests.raw_http import RawServer, Script
 
 pytestmark = pytest.mark.timeout(30)
@@ -396,3 +398,54 @@ async def _gone(made: weakref.WeakSet[Connection]) -> bool:
             return True
         await asyncio.sleep(0.01)
     return False
+
+
+# --- what held before, and holds with the rules above -----------------------------------
+
+GZIPPED = gzip.compress(TOKEN)
+HELD = {
+    "content-length and chunked": SSE_HEAD
+    + b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
+    + ONE_TOKEN[len(CHUNKED_HEAD) :],
+    "chunk size overflow": CHUNKED_HEAD + b"fffffffffffffffffff\r\n" + TOKEN + b"\r\n",
+    "10 MB of headers": b"HTTP/1.1 200 OK\r\n" + (b"X-A: " + b"a" * 1000 + b"\r\n") * 10_000,
+    "gzip body": SSE_HEAD
+    + b"Content-Encoding: gzip\r\nContent-Length: %d\r\n\r\n%s" % (len(GZIPPED), GZIPPED),
+    "sse line without a newline": SSE_HEAD + b"\r\n" + TOKEN.rstrip(b"\n"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HELD))
+async def test_hostile_answers_that_were_errors_still_are(name: str) -> None:
+    then = "close" if name == "sse line without a newline" else "hold"
+    async with probing(Script([(HELD[name], then)])) as (server, prober, _connections):
+        result = await prober.probe(target(server.port))
+    assert result.outcome in (Outcome.ERROR, Outcome.TIMEOUT), (name, result)
+
+
+async def test_an_answer_a_byte_every_100_ms_is_a_timeout() -> None:
+    script = Script([(list(ONE_TOKEN[i : i + 1] for i in range(len(ONE_TOKEN))), "keep")])
+    script.pause_s = 0.1
+    async with probing(script) as (server, prober, _connections):
+        result = await prober.probe(target(server.port, timeout="1s"))
+    assert result.outcome is Outcome.TIMEOUT, result
+
+
+async def test_a_reset_after_the_head_is_an_error() -> None:
+    async def reset(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(CHUNKED_HEAD)
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()  # an RST, not a FIN
+
+    server = await asyncio.start_server(reset, "127.0.0.1", 0)
+    try:
+        async with new_connections() as connections:
+            port = server.sockets[0].getsockname()[1]
+            result = await MicroProbe(connections).probe(target(port))
+    finally:
+        server.close()
+    assert result.outcome is Outcome.ERROR, result
