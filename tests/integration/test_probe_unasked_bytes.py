@@ -256,6 +256,10 @@ class Canned:
         self.nudge.wait(5)
         if self._stop.is_set():
             return
+        if not self.unasked:  # the connection closed while idle instead
+            client.shutdown(socket.SHUT_WR)
+            self.wrote.set()
+            return
         client.sendall(self.unasked)  # no request asked for it
         self.wrote.set()
         self._read_request(client)
@@ -315,6 +319,26 @@ async def test_unasked_bytes_on_a_kept_connection_are_never_the_next_answer() ->
     assert second.outcome is Outcome.ERROR, second
     assert second.detail == "answer began before the request was sent"
     assert prober.stale_resends == 0
+
+
+@pytest.mark.skipif(not STAMPS, reason="the kernel's receipt times are Linux's (x86-64, arm64)")
+async def test_a_kept_connection_found_closed_at_the_send_is_sent_again() -> None:
+    """What held before, through the look before the request: the server closed the kept
+    connection while idle and the prober reads its end only as the next request goes
+    out. That end is no answer: the request goes once more on a new connection."""
+    with Canned().running() as canned:
+        async with new_connections() as connections:
+            prober = MicroProbe(connections)
+            first = await prober.probe(target(canned.port))
+            await asyncio.sleep(0.1)
+            canned.nudge.set()
+            hold_the_loop(canned.wrote)
+            second = await prober.probe(target(canned.port))
+            opened, reused = connections.opened, connections.reused
+    assert first.outcome is Outcome.FAST, first
+    assert second.outcome is Outcome.FAST, second
+    assert prober.stale_resends == 1
+    assert opened == 2 and reused == 1
 
 
 async def test_unasked_bytes_read_while_idle_drop_the_kept_connection() -> None:
