@@ -202,6 +202,20 @@ async def test_interim_responses_never_make_a_verdict_or_a_success(
         assert len(EARLY_HINTS * 2000) > MAX_HEAD_BYTES
 
 
+async def test_a_kept_connection_closed_after_an_interim_response_is_not_sent_again() -> None:
+    """An interim response is a response: the server saw the request, so a kept
+    connection that ends after one is no stale connection to send the request on again
+    (that would be a retry of a failed probe): an ERROR."""
+    script = Script([(ONE_TOKEN, "keep"), (CONTINUE, "close")])  # per connection
+    async with probing(script) as (server, prober, _connections):
+        first = await prober.probe(target(server.port))
+        second = await prober.probe(target(server.port))
+    assert first.outcome is Outcome.FAST, first
+    assert second.outcome is Outcome.ERROR, second
+    assert second.interim == 1
+    assert prober.stale_resends == 0 and server.requests == 2
+
+
 # --- an answer that began before the request was sent ----------------------------------
 
 

@@ -597,7 +597,7 @@ class _Exchange:
             return
         if phase is _OVER:
             return
-        if not self._resend and _stale_connection(exc, self._timing):
+        if not self._resend and _stale_connection(exc, self._timing, self._connection):
             self._release(reuse=False)
             self._cancel_alarms()
             self._owner.stale_resends += 1
@@ -835,10 +835,12 @@ def _mentions_overload(message: str) -> bool:
     return any(word in lowered for word in OVERLOAD_WORDS)
 
 
-def _stale_connection(exc: BaseException, timing: _Timing) -> bool:
+def _stale_connection(exc: BaseException, timing: _Timing, connection: Connection | None) -> bool:
     """The request died on a kept connection before any response: the server had closed
-    it (it disconnected before a status line)."""
-    return isinstance(exc, ConnectionBroken) and timing.reused and timing.headers is None
+    it (it disconnected before a status line; an interim 1xx is one: it saw the request)."""
+    if not isinstance(exc, ConnectionBroken) or not timing.reused or timing.headers is not None:
+        return False
+    return connection is None or connection.interim == 0
 
 
 def _timeout_detail(target: ProbeTarget, timing: _Timing) -> str:
