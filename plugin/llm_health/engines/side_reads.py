@@ -175,7 +175,10 @@ class _Body:
                     self._done(b"".join(self._parts)[: self._limit])
                     return
         except (OSError, ProtocolError) as exc:
-            future.set_exception(exc)
+            # Kept without its traceback: the frames that read the bytes (their buffers,
+            # the parser) would stay with it until the collector finds the cycle through
+            # the awaiting coroutine; it gets the awaiter's when raised there.
+            future.set_exception(exc.with_traceback(None))
 
     def _done(self, body: bytes) -> None:
         status = self._connection.status

@@ -41,6 +41,7 @@ class ProbeResult:
     the timings are the prober's fault, not the engine's (docs/design.md §7).
     ``detail`` is a short human text (never a secret, never a whole body).
     ``answer``: set on a known-answer probe that got a first token (its TTFT counts too).
+    ``interim``: interim (1xx) responses read past before the answer (RFC 9110 §15.2).
     """
 
     outcome: Outcome
@@ -53,3 +54,4 @@ class ProbeResult:
     detail: str = ""
     loop_lag_ms: float = 0.0
     answer: Answer | None = None  # a known-answer probe's answer (docs/design.md §14)
+    interim: int = 0

@@ -77,17 +77,18 @@ class EndpointHistogram:
 
 
 class EndpointCounter:
-    """A counter per endpoint and one extra label (e.g. outcome); ``name`` ends in _total."""
+    """A counter per endpoint and one extra label (e.g. outcome), or none (``label`` None:
+    counted under ``""``); ``name`` ends in _total."""
 
-    def __init__(self, name: str, help_text: str, label: str) -> None:
+    def __init__(self, name: str, help_text: str, label: str | None) -> None:
         self.name, self.help, self.label = name, help_text, label
         self._counts: dict[EndpointKey, dict[str, int]] = {}
 
-    def inc(self, key: EndpointKey, value: str) -> None:
+    def inc(self, key: EndpointKey, value: str = "", amount: int = 1) -> None:
         counts = self._counts.get(key)
         if counts is None:
             counts = self._counts[key] = {}
-        counts[value] = counts.get(value, 0) + 1
+        counts[value] = counts.get(value, 0) + amount
 
     def drop(self, key: EndpointKey) -> None:
         self._counts.pop(key, None)
@@ -101,7 +102,8 @@ class EndpointCounter:
         for key, counts in list(self._counts.items()):
             labels = endpoint_labels(key)
             for value, count in list(counts.items()):
-                out.append(f'{self.name}{{{labels},{self.label}="{escape(value)}"}} {count}\n')
+                extra = f',{self.label}="{escape(value)}"' if self.label is not None else ""
+                out.append(f"{self.name}{{{labels}{extra}}} {count}\n")
 
 
 def _go(bound: float) -> str:

@@ -103,6 +103,11 @@ class RuntimeMetrics:
             "for loop lag are not counted here (llm_health_probes_ignored_loop_lag_total).",
             "outcome",
         )
+        self.interim = EndpointCounter(
+            "llm_health_probe_interim_responses_total",
+            "Interim (1xx) responses probes read past before their answer (RFC 9110 §15.2).",
+            None,
+        )
         self.transitions = Counter(
             "llm_health_state_transitions",
             "State changes by from, to and cause (reason label: "
@@ -125,6 +130,8 @@ class RuntimeMetrics:
     def on_probe(self, cluster: str, address: str, result: ProbeResult) -> None:
         key = (cluster, address)
         self.outcomes.inc(key, _OUTCOME_LABELS[result.outcome])
+        if result.interim:
+            self.interim.inc(key, amount=result.interim)
         if result.ttft_ms is not None:
             self.ttft.observe(key, result.ttft_ms / 1000)
         if result.connect_ms is not None:
@@ -161,7 +168,7 @@ class RuntimeMetrics:
 
     def _render(self, snapshot: HealthSnapshot) -> bytes:
         out: list[str] = []
-        for series in (self.ttft, self.connect, self.headers, self.outcomes):
+        for series in (self.ttft, self.connect, self.headers, self.outcomes, self.interim):
             series.render(out)
         _render_endpoint_gauges(snapshot, out)
         return generate_latest(self.registry) + "".join(out).encode()
@@ -182,7 +189,7 @@ class RuntimeMetrics:
 
     def _prune(self, alive: set[EndpointKey]) -> None:
         """Drop the series of endpoints no longer on the board (bounded cardinality)."""
-        per_endpoint = (self.ttft, self.connect, self.headers, self.outcomes)
+        per_endpoint = (self.ttft, self.connect, self.headers, self.outcomes, self.interim)
         known = {k for series in per_endpoint for k in series.endpoints()} | set(
             self._transition_labels
         )

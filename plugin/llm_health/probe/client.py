@@ -227,6 +227,7 @@ class MicroProbe:
         status: int | None,
         detail: str,
         answer: Answer | None = None,
+        interim: int = 0,
     ) -> ProbeResult:
         start, token = timing.start, timing.first_token
         ttft_ms = timing.ms(token)
@@ -256,6 +257,7 @@ class MicroProbe:
             detail=_shown(detail, target),
             loop_lag_ms=lag_ms,
             answer=answer,
+            interim=interim,
         )
 
 
@@ -551,12 +553,13 @@ class _Exchange:
 
     def _finish(self, outcome: Outcome, status: int | None, detail: str) -> None:
         """The verdict: the result to the receiver, then the tail (or the close)."""
-        timing, reader = self._timing, self._reader
+        timing, reader, connection = self._timing, self._reader, self._connection
         answer = None
         if reader is not None and timing.first_token is not None:
             answer = reader.answer(complete=reader.finished)
+        interim = 0 if connection is None else connection.interim
         result = self._owner._result(
-            self._target, timing, self._wall, outcome, status, detail, answer
+            self._target, timing, self._wall, outcome, status, detail, answer, interim
         )
         self._cancel_alarms()
         self._after_verdict(status)
@@ -594,7 +597,7 @@ class _Exchange:
             return
         if phase is _OVER:
             return
-        if not self._resend and _stale_connection(exc, self._timing):
+        if not self._resend and _stale_connection(exc, self._timing, self._connection):
             self._release(reuse=False)
             self._cancel_alarms()
             self._owner.stale_resends += 1
@@ -832,10 +835,12 @@ def _mentions_overload(message: str) -> bool:
     return any(word in lowered for word in OVERLOAD_WORDS)
 
 
-def _stale_connection(exc: BaseException, timing: _Timing) -> bool:
+def _stale_connection(exc: BaseException, timing: _Timing, connection: Connection | None) -> bool:
     """The request died on a kept connection before any response: the server had closed
-    it (it disconnected before a status line)."""
-    return isinstance(exc, ConnectionBroken) and timing.reused and timing.headers is None
+    it (it disconnected before a status line; an interim 1xx is one: it saw the request)."""
+    if not isinstance(exc, ConnectionBroken) or not timing.reused or timing.headers is not None:
+        return False
+    return connection is None or connection.interim == 0
 
 
 def _timeout_detail(target: ProbeTarget, timing: _Timing) -> str:

@@ -9,10 +9,12 @@ connections of their own; aiohttp stays for the HTTP server and webhooks. What t
 module does not do: redirects (a probe follows none: a 3xx is the endpoint's answer),
 content encodings (none is asked for), proxies, cookies.
 
-Every size is bounded (``MAX_HEAD_BYTES``; the body by the caller), every failure is an
-exception the prober turns into a ``ProbeResult``: ``ConnectFailed``, ``ConnectionBroken``
-(lost before the whole answer), ``ResponseError`` (bytes llhttp refuses, an upgrade, a head
-too large, bytes while idle). Nothing here logs.
+Every size is bounded (the head by ``MAX_HEAD_BYTES``, every other byte after it by
+``MAX_FRAMING_BYTES``, the body by the caller), every failure is an exception the prober
+turns into a ``ProbeResult``: ``ConnectFailed``, ``ConnectionBroken`` (lost before the whole
+answer), ``ResponseError`` (bytes llhttp refuses, an upgrade, a head too large, too much
+framing, bytes while idle or before the request went out). Interim 1xx responses before
+the answer are read past and counted (``Connection.interim``). Nothing here logs.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import errno
 import ipaddress
 import os
 import platform
+import select
 import socket
 import ssl
 import struct
@@ -37,6 +40,10 @@ import httptools
 from llm_health.errors import ProtocolError
 
 MAX_HEAD_BYTES = 64 * 1024  # status line and headers; llhttp itself has no limit
+# Bytes after the head that are not body (chunk sizes and extensions, CRLFs, trailers),
+# beyond as many as the body's own: none of them is counted by the body's bound, and
+# llhttp joins an unfinished trailer's value piece by piece (memory and CPU without end).
+MAX_FRAMING_BYTES = 64 * 1024
 MAX_IDLE_PER_ENDPOINT = 2  # kept connections per endpoint (one probe in flight, plus one)
 IDLE_TIMEOUT_S = 15.0  # a kept connection unused this long is closed (aiohttp's default)
 SWEEP_EVERY_S = 5.0  # a walk over every endpoint: not at every probe, nor every second
@@ -143,12 +150,15 @@ class Connection(asyncio.Protocol):
         self.complete = False
         self._keep_alive = False
         self._framed = False  # Content-Length or chunked: an early end is a break
-        self._head_bytes = 0  # of the status line and headers, as llhttp reports them
-        self._raw_head = 0  # bytes received before the head was complete
+        self._head_bytes = 0  # of the status lines and headers, as llhttp reports them
+        self._raw = 0  # bytes received for this answer: its heads, framing, body
+        self._interim = False  # llhttp is in an interim (1xx) response
+        self.interim = 0  # interim responses read past (RFC 9110 §15.2)
         self._body: list[bytes] = []  # 56 bytes empty (a deque: 600)
         self._body_size = 0  # of the whole answer's body so far
         self._to_end: int | None = None  # while draining: the most body bytes awaited
-        self._error: Exception | None = None
+        if not self.lost:  # a new connection's unasked bytes stay its first answer's fault
+            self._error: str | None = None  # what broke the exchange (``ResponseError``)
         self.head_at = None
 
     # --- the exchange -----------------------------------------------------------------
@@ -233,7 +243,11 @@ class Connection(asyncio.Protocol):
 
     def _raise_if_failed(self, *, before_head: bool) -> None:
         if self._error is not None:
-            raise self._error
+            # A new exception each time, none kept: one kept here would hold, through its
+            # traceback, the frames that read the bytes (their buffers, the parser) in a
+            # cycle with this connection, for the collector to find (about 0.6 MiB a
+            # failed exchange in ``serve``, whose collections are rare: app/heap.py).
+            raise ResponseError(self._error)
         if self.lost and before_head:
             raise ConnectionBroken("server closed the connection")
         if self.lost and self._framed:
@@ -265,33 +279,60 @@ class Connection(asyncio.Protocol):
 
     def data_stamped(self, data: bytes, arrived: float) -> None:
         """``data`` as the kernel received it at ``arrived`` (perf_counter): from a
-        ``_StampedSocket``, whose bytes are timed by the kernel, not by this process. A
-        time before the request went out cannot be (the wall clock stepped forward since
-        the stamp): then this read's own time, an upper bound as without a stamp."""
-        if arrived >= self._sent_at:
-            self.arrived, self.stamped = arrived, True
-        else:
-            self.arrived, self.stamped = time.perf_counter(), False
+        ``_StampedSocket``, whose bytes are timed by the kernel, not by this process.
+        Bytes that arrived before the request went out answer no request of ours (a
+        server that writes on accept, or unasked on a kept connection): never this
+        exchange's answer, however soon they were read (docs/design.md §7.4)."""
+        if arrived < self._sent_at and self._active:
+            self.data_unasked()
+            return
+        self.arrived, self.stamped = arrived, True
         self._take(data)
+
+    def data_unasked(self) -> None:
+        """Bytes came before the request went out (the request is not sent then)."""
+        self._fail("answer began before the request was sent")
 
     def _take(self, data: bytes) -> None:
         parser = self._parser
         if not self._active or parser is None:
-            self._fail(ResponseError("bytes from the server outside an exchange"))
+            self._fail(self._unasked())
             return
         try:
             parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._fail(ResponseError("the server switched protocols"))
+            self._fail("the server switched protocols")
         except httptools.HttpParserError as exc:
-            self._fail(ResponseError(f"malformed HTTP response: {_reason(exc)}"))
-        if self.status is None:
-            self._raw_head += len(data)  # llhttp buffers a header until it is whole
-        over = self._head_bytes > MAX_HEAD_BYTES or self._raw_head > MAX_HEAD_BYTES
-        if over and self._error is None:
-            self._fail(ResponseError(f"response head longer than {MAX_HEAD_BYTES} bytes"))
+            self._fail(f"malformed HTTP response: {_reason(exc)}")
+        # One sum a read, the bounds only past MAX_HEAD_BYTES: no work a byte.
+        self._raw += len(data)
+        if self._raw > MAX_HEAD_BYTES and self._error is None:
+            self._check_bounds()
         if self._news():
             self._wake()
+
+    def _unasked(self) -> str:
+        """What bytes outside an exchange are: before the first request (a server that
+        writes on accept), or after an answer (on a kept connection)."""
+        if self._sent_at == 0.0:
+            return "answer began before the request was sent"
+        return "bytes from the server outside an exchange"
+
+    def _check_bounds(self) -> None:
+        """The head's bound (llhttp buffers an unfinished header, and counts none), then
+        the framing's: what came besides the body, past the head, at most as much as the
+        body plus MAX_FRAMING_BYTES (an unfinished trailer or chunk extension grows
+        nothing but this). Past either, nothing of the answer is read, not even its body
+        or its end that came in the same read."""
+        if self.status is None or self._head_bytes > MAX_HEAD_BYTES:
+            error = f"response head longer than {MAX_HEAD_BYTES} bytes"
+        elif self._raw - 2 * self._body_size > MAX_HEAD_BYTES + MAX_FRAMING_BYTES:
+            error = f"more than {MAX_FRAMING_BYTES} bytes of chunk framing and trailers"
+        else:
+            return
+        self._body.clear()
+        self.complete = False
+        self._fail(error)
 
     def eof_received(self) -> bool:
         return False  # close the transport: connection_lost follows
@@ -301,7 +342,7 @@ class Connection(asyncio.Protocol):
         self._parser = None
         self._wake()
 
-    def _fail(self, error: Exception) -> None:
+    def _fail(self, error: str) -> None:
         self._error = error
         self.close()
         self._wake()
@@ -312,8 +353,8 @@ class Connection(asyncio.Protocol):
         self._head_bytes += len(status) + 15
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self.complete:
-            return  # a second answer in the same bytes: never read (not reusable either)
+        if self.status is not None:
+            return  # a trailer (bounded as framing), or a second answer's (never read)
         size = len(name)
         self._head_bytes += size + len(value) + 4
         # Lowered only when its length could be one of the two (most headers: never).
@@ -322,11 +363,19 @@ class Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         if self.complete:
-            self._error = ResponseError("bytes from the server after the answer")
+            self._error = "bytes from the server after the answer"
             return
         parser = self._parser
         assert parser is not None  # llhttp calls this from inside its feed_data
-        self.status = parser.get_status_code()
+        status = parser.get_status_code()
+        if status < 200 and status != 101:
+            # An interim response (100 Continue, 103 Early Hints): a client reads past
+            # those it did not ask for (RFC 9110 §15.2). llhttp takes it for a message of
+            # its own and reads the final one next; its head counts toward the bound.
+            self._interim, self._framed = True, False
+            self.interim += 1
+            return
+        self.status = status
         self.head_at = self.arrived
         self._keep_alive = parser.should_keep_alive()
 
@@ -337,6 +386,13 @@ class Connection(asyncio.Protocol):
                 self._body.append(body)
 
     def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            parser = self._parser
+            if parser is not None and not parser.should_keep_alive():
+                # llhttp reads nothing after it: no final answer can come.
+                self._error = "an interim (1xx) response closed the connection"
+            return
         self.complete = True
         self._active = False
 
@@ -643,6 +699,8 @@ class _StampedSocket:
         self._fd = sock.fileno()
         self._protocol: Connection | None = protocol  # None once closed: no cycle left
         self._pending = b""  # written and not sent yet (the socket's buffer was full)
+        self._unread = select.poll()  # whether bytes wait unread (``write``)
+        self._unread.register(self._fd, select.POLLIN)
         loop.add_reader(self._fd, self._readable)
         protocol.connection_made(self)  # type: ignore[arg-type]
 
@@ -664,11 +722,16 @@ class _StampedSocket:
         protocol.data_stamped(data, _arrived(ancillary))
 
     def write(self, data: bytes) -> None:
+        """Send a request, unless bytes came before it and wait unread (this loop turn
+        did not read them): they answer no request of ours, and a read that took them in
+        with the answer would bear the answer's stamp (docs/design.md §7.4)."""
         sock = self._sock
         if sock is None:
             return  # closed: the connection has heard (connection_lost)
         if self._pending:
             self._pending += data
+            return
+        if self._unread.poll(0) and self._came_unasked(sock):
             return
         try:
             sent = sock.send(data)
@@ -680,6 +743,25 @@ class _StampedSocket:
         if sent < len(data):
             self._pending = data[sent:]
             self._loop.add_writer(self._fd, self._writable)
+
+    def _came_unasked(self, sock: socket.socket) -> bool:
+        """Whether bytes wait unread (then the connection fails: ``data_unasked``), or
+        the connection is lost meanwhile (the server had closed a kept one: its request
+        is sent again on a new one, as ever)."""
+        protocol = self._protocol
+        try:
+            data = sock.recv(1)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError as exc:
+            self._lose(exc)
+            return True
+        if protocol is not None and data:
+            protocol.data_unasked()
+        elif protocol is not None:
+            protocol.eof_received()
+        self._lose(None)
+        return True
 
     def _writable(self) -> None:
         sock = self._sock

@@ -168,3 +168,17 @@ async def test_every_source_is_collected_as_it_is() -> None:
     assert text.count("# TYPE llm_health_test_things gauge") == 2  # not merged, not renamed
     assert "llm_health_admin_" not in text  # only the sources given
     assert value(samples(text), "llm_health_build_info", version=__version__) == 1
+
+
+async def test_interim_responses_are_counted_per_endpoint() -> None:
+    """1xx responses a probe read past (``ProbeResult.interim``): a counter per endpoint,
+    never a verdict of their own."""
+    rt = runtime()
+    feed(rt, A, ProbeResult(Outcome.FAST, 0.0, ttft_ms=41.0, interim=2))
+    feed(rt, A, ProbeResult(Outcome.FAST, 0.0, ttft_ms=42.0, interim=1))
+    feed(rt, B, ProbeResult(Outcome.FAST, 0.0, ttft_ms=43.0))
+    found, text = await scrape(rt)
+    name = "llm_health_probe_interim_responses_total"
+    assert value(found, name, cluster="llama", endpoint=A) == 3
+    assert value(found, name, cluster="llama", endpoint=B) is None
+    assert "# TYPE llm_health_probe_interim_responses counter" in text
