@@ -2,9 +2,9 @@
 §16.10).
 
 A ``@dataclass(frozen=True)`` enforces immutability at run time by building every
-instance through ``object.__setattr__``, one call a field: measured here, 1.7 µs for a
-``ProbeResult``, 2.5 µs for an ``EndpointHealth`` and 1.4 µs for a ``Transition``, against
-0.4 µs for the same slots class unfrozen, and every probe builds one of each. ``value``
+instance through ``object.__setattr__``, one call a field, several times the cost of a
+plain slots class, and every probe builds a ``ProbeResult``, an ``EndpointHealth`` and a
+``Transition`` (figures: docs/benchmarks.md). ``value``
 keeps them immutable where it is checked, by the type checker: mypy (``--strict``, in CI)
 treats a ``@value`` class as frozen and refuses any assignment to a field; at run time it
 is a plain slots dataclass, hashed by its fields as a frozen one is. Build a changed copy
