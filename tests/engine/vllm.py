@@ -112,6 +112,7 @@ class VllmServer:
             "--block-size", str(block_size),
             "--enable-prefix-caching",
             "--disable-uvicorn-access-log",
+            "--enable-log-requests",  # "Request ... aborted." lines (docs/engines/vllm.md)
             *extra,
         ]  # fmt: skip
         self.env = self._environment(state)
