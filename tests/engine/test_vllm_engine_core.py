@@ -84,9 +84,7 @@ def watch_startup(server: VllmServer, agent: AgentProcess, within: float) -> lis
 
 
 @pytest.fixture(scope="module")
-def watched(
-    vllm_server: StartVllm, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Watched]:
+def watched(vllm_server: StartVllm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Watched]:
     """The agent first (on a port nothing listens on yet), then vLLM spawned on it."""
     port = free_port()
     settings = {"probe": PROBE, "agent": {"restart_after": None}}
@@ -200,9 +198,7 @@ def test_a_frozen_engine_core_is_taken_out_while_health_says_200_and_a_kill_too(
     # The probes that timed out closed their connections; the thawed engine aborted their
     # requests instead of running them (docs/design.md §2.4), and nothing is left running.
     assert server.log_text().count(" aborted.") > aborted_before
-    wait_for(
-        lambda: server.metric("vllm:num_requests_running") == 0, 10.0, "no request running"
-    )
+    wait_for(lambda: server.metric("vllm:num_requests_running") == 0, 10.0, "no request running")
 
     server.kill_engine()
     wait_for(server.exited, 60.0, "the API server exits with its EngineCore")

@@ -60,29 +60,43 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., PluginProcess]]:
         plugin.stop()
 
 
-def finished(server: VllmServer) -> float:
-    """Requests vLLM finished by themselves (one-token probes end on their length)."""
-    return sum(
+COUNTERS = (
+    "vllm:prefix_cache_hits_total",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+)
+
+
+def counters(server: VllmServer) -> dict[str, float]:
+    """COUNTERS and ``finished`` (requests vLLM finished by themselves: every
+    ``request_success_total`` but ``abort``), from one read of ``/metrics``: vLLM counts a
+    one-token request's token and its end in the same engine step."""
+    metrics = server.metrics()
+
+    def total(name: str) -> float:
+        return sum(v for k, v in metrics.items() if k == name or k.startswith(name + "{"))
+
+    read = {name: total(name) for name in COUNTERS}
+    read["finished"] = sum(
         value
-        for key, value in server.metrics().items()
+        for key, value in metrics.items()
         if key.startswith("vllm:request_success_total{") and 'finished_reason="abort"' not in key
     )
+    return read
 
 
 def probe_run(server: VllmServer, plugin: PluginProcess) -> dict[str, float]:
-    """Let ``plugin`` send PROBES probes, stop it; what vLLM counted meanwhile."""
-    names = ("vllm:prefix_cache_hits_total", "vllm:prompt_tokens_total")
-    before = {name: server.metric(name) for name in names}
-    done_before = finished(server)
+    """What vLLM counted while ``plugin`` sent PROBES probes (and its log's ``aborted``
+    lines): both readings are taken while it runs (stopping it mid-probe would leave a
+    request to abort)."""
     deadline = time.monotonic() + 60.0
-    while finished(server) - done_before < PROBES:
+    first = {**counters(server), "aborted": server.log_text().count(" aborted.")}
+    while counters(server)["finished"] - first["finished"] < PROBES:
         assert time.monotonic() < deadline, "the probes did not reach vLLM"
         time.sleep(0.2)
+    last = {**counters(server), "aborted": server.log_text().count(" aborted.")}
     plugin.stop()
-    time.sleep(0.5)  # a probe in flight when it stopped is counted too
-    counted = {name: server.metric(name) - before[name] for name in names}
-    counted["requests"] = finished(server) - done_before
-    return counted
+    return {name: last[name] - first[name] for name in first}
 
 
 def test_probes_add_no_prefix_cache_hits_and_without_the_salt_they_would(
@@ -90,11 +104,11 @@ def test_probes_add_no_prefix_cache_hits_and_without_the_salt_they_would(
 ) -> None:
     salted = probe_run(server, serve(server))  # cache_bust auto: cache_salt on vLLM
     # The premise: each probe's prompt spans at least one full block, so a repeat could hit.
-    assert salted["vllm:prompt_tokens_total"] / salted["requests"] >= BLOCK, salted
+    assert salted["vllm:prompt_tokens_total"] / salted["finished"] >= BLOCK, salted
     assert salted["vllm:prefix_cache_hits_total"] == 0, salted
     # The same probes without a cache bypass hit the blocks the previous ones left.
     plain = probe_run(server, serve(server, cache_bust="none"))
-    assert plain["vllm:prefix_cache_hits_total"] >= BLOCK * (plain["requests"] - 1), plain
+    assert plain["vllm:prefix_cache_hits_total"] >= BLOCK * (plain["finished"] - 1), plain
 
 
 def test_the_probe_request_ends_with_its_token(
@@ -102,14 +116,10 @@ def test_the_probe_request_ends_with_its_token(
 ) -> None:
     """docs/design.md §2.4: ``max_tokens: 1``; vLLM ends the stream at once (finish reason
     ``length``), so the probe never has to cut it: one token generated per probe, nothing
-    aborted, nothing left running."""
-    tokens_before = server.metric("vllm:generation_tokens_total")
-    aborted_before = server.log_text().count(" aborted.")
+    aborted."""
     counted = probe_run(server, serve(server))
-    generated = server.metric("vllm:generation_tokens_total") - tokens_before
-    assert generated == counted["requests"] >= PROBES, (generated, counted)
-    assert server.log_text().count(" aborted.") == aborted_before
-    assert server.metric("vllm:num_requests_running") == 0
+    assert counted["vllm:generation_tokens_total"] == counted["finished"] >= PROBES, counted
+    assert counted["aborted"] == 0, counted
 
 
 def first_token_then_close(server: VllmServer, max_tokens: int) -> None:

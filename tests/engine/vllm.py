@@ -209,7 +209,9 @@ class VllmServer:
         for pid in children(self.process.pid):
             if "EngineCore" in process_name(pid):
                 return pid
-        raise LookupError(f"no EngineCore child of {self.process.pid}: {children(self.process.pid)}")
+        raise LookupError(
+            f"no EngineCore child of {self.process.pid}: {children(self.process.pid)}"
+        )
 
     def metrics(self, timeout: float = 5.0) -> dict[str, float]:
         """Every ``vllm:`` series of ``GET /metrics`` (labels kept in the key)."""
