@@ -118,7 +118,7 @@ class Endpoint(_message.Message):
     override_until: float
     removing: bool
     cause: str
-    def __init__(self, cluster: _Optional[str] = ..., address: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., base_weight: _Optional[int] = ..., state: _Optional[_Union[State, str]] = ..., reason: _Optional[str] = ..., since: _Optional[float] = ..., envoy_health: _Optional[_Union[EnvoyHealth, str]] = ..., envoy_weight: _Optional[int] = ..., lb_label: _Optional[str] = ..., last_probe: _Optional[_Union[ProbeResult, _Mapping]] = ..., probe_state: _Optional[_Union[State, str]] = ..., signals: _Optional[_Mapping[str, str]] = ..., override_until: _Optional[float] = ..., removing: _Optional[bool] = ..., cause: _Optional[str] = ...) -> None: ...
+    def __init__(self, cluster: _Optional[str] = ..., address: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., base_weight: _Optional[int] = ..., state: _Optional[_Union[State, str]] = ..., reason: _Optional[str] = ..., since: _Optional[float] = ..., envoy_health: _Optional[_Union[EnvoyHealth, str]] = ..., envoy_weight: _Optional[int] = ..., lb_label: _Optional[str] = ..., last_probe: _Optional[_Union[ProbeResult, _Mapping]] = ..., probe_state: _Optional[_Union[State, str]] = ..., signals: _Optional[_Mapping[str, str]] = ..., override_until: _Optional[float] = ..., removing: bool = ..., cause: _Optional[str] = ...) -> None: ...
 
 class Cluster(_message.Message):
     __slots__ = ("name", "warm", "envoy_version", "endpoints")
@@ -130,7 +130,7 @@ class Cluster(_message.Message):
     warm: bool
     envoy_version: str
     endpoints: _containers.RepeatedCompositeFieldContainer[Endpoint]
-    def __init__(self, name: _Optional[str] = ..., warm: _Optional[bool] = ..., envoy_version: _Optional[str] = ..., endpoints: _Optional[_Iterable[_Union[Endpoint, _Mapping]]] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., warm: bool = ..., envoy_version: _Optional[str] = ..., endpoints: _Optional[_Iterable[_Union[Endpoint, _Mapping]]] = ...) -> None: ...
 
 class EndpointKey(_message.Message):
     __slots__ = ("cluster", "address")
@@ -172,7 +172,7 @@ class WatchEndpointsResponse(_message.Message):
     clusters: _containers.RepeatedCompositeFieldContainer[Cluster]
     endpoints: _containers.RepeatedCompositeFieldContainer[Endpoint]
     removed: _containers.RepeatedCompositeFieldContainer[EndpointKey]
-    def __init__(self, revision: _Optional[int] = ..., initial: _Optional[bool] = ..., clusters: _Optional[_Iterable[_Union[Cluster, _Mapping]]] = ..., endpoints: _Optional[_Iterable[_Union[Endpoint, _Mapping]]] = ..., removed: _Optional[_Iterable[_Union[EndpointKey, _Mapping]]] = ...) -> None: ...
+    def __init__(self, revision: _Optional[int] = ..., initial: bool = ..., clusters: _Optional[_Iterable[_Union[Cluster, _Mapping]]] = ..., endpoints: _Optional[_Iterable[_Union[Endpoint, _Mapping]]] = ..., removed: _Optional[_Iterable[_Union[EndpointKey, _Mapping]]] = ...) -> None: ...
 
 class EndpointRequest(_message.Message):
     __slots__ = ("cluster", "address")
@@ -212,7 +212,7 @@ class EndpointResponse(_message.Message):
     CHANGED_FIELD_NUMBER: _ClassVar[int]
     endpoint: Endpoint
     changed: bool
-    def __init__(self, endpoint: _Optional[_Union[Endpoint, _Mapping]] = ..., changed: _Optional[bool] = ...) -> None: ...
+    def __init__(self, endpoint: _Optional[_Union[Endpoint, _Mapping]] = ..., changed: bool = ...) -> None: ...
 
 class ProbeNowResponse(_message.Message):
     __slots__ = ("result", "endpoint", "ignored")
@@ -222,4 +222,4 @@ class ProbeNowResponse(_message.Message):
     result: ProbeResult
     endpoint: Endpoint
     ignored: bool
-    def __init__(self, result: _Optional[_Union[ProbeResult, _Mapping]] = ..., endpoint: _Optional[_Union[Endpoint, _Mapping]] = ..., ignored: _Optional[bool] = ...) -> None: ...
+    def __init__(self, result: _Optional[_Union[ProbeResult, _Mapping]] = ..., endpoint: _Optional[_Union[Endpoint, _Mapping]] = ..., ignored: bool = ...) -> None: ...

@@ -5,7 +5,7 @@ import warnings
 
 from llm_health.adminpb import admin_pb2 as llm__health_dot_v1_dot_admin__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.74.0'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -18,14 +18,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in llm_health/v1/admin_pb2_grpc.py depends on'
+        + f' but the generated code in llm_health/v1/admin_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class AdminStub:
+class AdminStub(object):
     """The admin service. Every method is served only to callers that present the bearer
     token when one is configured.
     """
@@ -73,7 +73,7 @@ class AdminStub:
                 _registered_method=True)
 
 
-class AdminServicer:
+class AdminServicer(object):
     """The admin service. Every method is served only to callers that present the bearer
     token when one is configured.
     """
@@ -175,7 +175,7 @@ def add_AdminServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class Admin:
+class Admin(object):
     """The admin service. Every method is served only to callers that present the bearer
     token when one is configured.
     """
