@@ -112,7 +112,11 @@ def parse_load(text: str, *, ttft: bool = True) -> EngineLoad:
     not valid Prometheus text exposition. Only the lines of the series read here are
     parsed (an engine's document is mostly histograms nobody here reads: parsing all of it
     every second per endpoint would cost more than the probes). ``ttft`` False: the TTFT
-    histogram (most of the lines that are read) is left out, ``EngineLoad.ttft`` None."""
+    histogram (most of the lines that are read) is left out, ``EngineLoad.ttft`` None.
+    MetricsOverrun for a document past a bound of one read (``MAX_DOCUMENT`` and the
+    others above): ignored whole, never read in part."""
+    if len(text) > MAX_DOCUMENT:  # decoded from at most MAX_DOCUMENT bytes: as many characters
+        raise MetricsOverrun(f"document over {MAX_DOCUMENT} characters")
     engine, lines = _select(text, ttft=ttft)
     if engine is None:
         raise MetricsError("no metric of a known engine (vLLM, SGLang, TGI, llama.cpp)")
@@ -157,24 +161,29 @@ def _select(text: str, *, ttft: bool = True) -> tuple[str | None, list[str]]:
     (lines are separated by ``\\n``: the text exposition format), not by a Python loop
     over every line: an engine's document is mostly histograms nobody here reads, and
     the loop cost about half a microsecond a line on every read (docs/design.md §16.5,
-    ``bench/side_read_cost.py``). MetricsOverrun past ``MAX_LINES`` or ``MAX_LINE``."""
-    engine = _engine_in(text)
+    ``bench/side_read_cost.py``). The engine's own names are searched for from its
+    first name on (none can come before it). MetricsOverrun past ``MAX_LINES`` or
+    ``MAX_LINE``."""
+    engine, first = _engine_in(text)
     if engine is None:
         return None, []
     lines: list[str] = []
     examined = 0
+    prefix = _PREFIX[engine]
     for name in _READ[(engine, ttft)]:
-        examined = _lines_of(text, name, lines, examined)
+        since = first if name.startswith(prefix) else 0
+        examined = _lines_of(text, name, lines, examined, since)
     return engine, lines
 
 
-MAX_ASIDE = 64  # an engine's prefix found not beginning a name, before it counts as absent
+_PREFIX = {engine: prefix for prefix, engine in METRIC_PREFIXES}
+MAX_ASIDE = 64  # an engine's prefix found not beginning a name, before the read is refused
 
 
-def _engine_in(text: str) -> str | None:
+def _engine_in(text: str) -> tuple[str | None, int]:
     """``detect.engine_of_names`` over the document's names in order (a sample's, or a
     ``# TYPE`` / ``# HELP`` line's): the engine of the first line that begins with one
-    of an engine's names. Found by ``str.find`` of each engine's prefix (one search of
+    of an engine's names, and where that name begins (or None, -1). Found by ``str.find`` of each engine's prefix (one search of
     the document each at most), not line by line: a document of millions of short lines
     costs no more than one of a few. MetricsOverrun when a prefix is found more than
     ``MAX_ASIDE`` times elsewhere than a name's start (no engine writes that)."""
@@ -183,7 +192,7 @@ def _engine_in(text: str) -> str | None:
         at = _name_start(text, prefix, first)
         if at >= 0:
             first, found = at, engine
-    return found
+    return found, first if found is not None else -1
 
 
 def _name_start(text: str, prefix: str, before: int) -> int:
@@ -212,12 +221,16 @@ def _begins_name(text: str, at: int) -> bool:
     )
 
 
-def _lines_of(text: str, name: str, lines: list[str], examined: int) -> int:
+def _lines_of(text: str, name: str, lines: list[str], examined: int, since: int = 0) -> int:
     """Append the sample lines of series ``name`` (the name whole, not a longer name it
-    begins), in document order; the lines examined so far (``examined`` and these:
-    a longer name's count too). MetricsOverrun past ``MAX_LINES`` or ``MAX_LINE``."""
+    begins) that begin at ``since`` or later, in document order; the lines examined so
+    far (``examined`` and these: a longer name's count too). MetricsOverrun past
+    ``MAX_LINES`` or ``MAX_LINE``."""
     needle, size, end = "\n" + name, len(name), len(text)
-    start = 0 if text.startswith(name) else _after_break(text, needle, 0)
+    if since == 0 and text.startswith(name):
+        start = 0
+    else:
+        start = _after_break(text, needle, max(since - 1, 0))
     while start >= 0:
         examined += 1
         if examined > MAX_LINES:
