@@ -36,15 +36,16 @@ from dataclasses import dataclass
 from llm_health.engines.detect import METRIC_PREFIXES
 from llm_health.model.engine_load import EngineLoad, Histogram
 
-# The bounds of one read (docs/engines.md "Bounds of a /metrics read"): what a read may
+# The bounds of one read (docs/engines.md, "Bounds of a /metrics read"): what a read may
 # cost the prober's event loop, however hostile the document. A real engine's document
-# is far inside them (vLLM with 64 data-parallel ranks: about 1 MiB, 2,000 lines of the
-# series read, lines of about 150 characters); a document past one is refused whole
-# (MetricsOverrun), never read in part.
+# is inside them (vLLM 0.32 with 64 data-parallel engines: 3.5 MB, 2,113 lines of the
+# series read examined, 5,760 labels, lines of about 120 characters); a document past
+# one is refused whole (MetricsOverrun), never read in part.
 MAX_DOCUMENT = 4 * 1024 * 1024  # bytes of /metrics read at most
 MAX_LINES = 4 * 1024  # lines of the read series examined (longer names included)
 MAX_LINE = 4 * 1024  # characters of one such line
 MAX_LABELS = 4 * MAX_LINES  # labels and escapes in their values, in those lines
+MAX_ASIDE = 64  # an engine's prefix found not beginning a name, before its first name
 _WAITING = {
     "vllm": ("vllm:num_requests_waiting",),
     "sglang": ("sglang:num_queue_reqs",),
@@ -86,7 +87,8 @@ class MetricsError(ValueError):
 
 class MetricsOverrun(MetricsError):
     """The document is past a bound of one read (``MAX_DOCUMENT``, ``MAX_LINES``,
-    ``MAX_LINE``): ignored for that read, that endpoint's problem alone."""
+    ``MAX_LINE``, ``MAX_LABELS``, ``MAX_ASIDE``): ignored for that read, that endpoint's
+    problem alone."""
 
 
 def _names_read(engine: str, *, ttft: bool) -> tuple[str, ...]:
@@ -115,7 +117,7 @@ def parse_load(text: str, *, ttft: bool = True) -> EngineLoad:
     histogram (most of the lines that are read) is left out, ``EngineLoad.ttft`` None.
     MetricsOverrun for a document past a bound of one read (``MAX_DOCUMENT`` and the
     others above): ignored whole, never read in part."""
-    if len(text) > MAX_DOCUMENT:  # decoded from at most MAX_DOCUMENT bytes: as many characters
+    if len(text) > MAX_DOCUMENT:  # read as at most MAX_DOCUMENT bytes, so as many characters
         raise MetricsOverrun(f"document over {MAX_DOCUMENT} characters")
     engine, lines = _select(text, ttft=ttft)
     if engine is None:
@@ -177,16 +179,16 @@ def _select(text: str, *, ttft: bool = True) -> tuple[str | None, list[str]]:
 
 
 _PREFIX = {engine: prefix for prefix, engine in METRIC_PREFIXES}
-MAX_ASIDE = 64  # an engine's prefix found not beginning a name, before the read is refused
 
 
 def _engine_in(text: str) -> tuple[str | None, int]:
     """``detect.engine_of_names`` over the document's names in order (a sample's, or a
     ``# TYPE`` / ``# HELP`` line's): the engine of the first line that begins with one
-    of an engine's names, and where that name begins (or None, -1). Found by ``str.find`` of each engine's prefix (one search of
-    the document each at most), not line by line: a document of millions of short lines
-    costs no more than one of a few. MetricsOverrun when a prefix is found more than
-    ``MAX_ASIDE`` times elsewhere than a name's start (no engine writes that)."""
+    of an engine's names, and where that name begins (or None, -1). Found by
+    ``str.find`` of each engine's prefix (one search of the document each at most), not
+    line by line: a document of millions of short lines costs no more than one of a
+    few. MetricsOverrun when a prefix is found more than ``MAX_ASIDE`` times elsewhere
+    than a name's start before the first name (no engine writes that)."""
     first, found = len(text), None
     for prefix, engine in METRIC_PREFIXES:
         at = _name_start(text, prefix, first)
@@ -253,9 +255,9 @@ def _after_break(text: str, needle: str, at: int) -> int:
 
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-# A label value: runs of plain characters between escapes, each run one step of the
-# matcher (not one alternative per character: a value of a million escapes is read in
-# one pass, never a step per character in Python).
+# A label value: runs of plain characters between escapes, the matcher taking a run at
+# once (not one alternative per character); the escapes it may step through are
+# bounded by MAX_LABELS.
 _LABEL = re.compile(
     r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"([^"\\\n]*(?:\\.[^"\\\n]*)*)"[ \t]*(,|\})'
 )
