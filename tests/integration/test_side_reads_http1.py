@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from llm_health.config import ProbeSettings
-from llm_health.engines.metrics import MAX_DOCUMENT, MetricsError
+from llm_health.engines.metrics import MAX_DOCUMENT, MetricsError, MetricsOverrun
 from llm_health.engines.side_reads import (
     READ_ERRORS,
     SideReads,
@@ -78,17 +78,25 @@ async def test_a_non_200_is_a_metrics_error_and_no_model_list() -> None:
 
 
 @pytest.mark.parametrize(("size", "kept"), [(MAX_DOCUMENT, True), (MAX_DOCUMENT + 1, False)])
-async def test_a_body_over_its_bound_is_cut_and_its_connection_closed(
+async def test_a_body_over_its_bound_is_refused_and_its_connection_closed(
     size: int, kept: bool
 ) -> None:
     body = (b"# padding\n" * (size // 10 + 1))[:size]
     async with reading(Script([(sized(body), "keep")])) as (server, reads, connections):
-        first = await reads.metrics(target(server.port), "/metrics", 2.0, keep=True)
-        if not kept:
-            await asyncio.wait_for(until(lambda: server.eofs == 1), 2)  # the client went
-        second = await reads.metrics(target(server.port), "/metrics", 2.0, keep=True)
-    assert first == second == body[:MAX_DOCUMENT].decode()
-    assert len(first) == MAX_DOCUMENT
+        answers: list[str | BaseException] = []
+        for _ in range(2):
+            try:
+                answers.append(await reads.metrics(target(server.port), "/metrics", 2.0, keep=True))
+            except MetricsOverrun as exc:  # read whole up to the bound, never parsed in part
+                answers.append(exc)
+            if not kept:
+                await asyncio.wait_for(until(lambda: server.eofs == len(answers)), 2)
+    if kept:
+        assert answers == [body.decode()] * 2
+    else:
+        assert [
+            read_error(a, target(server.port)) for a in answers if isinstance(a, MetricsError)
+        ] == [f"document over {MAX_DOCUMENT} bytes"] * 2
     assert connections.reused == (1 if kept else 0)
     assert server.connections == (1 if kept else 2)
 

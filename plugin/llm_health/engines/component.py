@@ -39,7 +39,7 @@ from prometheus_client.metrics_core import Metric
 
 from llm_health.core.control import BoardControl
 from llm_health.core.families import counter, gauge
-from llm_health.engines.metrics import Reading, parse_load, saturation
+from llm_health.engines.metrics import MetricsOverrun, Reading, parse_load, saturation
 from llm_health.engines.schedule import (
     MAX_TICK_S,
     MODELS_EVERY_S,
@@ -105,6 +105,7 @@ class _Endpoint:
     last_verdict: str = ""
     models: tuple[str, ...] = ()
     model_error: str = ""
+    overrun_logged: bool = False  # a /metrics document past a read's bounds was logged
 
 
 @dataclass(slots=True)
@@ -115,6 +116,7 @@ class _Counters:
     passes_total: int = 0
     metrics_reads_total: int = 0
     metrics_failures_total: int = 0
+    metrics_overruns_total: int = 0
     model_checks_total: int = 0
     model_failures_total: int = 0
     side_reads_deferred_total: int = 0
@@ -405,7 +407,26 @@ class EngineChecks:
         except READ_ERRORS as exc:
             self._counters.metrics_failures_total += 1
             state.reading = state.reading.failed(read_error(exc, target))
+            if isinstance(exc, MetricsOverrun):
+                self._overrun(target, state)
         await self._apply_load(target, metrics, state)
+
+    def _overrun(self, target: ProbeTarget, state: _Endpoint) -> None:
+        """A document past a read's bounds (docs/engines.md): ignored for this read like
+        any failed read, counted, and logged once for the endpoint (it answers the same
+        every read; /status shows the last error)."""
+        self._counters.metrics_overruns_total += 1
+        if state.overrun_logged:
+            return
+        state.overrun_logged = True
+        log.warning(
+            "engine /metrics past a read's bounds, ignored",
+            extra={
+                "cluster": target.cluster,
+                "endpoint": target.address,
+                "reason": state.reading.error,
+            },
+        )
 
     async def _apply_load(
         self, target: ProbeTarget, metrics: EngineMetricsConfig, state: _Endpoint
@@ -504,6 +525,12 @@ class EngineChecks:
             "llm_health_engines_metrics_failures_total",
             "Engine /metrics reads that failed or did not parse (no verdict).",
             counters.metrics_failures_total,
+        )
+        yield counter(
+            "llm_health_engines_metrics_overruns_total",
+            "Engine /metrics reads refused for a document past a read's bounds (size, lines, "
+            "labels: docs/engines.md); also counted as failures.",
+            counters.metrics_overruns_total,
         )
         yield counter(
             "llm_health_engines_model_checks_total",

@@ -33,10 +33,19 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from llm_health.engines.detect import METRIC_PREFIXES, engine_of_names
+from llm_health.engines.detect import METRIC_PREFIXES
 from llm_health.model.engine_load import EngineLoad, Histogram
 
+# The bounds of one read (docs/engines.md, "Bounds of a /metrics read"): what a read may
+# cost the prober's event loop, however hostile the document. A real engine's document
+# is inside them (vLLM 0.32 with 64 data-parallel engines: 3.5 MB, 2,113 lines of the
+# series read examined, 5,760 labels, lines of about 120 characters); a document past
+# one is refused whole (MetricsOverrun), never read in part.
 MAX_DOCUMENT = 4 * 1024 * 1024  # bytes of /metrics read at most
+MAX_LINES = 4 * 1024  # lines of the read series examined (longer names included)
+MAX_LINE = 4 * 1024  # characters of one such line
+MAX_LABELS = 4 * MAX_LINES  # labels and escapes in their values, in those lines
+MAX_ASIDE = 64  # an engine's prefix found not beginning a name, before its first name
 _WAITING = {
     "vllm": ("vllm:num_requests_waiting",),
     "sglang": ("sglang:num_queue_reqs",),
@@ -76,6 +85,12 @@ class MetricsError(ValueError):
     """The document could not be read as Prometheus text (the message says why)."""
 
 
+class MetricsOverrun(MetricsError):
+    """The document is past a bound of one read (``MAX_DOCUMENT``, ``MAX_LINES``,
+    ``MAX_LINE``, ``MAX_LABELS``, ``MAX_ASIDE``): ignored for that read, that endpoint's
+    problem alone."""
+
+
 def _names_read(engine: str, *, ttft: bool) -> tuple[str, ...]:
     """The series an ``engine``'s document is read for (``ttft``: with its TTFT buckets)."""
     names = [
@@ -99,7 +114,11 @@ def parse_load(text: str, *, ttft: bool = True) -> EngineLoad:
     not valid Prometheus text exposition. Only the lines of the series read here are
     parsed (an engine's document is mostly histograms nobody here reads: parsing all of it
     every second per endpoint would cost more than the probes). ``ttft`` False: the TTFT
-    histogram (most of the lines that are read) is left out, ``EngineLoad.ttft`` None."""
+    histogram (most of the lines that are read) is left out, ``EngineLoad.ttft`` None.
+    MetricsOverrun for a document past a bound of one read (``MAX_DOCUMENT`` and the
+    others above): ignored whole, never read in part."""
+    if len(text) > MAX_DOCUMENT:  # read as at most MAX_DOCUMENT bytes, so as many characters
+        raise MetricsOverrun(f"document over {MAX_DOCUMENT} characters")
     engine, lines = _select(text, ttft=ttft)
     if engine is None:
         raise MetricsError("no metric of a known engine (vLLM, SGLang, TGI, llama.cpp)")
@@ -117,6 +136,8 @@ def parse_load(text: str, *, ttft: bool = True) -> EngineLoad:
                 continue
             else:
                 values.setdefault(name, []).append(value)
+    except MetricsOverrun:
+        raise
     except ValueError as exc:
         raise MetricsError(f"not Prometheus text: {str(exc)[:120]}") from None
     waiting = _first(values, _WAITING.get(engine, ()), sum)
@@ -142,43 +163,89 @@ def _select(text: str, *, ttft: bool = True) -> tuple[str | None, list[str]]:
     (lines are separated by ``\\n``: the text exposition format), not by a Python loop
     over every line: an engine's document is mostly histograms nobody here reads, and
     the loop cost about half a microsecond a line on every read (docs/design.md §16.5,
-    ``bench/side_read_cost.py``)."""
-    engine = _engine_in(text)
+    ``bench/side_read_cost.py``). The engine's own names are searched for from its
+    first name on (none can come before it). MetricsOverrun past ``MAX_LINES`` or
+    ``MAX_LINE``."""
+    engine, first = _engine_in(text)
     if engine is None:
         return None, []
     lines: list[str] = []
+    examined = 0
+    prefix = _PREFIX[engine]
     for name in _READ[(engine, ttft)]:
-        _lines_of(text, name, lines)
+        since = first if name.startswith(prefix) else 0
+        examined = _lines_of(text, name, lines, examined, since)
     return engine, lines
 
 
-def _engine_in(text: str) -> str | None:
+_PREFIX = {engine: prefix for prefix, engine in METRIC_PREFIXES}
+
+
+def _engine_in(text: str) -> tuple[str | None, int]:
     """``detect.engine_of_names`` over the document's names in order (a sample's, or a
-    ``# TYPE`` / ``# HELP`` line's), line by line until one is an engine's: the first
-    line, in every engine's document."""
-    at, end = 0, len(text)
-    while at < end:
-        stop = text.find("\n", at)
-        stop = end if stop < 0 else stop
-        start = at + 7 if text.startswith(("# TYPE ", "# HELP "), at, stop) else at
-        engine = engine_of_names((text[start:stop],))
-        if engine is not None:
-            return engine
-        at = stop + 1
-    return None
+    ``# TYPE`` / ``# HELP`` line's): the engine of the first line that begins with one
+    of an engine's names, and where that name begins (or None, -1). Found by
+    ``str.find`` of each engine's prefix (one search of the document each at most), not
+    line by line: a document of millions of short lines costs no more than one of a
+    few. MetricsOverrun when a prefix is found more than ``MAX_ASIDE`` times elsewhere
+    than a name's start before the first name (no engine writes that)."""
+    first, found = len(text), None
+    for prefix, engine in METRIC_PREFIXES:
+        at = _name_start(text, prefix, first)
+        if at >= 0:
+            first, found = at, engine
+    return found, first if found is not None else -1
 
 
-def _lines_of(text: str, name: str, lines: list[str]) -> None:
+def _name_start(text: str, prefix: str, before: int) -> int:
+    """Where ``prefix`` first begins a line's name (after ``# TYPE `` or ``# HELP ``
+    in a comment) before ``before``, or -1."""
+    at = text.find(prefix, 0, before + len(prefix) - 1)
+    for _ in range(MAX_ASIDE):
+        if at < 0 or _begins_name(text, at):
+            return at
+        at = text.find(prefix, at + 1, before + len(prefix) - 1)
+    if at < 0:
+        return at
+    raise MetricsOverrun(f"{prefix} found over {MAX_ASIDE} times not beginning a name")
+
+
+def _begins_name(text: str, at: int) -> bool:
+    """Whether the name at ``at`` begins its line, or a ``# TYPE`` / ``# HELP`` line's
+    name."""
+    if at == 0 or text[at - 1] == "\n":
+        return True
+    lead = at - 7
+    return (
+        lead >= 0
+        and text.startswith(("# TYPE ", "# HELP "), lead, at)
+        and (lead == 0 or text[lead - 1] == "\n")
+    )
+
+
+def _lines_of(text: str, name: str, lines: list[str], examined: int, since: int = 0) -> int:
     """Append the sample lines of series ``name`` (the name whole, not a longer name it
-    begins), in document order."""
+    begins) that begin at ``since`` or later, in document order; the lines examined so
+    far (``examined`` and these: a longer name's count too). MetricsOverrun past
+    ``MAX_LINES`` or ``MAX_LINE``."""
     needle, size, end = "\n" + name, len(name), len(text)
-    start = 0 if text.startswith(name) else _after_break(text, needle, 0)
+    if since == 0 and text.startswith(name):
+        start = 0
+    else:
+        start = _after_break(text, needle, max(since - 1, 0))
     while start >= 0:
-        stop = text.find("\n", start + size)
-        stop = end if stop < 0 else stop
+        examined += 1
+        if examined > MAX_LINES:
+            raise MetricsOverrun(f"over {MAX_LINES} lines of the series read")
+        stop = text.find("\n", start + size, start + MAX_LINE + 1)
+        if stop < 0:
+            if end - start > MAX_LINE:
+                raise MetricsOverrun(f"a line of {name} over {MAX_LINE} characters")
+            stop = end
         if start + size == end or text[start + size] not in _NAME_CHARS:
             lines.append(text[start:stop])
         start = _after_break(text, needle, stop)
+    return examined
 
 
 def _after_break(text: str, needle: str, at: int) -> int:
@@ -188,8 +255,12 @@ def _after_break(text: str, needle: str, at: int) -> int:
 
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-_LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\\n]|\\.)*)"[ \t]*(,|\})')
-_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+# A label value: runs of plain characters between escapes, the matcher taking a run at
+# once (not one alternative per character); the escapes it may step through are
+# bounded by MAX_LABELS.
+_LABEL = re.compile(
+    r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"([^"\\\n]*(?:\\.[^"\\\n]*)*)"[ \t]*(,|\})'
+)
 
 
 # The common line in one match: labels with no escapes and no blanks around them, one
@@ -209,17 +280,30 @@ def _samples(lines: list[str]) -> Iterator[tuple[str, dict[str, str], float]]:
     the text exposition format writes them: ``name{label="value",...} value [timestamp]``.
     ValueError for a line that is not one. Each line is read left to right once, most in
     a single match (``_PLAIN``: the simulator document's 27 read lines in 44 µs, against
-    72 µs by the general reading alone)."""
+    72 µs by the general reading alone). MetricsOverrun past ``MAX_LABELS`` labels and
+    escapes, each a step of the matchers, counted by ``str.count`` before a line is read
+    (escapes only where they are read: ``_PLAIN`` takes none)."""
+    labels = 0
     for line in lines:
         if not line or line.startswith("#"):
             continue
+        labels += line.count("=")
+        if labels > MAX_LABELS:
+            raise _too_many_labels()
         plain = _PLAIN.fullmatch(line)
         if plain is not None:
             name, block, value = plain.groups()
             found = dict(_PLAIN_LABELS.findall(block)) if block else {}
             yield name, found, float(value)
             continue
+        labels += line.count("\\")
+        if labels > MAX_LABELS:
+            raise _too_many_labels()
         yield _sample(line)
+
+
+def _too_many_labels() -> MetricsOverrun:
+    return MetricsOverrun(f"over {MAX_LABELS} labels and escapes in the series read")
 
 
 def _sample(line: str) -> tuple[str, dict[str, str], float]:
@@ -247,13 +331,22 @@ def _labels(line: str, at: int, labels: dict[str, str]) -> int:
             raise ValueError(f"bad labels: {line[:60]!r}")
         value = label.group(2)
         if "\\" in value:
-            value = re.sub(r"\\.", lambda m: _ESCAPES.get(m.group(), m.group()), value)
+            value = _unescaped(value)
         labels[label.group(1)] = value
         at = label.end()
         if label.group(3) == "}":
             return at
         if line.startswith("}", at):
             return at + 1  # a trailing comma
+
+
+def _unescaped(value: str) -> str:
+    """A label value's escapes read (``\\\\``, ``\\"``, ``\\n``; any other kept as
+    written), left to right as the value was matched: split at the escaped backslashes
+    first, so what is left has no backslash pair to misread (str methods, not a Python
+    callback per escape)."""
+    parts = value.split("\\\\")
+    return "\\".join(p.replace('\\"', '"').replace("\\n", "\n") for p in parts)
 
 
 def _histogram(buckets: dict[float, float]) -> Histogram | None:

@@ -19,7 +19,7 @@ import asyncio
 import json
 
 from llm_health.engines.detect import INFO_PATHS, answers_as
-from llm_health.engines.metrics import MAX_DOCUMENT, MetricsError
+from llm_health.engines.metrics import MAX_DOCUMENT, MetricsError, MetricsOverrun
 from llm_health.engines.served_model import model_ids
 from llm_health.errors import ProtocolError
 from llm_health.model.redact import printable_line, redact_secrets
@@ -58,12 +58,16 @@ class SideReads:
     async def metrics(
         self, target: ProbeTarget, path: str, interval_s: float, *, keep: bool = False
     ) -> str:
-        """The engine's /metrics document (within its interval); MetricsError unless 200.
-        ``keep``: here and below, keep the connection for the endpoint's next read."""
+        """The engine's /metrics document (within its interval); MetricsError unless 200,
+        MetricsOverrun when longer than MAX_DOCUMENT (refused whole: a document cut
+        short would read a prefix's sums as the engine's). ``keep``: here and below,
+        keep the connection for the endpoint's next read."""
         timeout = min(interval_s, MAX_SIDE_TIMEOUT_S)
-        status, body = await self._get(target, path, timeout, MAX_DOCUMENT, keep=keep)
+        status, body, whole = await self._get(target, path, timeout, MAX_DOCUMENT, keep=keep)
         if status != 200:
             raise MetricsError(f"HTTP {status}")
+        if not whole:
+            raise MetricsOverrun(f"document over {MAX_DOCUMENT} bytes")
         return body.decode("utf-8", "replace")
 
     async def models(
@@ -72,7 +76,7 @@ class SideReads:
         """The model ids the endpoint's ``/v1/models`` lists, the endpoint's secrets
         removed (an id reaches the "model" signal's reason); ValueError unless 200."""
         limit = MAX_MODELS_BODY
-        status, body = await self._get(target, path, MAX_SIDE_TIMEOUT_S, limit, keep=keep)
+        status, body, _ = await self._get(target, path, MAX_SIDE_TIMEOUT_S, limit, keep=keep)
         if status != 200:
             raise ValueError(f"HTTP {status}")
         return tuple(redact_secrets(i, target.secrets) for i in model_ids(json.loads(body)))
@@ -82,7 +86,7 @@ class SideReads:
         order of ``detect.INFO_PATHS``), or None."""
         for path, engine, key in INFO_PATHS:
             try:
-                status, body = await self._get(
+                status, body, _ = await self._get(
                     target, path, MAX_SIDE_TIMEOUT_S, MAX_INFO_BODY, keep=keep
                 )
                 if status != 200:
@@ -96,10 +100,10 @@ class SideReads:
 
     async def _get(
         self, target: ProbeTarget, path: str, within_s: float, limit: int, *, keep: bool = False
-    ) -> tuple[int, bytes]:
+    ) -> tuple[int, bytes, bool]:
         """GET ``path`` on the endpoint with the probe's headers (its auth), bounded: the
-        status and at most ``limit`` bytes of the body; the connection is kept after a
-        whole answer if ``keep``."""
+        status, at most ``limit`` bytes of the body, and whether that is the whole body
+        (not cut at ``limit``); the connection is kept after a whole answer if ``keep``."""
         route, request = self._request(target, path)
         async with self._limits, asyncio.timeout(within_s):
             answer = await self._exchange(route, request, limit, resend=False, keep=keep)
@@ -118,7 +122,7 @@ class SideReads:
 
     async def _exchange(
         self, route: Route, request: bytes, limit: int, *, resend: bool, keep: bool
-    ) -> tuple[int, bytes] | None:
+    ) -> tuple[int, bytes, bool] | None:
         """One request on a connection, released whatever happens (kept only after an
         answer read whole); None when it died on a kept connection before any status
         line and this is not already the resend (which goes on a new connection). The
@@ -141,7 +145,8 @@ class SideReads:
 class _Body:
     """An answer read by its connection's callbacks (``Connection.listener``): its status
     and its body, cut at ``limit`` bytes (then not ``whole``: the connection is closed,
-    never kept), into ``future`` once it ended, went past the limit or broke."""
+    never kept), into ``future`` (with ``whole``) once it ended, went past the limit or
+    broke."""
 
     __slots__ = ("_connection", "_limit", "_parts", "_size", "future", "headed", "whole")
 
@@ -152,7 +157,9 @@ class _Body:
         self._size = 0
         self.headed = False  # the status line and headers came
         self.whole = False
-        self.future: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
+        self.future: asyncio.Future[tuple[int, bytes, bool]] = (
+            asyncio.get_running_loop().create_future()
+        )
         connection.listener = self._news
 
     def _news(self) -> None:
@@ -184,7 +191,7 @@ class _Body:
         status = self._connection.status
         assert status is not None
         self._parts = []
-        self.future.set_result((status, body))
+        self.future.set_result((status, body, self.whole))
 
 
 def read_error(exc: BaseException, target: ProbeTarget) -> str:

@@ -21,7 +21,12 @@ from llm_health.sim.behaviours import serve_fault
 from llm_health.sim.call import ClientGone, Stopping, begin_call, end_call, wait_for_client
 from llm_health.sim.engines import ENGINES, info_document
 from llm_health.sim.faults import FaultSpec
-from llm_health.sim.metrics import METRICS_CONTENT_TYPE, METRICS_GARBAGE, render_metrics
+from llm_health.sim.metrics import (
+    METRICS_CONTENT_TYPE,
+    METRICS_GARBAGE,
+    hostile_metrics,
+    render_metrics,
+)
 from llm_health.sim.state import SimSettings, SimState
 from llm_health.sim.wire import (
     BadRequest,
@@ -140,14 +145,18 @@ async def _engine_info(request: web.Request) -> web.Response:
 
 async def _metrics(request: web.Request) -> web.Response:
     """Prometheus text with the engine's gauge names, unless the ``metrics`` knob says
-    otherwise: "404", "garbage" (200, not Prometheus text) or "hang"."""
+    otherwise: "404", "garbage" (200, not Prometheus text), "hang" or "hostile" (200, a
+    document that costs a reader the most it may)."""
     state = request.app[STATE_KEY]
     mode = state.fault.metrics
     if mode == "404":
         return web.Response(status=404, text="404: Not Found")
     if mode == "hang":
         return await _hang_then_504(request, state)
-    body = METRICS_GARBAGE if mode == "garbage" else render_metrics(state).encode()
+    if mode in ("garbage", "hostile"):
+        body = METRICS_GARBAGE if mode == "garbage" else hostile_metrics()
+    else:
+        body = render_metrics(state).encode()
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 

@@ -65,8 +65,10 @@ HEALTH_MODES = ("ok", "http_503", "reset")
 
 #: What ``GET /metrics`` does (the ``metrics`` knob): "ok" = the engine's Prometheus text;
 #: "404" = 404 (metrics not exposed); "garbage" = 200 whose body is not Prometheus
-#: exposition; "hang" = no answer until ``hang_max`` (then 504) or the client leaves.
-METRICS_MODES = ("ok", "404", "garbage", "hang")
+#: exposition; "hang" = no answer until ``hang_max`` (then 504) or the client leaves;
+#: "hostile" = 200 whose body is 4 MiB of line breaks, then more samples of one series
+#: than any engine writes (``metrics.hostile_metrics``).
+METRICS_MODES = ("ok", "404", "garbage", "hang", "hostile")
 
 #: What ``GET /v1/models`` and the engines' info endpoints (``/version``,
 #: ``/get_server_info``, ``/info``, ``/props``, whichever engine is played) do (the ``info``

@@ -8,15 +8,17 @@ from its in-flight gauges, unless the fault spec's ``metrics_waiting`` /
 ``llm_health_sim_*``, then, for vLLM and SGLang, the engine's time-to-first-token and
 end-to-end latency histograms (:mod:`llm_health.sim.histogram`), filled with what the
 simulator really served. What ``GET /metrics`` answers instead of this document (404,
-junk, a hang) is the ``metrics`` knob, handled by the application.
+junk, a hang, a hostile document) is the ``metrics`` knob, handled by the application.
 """
 
 from __future__ import annotations
 
+import functools
+
 from llm_health.sim.engines import ENGINES
 from llm_health.sim.state import SimState
 
-__all__ = ["METRICS_CONTENT_TYPE", "METRICS_GARBAGE", "render_metrics"]
+__all__ = ["METRICS_CONTENT_TYPE", "METRICS_GARBAGE", "hostile_metrics", "render_metrics"]
 
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -27,6 +29,16 @@ METRICS_GARBAGE = (
     b"{{{ not prometheus {{{\n"
     b'vllm:num_requests_waiting{model_name="\x00\xff 12 {{{\n'
 )
+
+
+@functools.cache
+def hostile_metrics() -> bytes:
+    """The body under ``"metrics": "hostile"``: 4 MiB, the most an engine check reads, of
+    line breaks (a reader that walks the lines pays four million steps for nothing), then
+    10,000 samples of vLLM's waiting gauge, more lines of one series than any engine
+    writes (docs/engines.md, "Bounds of a /metrics read"). Made at the first use."""
+    tail = b"vllm:num_requests_waiting 1\n" * 10_000
+    return b"\n" * (4 * 1024 * 1024 - len(tail)) + tail
 
 
 def render_metrics(state: SimState) -> str:

@@ -109,6 +109,21 @@ async def test_metrics_mode_404_and_garbage(sim: SimHandle, session: aiohttp.Cli
     assert "vllm:num_requests_running" in samples(text)
 
 
+async def test_metrics_mode_hostile(sim: SimHandle, session: aiohttp.ClientSession) -> None:
+    """4 MiB (the most the engine checks read) of line breaks, then more samples of one
+    series than any engine writes."""
+    await set_fault(session, sim, metrics="hostile")
+    async with session.get(f"{sim.base_url}/metrics") as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith("text/plain")
+        body = await resp.read()
+    assert len(body) == 4 * 1024 * 1024
+    text = body.decode()
+    lines = text.lstrip("\n").splitlines()
+    assert lines == ["vllm:num_requests_waiting 1"] * 10_000
+    assert text.count("\n") > 3_900_000
+
+
 async def test_metrics_mode_hang_until_the_client_leaves_or_hang_max(
     sim: SimHandle, session: aiohttp.ClientSession
 ) -> None:
