@@ -39,7 +39,7 @@ from prometheus_client.metrics_core import Metric
 
 from llm_health.core.control import BoardControl
 from llm_health.core.families import counter, gauge
-from llm_health.engines.metrics import Reading, parse_load, saturation
+from llm_health.engines.metrics import Reading, admission_counter, parse_load, saturation
 from llm_health.engines.schedule import (
     MAX_TICK_S,
     MODELS_EVERY_S,
@@ -68,12 +68,14 @@ from llm_health.engines.verdicts import (
     VERIFY_SIGNAL,
     Changes,
     Endpoint,
+    note_admission,
     release,
     set_engine_limit,
     set_signals,
     verify_change,
 )
 from llm_health.engines.verify import Judgement, Verdict, Verifier
+from llm_health.model.admission import Admission, after_failed_read, after_read
 from llm_health.model.causes import Cause
 from llm_health.model.engine_load import EngineLoad
 from llm_health.model.outcome import ProbeResult
@@ -398,6 +400,7 @@ class EngineChecks:
             state.reads += 1
             load = parse_load(document, ttft=with_ttft(state.reads))
             state.reading = state.reading.read(load)
+            self._note_admission(target, metrics, load)
             if self._on_load is not None:
                 self._on_load(target, load)
             if load.engine is not None and target.engine == "auto":
@@ -405,7 +408,23 @@ class EngineChecks:
         except READ_ERRORS as exc:
             self._counters.metrics_failures_total += 1
             state.reading = state.reading.failed(read_error(exc, target))
+            self._control.update_now(
+                note_admission(target.cluster, target.address, lambda a, _now: after_failed_read(a))
+            )
         await self._apply_load(target, metrics, state)
+
+    def _note_admission(
+        self, target: ProbeTarget, metrics: EngineMetricsConfig, load: EngineLoad
+    ) -> None:
+        """The read's admission counter into the board's evidence (docs/design.md §3.2):
+        what makes a slow or timed-out probe of a busy engine OVERLOADED, the same for
+        ``serve`` and ``llm-health agent`` (both read /metrics here)."""
+        counter, window = admission_counter(load.engine), metrics.window(self._schedule.stretch)
+
+        def update(admission: Admission, now: float) -> Admission:
+            return after_read(admission, counter, load.admitted, now, window)
+
+        self._control.update_now(note_admission(target.cluster, target.address, update))
 
     async def _apply_load(
         self, target: ProbeTarget, metrics: EngineMetricsConfig, state: _Endpoint

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
+from llm_health.model.admission import NO_ADMISSION, Admission, excused
 from llm_health.model.causes import Cause
 from llm_health.model.envoy_view import EnvoyView, envoy_view
 from llm_health.model.machine import (
@@ -153,6 +154,7 @@ class _Entry:
     override: Override | None = None
     removing_at: float | None = None  # removed from config: gone after drain_time
     ejected_by_failure: bool = False  # UNHEALTHY by TIMEOUT/ERROR probes, or a fleet verdict
+    admission: Admission = NO_ADMISSION  # the engine admitting requests (model.admission)
 
 
 @dataclass(slots=True)
@@ -195,10 +197,13 @@ class Board:
         return cluster in self._clusters and address in self._clusters[cluster].entries
 
     def record(self, cluster: str, address: str, result: ProbeResult, now: float) -> Transition:
-        """Fold one probe result in."""
+        """Fold one probe result in: a SLOW or TIMEOUT one while the engine admits new
+        requests is OVERLOADED (``admission.excused``, docs/design.md §3.2)."""
         entry_cluster = self._clusters[cluster]
         entry = entry_cluster.entries[address]
         policy = entry_cluster.spec.policy
+        if entry.admission is not NO_ADMISSION:
+            result = excused(result, entry.admission, now)
         transition = step(entry.health, result, now, policy)
         if entry.signals and entry.health.state is State.UNHEALTHY:
             transition = _held(entry, transition)
@@ -236,6 +241,19 @@ class Board:
         held = replace(transition.after, state=kept, reason=reason, cause=transition.cause)
         changed = kept is not transition.from_state
         return Transition(transition.from_state, held, changed=changed, cause=transition.cause)
+
+    def note_admission(
+        self, cluster: str, address: str, update: Callable[[Admission], Admission]
+    ) -> Admission:
+        """Update what the endpoint's engine showed of admitting new requests (the engine
+        checks' /metrics reads, the access-log stream); ``record`` reads it. Changes nothing
+        Envoy sees, so nothing is touched."""
+        entry = self._clusters[cluster].entries[address]
+        entry.admission = update(entry.admission)
+        return entry.admission
+
+    def admission(self, cluster: str, address: str) -> Admission:
+        return self._clusters[cluster].entries[address].admission
 
     def silence(self, cluster: str, address: str, now: float, silent_ms: float) -> Transition:
         """A probe of this endpoint is still silent in flight (``machine.silence``). An

@@ -129,7 +129,12 @@ async def _metrics(request: web.Request) -> web.Response:
             return error_response(503, "simulator shutting down", "ServiceUnavailableError")
         message = "simulated hang ended after hang_max"
         return error_response(504, message, "GatewayTimeoutError")
-    body = METRICS_GARBAGE if mode == "garbage" else render_metrics(state).encode()
+    if state.fault.fault == "frozen":  # the API process answers; the engine core is stuck
+        if state.frozen_metrics is None:
+            state.frozen_metrics = render_metrics(state)
+        body = state.frozen_metrics.encode()
+    else:
+        body = METRICS_GARBAGE if mode == "garbage" else render_metrics(state).encode()
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 
@@ -152,7 +157,10 @@ async def _set_fault(request: web.Request) -> web.Response:
         spec = FaultSpec.from_json(data, base=state.fault)
     except ValueError as exc:
         return error_response(400, f"invalid fault spec: {exc}", "BadRequestError")
+    was_frozen = state.fault.fault == "frozen"
     state.set_fault(spec)
+    if spec.fault == "frozen" and not was_frozen:  # /metrics stays as it is this moment
+        state.frozen_metrics = render_metrics(state)
     return web.json_response(spec.to_json())
 
 
