@@ -416,7 +416,7 @@ class EngineChecks:
     def _note_admission(
         self, target: ProbeTarget, metrics: EngineMetricsConfig, load: EngineLoad
     ) -> None:
-        """The read's admission counter into the board's evidence (docs/design.md §3.2):
+        """The read's admission counter into the board's evidence (docs/design.md §3.5):
         what makes a slow or timed-out probe of a busy engine OVERLOADED, the same for
         ``serve`` and ``llm-health agent`` (both read /metrics here)."""
         counter, window = admission_counter(load.engine), metrics.window(self._schedule.stretch)

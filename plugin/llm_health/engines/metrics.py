@@ -25,7 +25,7 @@ counter, tokens generated grow only while it serves), and ``process_start_time_s
 (prometheus-client's process collector: vLLM, SGLang).
 
 One more tells whether the engine admits new requests, the evidence of the overload rule
-(docs/design.md §3.2): prompt tokens prefilled, a counter (vLLM
+(docs/design.md §3.5): prompt tokens prefilled, a counter (vLLM
 ``vllm:prompt_tokens_total``, SGLang ``sglang:prompt_tokens_total``, llama.cpp
 ``llamacpp:prompt_tokens_total``; TGI ``tgi_batch_inference_count{method="prefill"}``,
 prefill batches).
@@ -67,7 +67,7 @@ _COMPLETED = {  # a counter that grows while the engine finishes requests
     "tgi": ("tgi_request_success_total", "tgi_request_success"),
     "llamacpp": ("llamacpp:tokens_predicted_total",),
 }
-# Admission (docs/design.md §3.2, docs/engines.md): a counter that grows only when the
+# Admission (docs/design.md §3.5, docs/engines.md): a counter that grows only when the
 # engine prefills a new request. Decode and completion counters grow in a scheduler
 # deadlock too (running requests go on), and gauges freeze at their busy values in a
 # hung engine: neither is read for it. TGI counts prefill batches, a series of a counter

@@ -37,7 +37,7 @@ class EngineMetricsConfig(Frozen):
     """``probe.engine_metrics``: saturation from the engine's own /metrics (§14.3);
     ``path: null`` disables it. ``admission_window``: how long before a probe's wait an
     advance of the engine's admission counter still makes a slow or timed-out probe
-    OVERLOADED (docs/design.md §3.2); null: twice the interval the /metrics are read at."""
+    OVERLOADED (docs/design.md §3.5); null: twice the interval the /metrics are read at."""
 
     path: UrlPath | None = "/metrics"
     interval: Duration = Field(1.0, ge=0.1, le=3600.0)

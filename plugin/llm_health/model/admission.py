@@ -1,5 +1,5 @@
 """Admission progress: is a slow or timed-out probe a verdict about load, or about health?
-(pure, no I/O, the clock passed in; docs/design.md §3.2, the overload rule).
+(pure, no I/O, the clock passed in; docs/design.md §3.5, the overload rule).
 
 A probe that waits behind a queue of real requests times out on a saturated engine as on
 a hung one. What tells them apart is whether the engine still *admits* new requests:
@@ -14,8 +14,14 @@ What is not evidence, on purpose:
   their busy values, and vLLM's /metrics, served by its API process, keeps answering;
 - decode or completion counters: in a scheduler deadlock (KV blocks leaked, no slot for a
   new request) running requests keep decoding and finishing while new ones never start;
-- a failed /metrics read (the baseline is dropped: two good reads are needed again), and
-  a read older than the window (a counter that stopped being read is not moving).
+- a failed /metrics read (it changes nothing: an advance two good reads saw ages out of
+  the window as before), an advance between two good reads further apart than the
+  window (it may have happened before the engine froze), and an advance seen longer ago
+  than the window before the probe's wait (a counter that stopped being read is not
+  moving);
+- an advance our own probes may explain: one of them got its first token while the
+  counter moved (it was admitted then). On an idle engine every advance is a probe's, and
+  a hang that begins right after a fast probe must be judged as it always was.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ class Admission:
     by ``advanced_by`` over ``advanced_over_s`` seconds since the read before;
     ``first_token_at``: when a real request last got its first token (access logs).
     ``window_s``: how far before a probe's wait evidence still counts
-    (``probe.engine_metrics.admission_window``; docs/design.md §3.2)."""
+    (``probe.engine_metrics.admission_window``; docs/design.md §3.5)."""
 
     counter: str = ""
     count: float | None = None
@@ -47,6 +53,8 @@ class Admission:
     advanced_over_s: float = 0.0
     first_token_at: float | None = None
     window_s: float = 2.0
+    probe_from: float | None = None  # the last probe that got a first token: its span
+    probe_to: float | None = None
 
 
 NO_ADMISSION = Admission()
@@ -55,14 +63,17 @@ NO_ADMISSION = Admission()
 def after_read(
     admission: Admission, counter: str, count: float | None, now: float, window_s: float
 ) -> Admission:
-    """A good /metrics read. The first value (or the first after a failed read, or a
-    counter that went back: a new process) is a baseline, not progress; a larger value
-    than the last is an advance seen ``now``."""
+    """A good /metrics read. The first value (or one more than ``window_s`` after the
+    last good read, or a counter that went back: a new process) is a baseline, not
+    progress; a larger value than the last is an advance seen ``now``, unless one of our
+    own probes may have made it (``after_probe_token``)."""
     if count is None:
         return replace(admission, counter=counter, count=None, read_at=now, window_s=window_s)
     before, read_before = admission.count, admission.read_at
     fresh = replace(admission, counter=counter, count=count, read_at=now, window_s=window_s)
     if before is None or read_before is None or count <= before or counter != admission.counter:
+        return fresh
+    if now - read_before > window_s or _ours(admission, read_before, now):
         return fresh
     return replace(
         fresh, advanced_at=now, advanced_by=count - before, advanced_over_s=now - read_before
@@ -70,9 +81,34 @@ def after_read(
 
 
 def after_failed_read(admission: Admission) -> Admission:
-    """A /metrics read failed (refused, timed out, not Prometheus text): no evidence. The
-    baseline and any advance seen are dropped; only real traffic's first tokens stay."""
-    return Admission(first_token_at=admission.first_token_at, window_s=admission.window_s)
+    """A /metrics read failed (refused, timed out, not Prometheus text): no evidence of
+    its own. What good reads saw stays and ages out of the window; the next good read
+    counts an advance only if it is within the window of the last good one (a busy
+    engine's /metrics may miss a read under load: dropping the evidence then would turn
+    the load into timeouts again)."""
+    return admission
+
+
+def after_probe_token(admission: Admission, started: float, now: float) -> Admission:
+    """One of our probes, started at ``started``, got its first token by ``now``: it was
+    admitted in between, so an advance seen over that span may be its own (no evidence).
+    """
+    advanced = admission.advanced_at
+    if advanced is not None and _overlap(
+        advanced - admission.advanced_over_s, advanced, started, now
+    ):
+        return replace(admission, advanced_at=None, probe_from=started, probe_to=now)
+    return replace(admission, probe_from=started, probe_to=now)
+
+
+def _ours(admission: Admission, since: float, until: float) -> bool:
+    """Our last probe with a first token was admitted within (since, until], perhaps."""
+    start, end = admission.probe_from, admission.probe_to
+    return start is not None and end is not None and _overlap(since, until, start, end)
+
+
+def _overlap(a_from: float, a_to: float, b_from: float, b_to: float) -> bool:
+    return a_from <= b_to and b_from <= a_to
 
 
 def after_first_token(admission: Admission, at: float) -> Admission:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from llm_health.model.admission import NO_ADMISSION, Admission, excused
+from llm_health.model.admission import NO_ADMISSION, Admission, after_probe_token, excused
 from llm_health.model.causes import Cause
 from llm_health.model.envoy_view import EnvoyView, envoy_view
 from llm_health.model.machine import (
@@ -198,12 +198,15 @@ class Board:
 
     def record(self, cluster: str, address: str, result: ProbeResult, now: float) -> Transition:
         """Fold one probe result in: a SLOW or TIMEOUT one while the engine admits new
-        requests is OVERLOADED (``admission.excused``, docs/design.md §3.2)."""
+        requests is OVERLOADED (``admission.excused``, docs/design.md §3.5)."""
         entry_cluster = self._clusters[cluster]
         entry = entry_cluster.entries[address]
         policy = entry_cluster.spec.policy
         if entry.admission is not NO_ADMISSION:
-            result = excused(result, entry.admission, now)
+            admission = entry.admission
+            if result.ttft_ms is not None:  # admitted: its own prefill moved the counter
+                entry.admission = after_probe_token(admission, now - result.total_ms / 1000, now)
+            result = excused(result, admission, now)
         transition = step(entry.health, result, now, policy)
         if entry.signals and entry.health.state is State.UNHEALTHY:
             transition = _held(entry, transition)

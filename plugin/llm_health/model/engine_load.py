@@ -34,7 +34,7 @@ class EngineLoad:
     process_started: float | None = None
     # New requests the engine has admitted, a counter (vLLM: prompt tokens prefilled): it
     # admits new requests while this grows, the evidence of the overload rule
-    # (docs/design.md §3.2). Not a gauge, not decode: those move in a deadlock too.
+    # (docs/design.md §3.5). Not a gauge, not decode: those move in a deadlock too.
     admitted: float | None = None
 
     def to_json(self) -> dict[str, object]:

@@ -11,7 +11,7 @@ Rules (docs/design.md §3):
 - HEALTHY: FAST stays; SLOW, OVERLOADED or one TIMEOUT/ERROR -> DEGRADED.
 - OVERLOADED is never counted toward ``unhealthy_after``: the engine said it is saturated
   (429, 503), or a SLOW/TIMEOUT probe waited while the engine demonstrably admitted new
-  requests (``model.admission``, docs/design.md §3.2). One that got a first token counts
+  requests (``model.admission``, docs/design.md §3.5). One that got a first token counts
   as a success that is not fast, as SLOW does.
 - DEGRADED: ``healthy_after`` consecutive FAST -> HEALTHY.
 - HEALTHY/DEGRADED: ``unhealthy_after`` consecutive TIMEOUT/ERROR -> UNHEALTHY.

@@ -4,7 +4,7 @@ An engine with ``FaultSpec.slots`` runs at most that many requests at once; the 
 wait in arrival order (probes too: they queue behind users, as in vLLM with
 ``--max-num-seqs``). Each request admitted adds its prompt tokens to the engine's
 prompt-token counter (``vllm:prompt_tokens_total``, …), which ``llm-health`` reads as the
-evidence that a busy engine still admits work (docs/design.md §3.2). Under the faults of
+evidence that a busy engine still admits work (docs/design.md §3.5). Under the faults of
 :data:`~llm_health.sim.faults.NOT_ADMITTING` ("frozen", "deadlock") nothing is admitted:
 a request waits until the fault is lifted, ``hang_max`` passes or its client leaves.
 """

@@ -82,8 +82,7 @@ async def _generate(call: Call, ttft: float, garbage: bool = False) -> web.Strea
         await pause(call, ttft)
         call.mark_running()
         call.mark_first_token()  # the first token exists now: an engine's TTFT ends here
-        await pause(call, call.spec.tpot * (call.params.max_tokens - 1))
-        call.state.generation_tokens += call.params.max_tokens
+        await _decode(call)
         whole = await send_whole(call, web.json_response(full_body(call, steps)))
         call.note_first_token_written()  # --record-first-tokens: the bytes are written now
         call.mark_completed()
@@ -115,6 +114,17 @@ async def _generate(call: Call, ttft: float, garbage: bool = False) -> web.Strea
     await _end_stream(response)
     call.mark_completed()
     return response
+
+
+async def _decode(call: Call) -> None:
+    """A whole answer's tokens, counted one by one as the engine decodes them (its
+    generation counter moves meanwhile); a freeze stops it (then a hang)."""
+    call.state.generation_tokens += 1
+    for _ in range(call.params.max_tokens - 1):
+        await pause(call, call.spec.tpot)
+        if call.state.fault.fault == "frozen":
+            await _hang(call)
+        call.state.generation_tokens += 1
 
 
 async def _hang(call: Call) -> None:

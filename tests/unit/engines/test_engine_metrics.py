@@ -202,5 +202,5 @@ def test_a_document_with_only_a_start_time_is_no_engine() -> None:
     ],
 )
 def test_admission_counter_by_engine(document: str, admitted: float | None) -> None:
-    """The evidence of the overload rule (docs/design.md §3.2, docs/engines.md)."""
+    """The evidence of the overload rule (docs/design.md §3.5, docs/engines.md)."""
     assert parse_load(document).admitted == admitted

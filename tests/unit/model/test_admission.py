@@ -1,4 +1,4 @@
-"""The overload rule (docs/design.md §3.2): a SLOW or TIMEOUT probe is OVERLOADED only while
+"""The overload rule (docs/design.md §3.5): a SLOW or TIMEOUT probe is OVERLOADED only while
 the engine's admission counter advanced in the probe's wait or in the window before it, or
 a real request got its first token there. Table-driven over the evidence, then through the
 machine and the board: saturation never makes UNHEALTHY, and without admission (a frozen
@@ -77,18 +77,25 @@ ROWS = [
         False,
     ),
     Row("one read: a baseline only", reads((T0 + 9.5, 100)), timeout(), False),
-    Row(
+    Row(  # what good reads saw stays, and ages out
         "advance then a failed read",
         reads((T0 + 9, 1), (T0 + 9.5, 9), (T0 + 9.8, None)),
         timeout(),
-        False,
+        True,
     ),
     Row(
-        "failed read between: new baseline",
+        "a failed read between two good ones",
         reads((T0 + 8, 1), (T0 + 9, None), (T0 + 9.5, 9)),
+        timeout(),
+        True,
+    ),
+    Row(
+        "good reads further apart than the window: a baseline",
+        reads((T0 + 6, 1), (T0 + 7, None), (T0 + 8, None), (T0 + 9.5, 9)),
         timeout(),
         False,
     ),
+    Row("failed reads only", reads((T0 + 9, None), (T0 + 9.5, None)), timeout(), False),
     Row("counter went back: a new process", reads((T0 + 9, 50), (T0 + 9.5, 3)), timeout(), False),
     Row("not exported", reads((T0 + 9, None), (T0 + 9.5, None)), timeout(), False),
     Row("slow with admission", reads((T0 + 9, 1), (T0 + 9.5, 2)), slow(), True),
@@ -109,7 +116,7 @@ ROWS = [
     ),
     Row("a real first token long ago", after_first_token(NO_ADMISSION, T0 + 5.0), timeout(), False),
     Row(
-        "first tokens survive a failed read",
+        "first tokens and a failed read",
         after_failed_read(after_first_token(NO_ADMISSION, T0 + 9.6)),
         timeout(),
         True,
@@ -214,11 +221,55 @@ def test_slow_behind_a_queue_still_recovers_an_unhealthy_endpoint() -> None:
     count = 0.0
     for i in range(3):
         now = T0 + 20 + i
-        count += 100
         b.note_admission(
             "c", ADDRESS, lambda a, n=now, c=count: after_read(a, COUNTER, c, n, WINDOW)
+        )
+        count += 100  # users admitted after our last probe's span
+        at = now + 0.3
+        b.note_admission(
+            "c", ADDRESS, lambda a, n=at, c=count: after_read(a, COUNTER, c, n, WINDOW)
         )
         b.record("c", ADDRESS, slow(), now + 0.5)
     health = b.health("c", ADDRESS)
     assert health.state is State.DEGRADED
     assert health.last_outcome is Outcome.OVERLOADED
+
+
+def fast(total_ms: float = 60.0) -> ProbeResult:
+    return ProbeResult(Outcome.FAST, started_at=0.0, ttft_ms=40.0, total_ms=total_ms)
+
+
+def test_an_advance_our_own_fast_probe_explains_is_no_evidence_read_after() -> None:
+    """An idle engine: the only admission is our last fast probe's; then it hangs."""
+    b = board()
+    b.note_admission("c", ADDRESS, lambda a: after_read(a, COUNTER, 10.0, T0 + 9.0, WINDOW))
+    b.record("c", ADDRESS, fast(), T0 + 9.3)  # admitted in (9.24, 9.3]
+    b.note_admission("c", ADDRESS, lambda a: after_read(a, COUNTER, 30.0, T0 + 9.5, WINDOW))
+    assert b.admission("c", ADDRESS).advanced_at is None
+    b.record("c", ADDRESS, timeout(), T0 + 10.3)
+    b.record("c", ADDRESS, timeout(), T0 + 10.8)
+    assert b.health("c", ADDRESS).state is State.UNHEALTHY
+
+
+def test_an_advance_our_own_fast_probe_explains_is_no_evidence_read_before() -> None:
+    """The read saw the probe's prefill before its result was folded."""
+    b = board()
+    b.note_admission("c", ADDRESS, lambda a: after_read(a, COUNTER, 10.0, T0 + 9.0, WINDOW))
+    b.note_admission("c", ADDRESS, lambda a: after_read(a, COUNTER, 30.0, T0 + 9.5, WINDOW))
+    assert b.admission("c", ADDRESS).advanced_at == T0 + 9.5
+    b.record("c", ADDRESS, fast(total_ms=200.0), T0 + 9.6)  # admitted in [9.4, 9.6]
+    assert b.admission("c", ADDRESS).advanced_at is None
+    b.record("c", ADDRESS, timeout(), T0 + 10.3)
+    b.record("c", ADDRESS, timeout(), T0 + 10.8)
+    assert b.health("c", ADDRESS).state is State.UNHEALTHY
+
+
+def test_users_admitted_after_our_probe_still_count() -> None:
+    b = board()
+    b.note_admission("c", ADDRESS, lambda a: after_read(a, COUNTER, 10.0, T0 + 9.0, WINDOW))
+    b.record("c", ADDRESS, fast(), T0 + 9.1)
+    b.note_admission("c", ADDRESS, lambda a: after_read(a, COUNTER, 12.0, T0 + 9.5, WINDOW))
+    b.note_admission("c", ADDRESS, lambda a: after_read(a, COUNTER, 400.0, T0 + 10.0, WINDOW))
+    assert b.admission("c", ADDRESS).advanced_at == T0 + 10.0
+    b.record("c", ADDRESS, timeout(), T0 + 10.3)
+    assert b.health("c", ADDRESS).last_outcome is Outcome.OVERLOADED
