@@ -75,7 +75,7 @@ from llm_health.engines.verdicts import (
     verify_change,
 )
 from llm_health.engines.verify import Judgement, Verdict, Verifier
-from llm_health.model.admission import Admission, after_failed_read, after_read
+from llm_health.model.admission import Admission, after_read
 from llm_health.model.causes import Cause
 from llm_health.model.engine_load import EngineLoad
 from llm_health.model.outcome import ProbeResult
@@ -407,10 +407,8 @@ class EngineChecks:
                 self.engines[target.key] = load.engine
         except READ_ERRORS as exc:
             self._counters.metrics_failures_total += 1
+            # No admission evidence either (model.admission): what good reads saw ages out.
             state.reading = state.reading.failed(read_error(exc, target))
-            self._control.update_now(
-                note_admission(target.cluster, target.address, lambda a, _now: after_failed_read(a))
-            )
         await self._apply_load(target, metrics, state)
 
     def _note_admission(

@@ -14,11 +14,12 @@ What is not evidence, on purpose:
   their busy values, and vLLM's /metrics, served by its API process, keeps answering;
 - decode or completion counters: in a scheduler deadlock (KV blocks leaked, no slot for a
   new request) running requests keep decoding and finishing while new ones never start;
-- a failed /metrics read (it changes nothing: an advance two good reads saw ages out of
-  the window as before), an advance between two good reads further apart than the
-  window (it may have happened before the engine froze), and an advance seen longer ago
-  than the window before the probe's wait (a counter that stopped being read is not
-  moving);
+- a failed /metrics read: it changes nothing (there is no ``after_read`` for it), so an
+  advance two good reads saw ages out of the window as before, and a busy engine's
+  /metrics missing one read under load does not turn the load into timeouts again;
+- an advance between two good reads further apart than the window (it may have happened
+  before the engine froze), and an advance seen longer ago than the window before the
+  probe's wait (a counter that stopped being read is not moving);
 - an advance our own probes may explain: one of them got its first token while the
   counter moved (it was admitted then). On an idle engine every advance is a probe's, and
   a hang that begins right after a fast probe must be judged as it always was.
@@ -38,8 +39,9 @@ EXCUSABLE = frozenset({Outcome.SLOW, Outcome.TIMEOUT})
 class Admission:
     """What one endpoint's engine showed of admitting new requests, on the board's
     (monotonic) clock. ``counter``: the admission counter's name (reasons quote it);
-    ``count``: its value at the last good read (None: no baseline: never read, not
-    exported, or the last read failed); ``advanced_at``: the read that last saw it grow,
+    ``count``: its value at the last good read (None: no baseline: never read, or not
+    exported; a failed read changes nothing, what good reads saw ages out of the window);
+    ``advanced_at``: the read that last saw it grow,
     by ``advanced_by`` over ``advanced_over_s`` seconds since the read before;
     ``first_token_at``: when a real request last got its first token (access logs).
     ``window_s``: how far before a probe's wait evidence still counts
@@ -78,15 +80,6 @@ def after_read(
     return replace(
         fresh, advanced_at=now, advanced_by=count - before, advanced_over_s=now - read_before
     )
-
-
-def after_failed_read(admission: Admission) -> Admission:
-    """A /metrics read failed (refused, timed out, not Prometheus text): no evidence of
-    its own. What good reads saw stays and ages out of the window; the next good read
-    counts an advance only if it is within the window of the last good one (a busy
-    engine's /metrics may miss a read under load: dropping the evidence then would turn
-    the load into timeouts again)."""
-    return admission
 
 
 def after_probe_token(admission: Admission, started: float, now: float) -> Admission:

@@ -13,7 +13,6 @@ import pytest
 from llm_health.model.admission import (
     NO_ADMISSION,
     Admission,
-    after_failed_read,
     after_first_token,
     after_read,
     evidence,
@@ -40,12 +39,11 @@ def slow() -> ProbeResult:
 
 
 def reads(*points: tuple[float, float | None]) -> Admission:
-    """The admission after good reads (time, value); a value of None: a failed read."""
+    """The admission after reads (time, value); a value of None: a failed read, which
+    changes nothing (the engine checks call nothing for it)."""
     admission = NO_ADMISSION
     for at, count in points:
-        if count is None:
-            admission = after_failed_read(admission)
-        else:
+        if count is not None:
             admission = after_read(admission, COUNTER, count, at, WINDOW)
     return admission
 
@@ -97,7 +95,14 @@ ROWS = [
     ),
     Row("failed reads only", reads((T0 + 9, None), (T0 + 9.5, None)), timeout(), False),
     Row("counter went back: a new process", reads((T0 + 9, 50), (T0 + 9.5, 3)), timeout(), False),
-    Row("not exported", reads((T0 + 9, None), (T0 + 9.5, None)), timeout(), False),
+    Row(
+        "not exported",
+        after_read(
+            after_read(NO_ADMISSION, COUNTER, None, T0 + 9, WINDOW), COUNTER, None, T0 + 9.5, WINDOW
+        ),
+        timeout(),
+        False,
+    ),
     Row("slow with admission", reads((T0 + 9, 1), (T0 + 9.5, 2)), slow(), True),
     Row(
         "error is never excused",
@@ -116,8 +121,8 @@ ROWS = [
     ),
     Row("a real first token long ago", after_first_token(NO_ADMISSION, T0 + 5.0), timeout(), False),
     Row(
-        "first tokens and a failed read",
-        after_failed_read(after_first_token(NO_ADMISSION, T0 + 9.6)),
+        "a real first token, a counter that stays put",
+        after_first_token(reads((T0 + 9, 5), (T0 + 9.5, 5)), T0 + 9.6),
         timeout(),
         True,
     ),
