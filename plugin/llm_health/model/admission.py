@@ -134,8 +134,9 @@ def excused(result: ProbeResult, admission: Admission, now: float) -> ProbeResul
     """``result`` as the machine judges it: a SLOW or TIMEOUT probe with admission
     evidence (``evidence``) becomes OVERLOADED, its detail naming the evidence (the state's
     reason then reads e.g. "overloaded: timed out behind a queue: vllm:prompt_tokens_total
-    +5120 in 1.0 s, 0.3 s ago"); its timings are kept (a first token counts as a success
-    that is not fast: ``machine._count``). Any other result is returned as it is."""
+    +5120 in 1.0 s, 0.3 s ago"), marked ``excused`` (the machine counts it as a success
+    that is not fast: ``machine._count``); its timings are kept. Any other result is
+    returned as it is."""
     why = evidence(result, admission, now)
     if why is None:
         return result
@@ -143,4 +144,4 @@ def excused(result: ProbeResult, admission: Admission, now: float) -> ProbeResul
         wait = "timed out behind a queue"
     else:
         wait = f"slow behind a queue (first token {result.ttft_ms or 0:.0f} ms)"
-    return replace(result, outcome=Outcome.OVERLOADED, detail=f"{wait}: {why}")
+    return replace(result, outcome=Outcome.OVERLOADED, detail=f"{wait}: {why}", excused=True)

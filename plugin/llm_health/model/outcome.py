@@ -41,6 +41,8 @@ class ProbeResult:
     the timings are the prober's fault, not the engine's (docs/design.md §7).
     ``detail`` is a short human text (never a secret, never a whole body).
     ``answer``: set on a known-answer probe that got a first token (its TTFT counts too).
+    ``excused``: a SLOW or TIMEOUT probe the overload rule made OVERLOADED (it waited
+    behind a queue the engine admits from: ``model.admission``, docs/design.md §3.5).
     """
 
     outcome: Outcome
@@ -53,3 +55,4 @@ class ProbeResult:
     detail: str = ""
     loop_lag_ms: float = 0.0
     answer: Answer | None = None  # a known-answer probe's answer (docs/design.md §14)
+    excused: bool = False

@@ -278,3 +278,37 @@ def test_users_admitted_after_our_probe_still_count() -> None:
     assert b.admission("c", ADDRESS).advanced_at == T0 + 10.0
     b.record("c", ADDRESS, timeout(), T0 + 10.3)
     assert b.health("c", ADDRESS).last_outcome is Outcome.OVERLOADED
+
+
+def test_an_endpoint_out_before_the_evidence_came_back_under_load() -> None:
+    """The onset of a peak (or a plugin restart during one): two timeouts before any
+    advance was seen make it UNHEALTHY; then excused timeouts, healthy_after of them, bring
+    it back DEGRADED while the load lasts (out would send the peak to the others)."""
+    b = board()
+    for i in range(2):
+        b.record("c", ADDRESS, timeout(), T0 + 10 + i * 0.5)
+    assert b.health("c", ADDRESS).state is State.UNHEALTHY
+    count, states = 0.0, []
+    b.note_admission("c", ADDRESS, lambda a: after_read(a, COUNTER, count, T0 + 11.5, WINDOW))
+    for i in range(3):
+        now = T0 + 12 + i
+        count += 800
+        b.note_admission(
+            "c", ADDRESS, lambda a, n=now, c=count: after_read(a, COUNTER, c, n, WINDOW)
+        )
+        b.record("c", ADDRESS, timeout(), now + 0.5)
+        states.append(b.health("c", ADDRESS).state)
+    assert states == [State.UNHEALTHY, State.UNHEALTHY, State.DEGRADED]
+    assert b.health("c", ADDRESS).reason == "recovered: 3 consecutive successes, not all fast"
+
+
+def test_an_engine_that_says_429_is_not_excused_and_does_not_recover_by_it() -> None:
+    """OVERLOADED from the engine itself (429) keeps its meaning: no success."""
+    b = board()
+    for i in range(2):
+        b.record("c", ADDRESS, timeout(), T0 + 10 + i * 0.5)
+    for i in range(4):
+        b.record(
+            "c", ADDRESS, ProbeResult(Outcome.OVERLOADED, started_at=0.0, status=429), T0 + 12 + i
+        )
+    assert b.health("c", ADDRESS).state is State.UNHEALTHY
