@@ -6,9 +6,11 @@ Every answer is computed from memory by the pure rules of ``agent.signals``, on 
 that also runs the prober, without waiting on the engine: what the engine did reaches this
 component beforehand, through the board (``BoardControl``: the state machine's verdict,
 each probe result) and through the engine checks' /metrics reads (``on_engine_load``:
-the completion counter and the process start time). A watch task re-evaluates the restart
-rule every second, so that ``/livez`` turning 503 is counted and logged once, whether or
-not the kubelet asked at that moment.
+the admission counter and the process start time). The overload rule (docs/design.md
+§3.5) reaches the board through the same reads, as in ``serve``: one rule on both
+sides. A watch task re-evaluates the restart rule every second, so that ``/livez``
+turning 503 is counted and logged once, whether or not the kubelet asked at that
+moment.
 """
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ class AgentSurface:
         """A read of the engine's /metrics (the engine checks' ``on_load``)."""
         if (target.cluster, target.address) != self._key:
             return
-        self._progress = signals.after_count(self._progress, load.completed, self._clock())
+        self._progress = signals.after_count(self._progress, load.admitted, self._clock())
         self._set_startup(signals.after_metrics(self._startup, load.process_started))
 
     def _set_startup(self, startup: signals.Startup) -> None:
@@ -241,7 +243,7 @@ class AgentSurface:
                 "engine_restarts": startup.restarts,
             },
             "progress": {
-                "completed": progress.count,
+                "admitted": progress.count,
                 "moved_s_ago": _ago(now, progress.moved_at),
             },
             "restarts_signalled": self._restarts_signalled,

@@ -20,8 +20,10 @@ ENGINE_EXAMPLE = "http://127.0.0.1:8000"
 
 
 class AgentSettings(Frozen):
-    """``agent:``. ``ready_when_degraded``: a DEGRADED engine (slow, overloaded, saturated)
-    stays Ready, as the gateway side keeps it routed at a reduced weight.
+    """``agent:``. ``ready_when_degraded``: a DEGRADED engine (slow, silent in flight, a
+    single failure) stays Ready, as the gateway side keeps it routed at a reduced weight;
+    DEGRADED for load (overloaded, saturated) is Ready whatever this says
+    (docs/design.md §3.5).
     ``restart_after``: how long the engine must be UNHEALTHY, without a break, for a cause
     a restart can cure before ``/livez`` asks the kubelet to restart it; null: never."""
 

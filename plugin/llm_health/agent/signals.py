@@ -8,12 +8,18 @@ docs/agent.md). What each path of ``llm-health agent`` answers:
   over, as the kubelet runs the startup probe again for a restarted container. A hung
   engine that still accepts connections does not reset it.
 - **ready** (``/readyz``): the state machine's verdict, the gateway side's (docs/design.md
-  §3): HEALTHY, and DEGRADED unless ``agent.ready_when_degraded`` is false; never while
-  the startup rule says the engine has not (re)started.
+  §3): HEALTHY, and DEGRADED unless ``agent.ready_when_degraded`` is false; DEGRADED by
+  load (the last probe OVERLOADED: the engine said so, or it waited behind a queue the
+  engine demonstrably admits from, docs/design.md §3.5; or the engine's own queue or KV
+  cache over its threshold, cause SATURATED) always: under a traffic peak
+  every pod queues at once, and taking them out of their Service one by one would send
+  the whole peak to the last ones standing. Never while the startup rule says the engine
+  has not (re)started.
 - **live** (``/livez``): the restart signal for the engine's container. 503 only once
   the engine has been UNHEALTHY without a break for ``agent.restart_after``, for a cause
-  a restart can cure: a fatal engine error, or timeouts while the engine's own completion
-  counter (``Progress``) did not move. Never while starting, never for SLOW, OVERLOADED,
+  a restart can cure: a fatal engine error, or timeouts while the engine's own admission
+  counter (``Progress``: new requests prefilled) did not move. Decode and completions are
+  no progress here: in a scheduler deadlock running requests finish while none starts. Never while starting, never for SLOW, OVERLOADED,
   DEGRADED or any other cause: liveness asks "is the process alive", and restarting a
   slow GPU only makes it slower.
 - **healthz** (``/healthz``): the agent's own loop and prober are alive: a probe result
@@ -30,6 +36,8 @@ from llm_health.model.states import State
 
 CURABLE_CAUSES = frozenset({Cause.FATAL, Cause.TIMEOUT})
 CURABLE_OUTCOMES = frozenset({Outcome.FATAL, Outcome.TIMEOUT})
+# DEGRADED for load: Ready whatever ``ready_when_degraded`` says (docs/design.md §3.5).
+LOAD_CAUSES = frozenset({Cause.OVERLOADED, Cause.SATURATED})
 MIN_STALL_S = 10.0
 
 
@@ -113,9 +121,19 @@ class Engine:
     last_outcome: Outcome | None = None
 
 
-def ready(state: State, ready_when_degraded: bool) -> bool:
-    """HEALTHY is ready; DEGRADED too unless ``ready_when_degraded`` is false."""
-    return state is State.HEALTHY or (state is State.DEGRADED and ready_when_degraded)
+def ready(
+    state: State,
+    ready_when_degraded: bool,
+    last: Outcome | None = None,
+    cause: Cause | None = None,
+) -> bool:
+    """HEALTHY is ready; DEGRADED too unless ``ready_when_degraded`` is false, and always
+    when it is load, not health (docs/design.md §3.5): the last probe OVERLOADED, or the
+    state's cause OVERLOADED or SATURATED (the engine's own queue or KV cache)."""
+    if state is State.HEALTHY:
+        return True
+    load = last is Outcome.OVERLOADED or cause in LOAD_CAUSES
+    return state is State.DEGRADED and (ready_when_degraded or load)
 
 
 def ready_answer(engine: Engine, ready_when_degraded: bool, started: bool = True) -> Answer:
@@ -124,13 +142,15 @@ def ready_answer(engine: Engine, ready_when_degraded: bool, started: bool = True
     (``started``: the startup rule's): a process seen gone is not ready, whatever its
     last verdict (/startupz then says why)."""
     text = f"{engine.state.value}: {engine.reason}"
-    return Answer(started and ready(engine.state, ready_when_degraded), text)
+    verdict = ready(engine.state, ready_when_degraded, engine.last_outcome, engine.cause)
+    return Answer(started and verdict, text)
 
 
 @dataclass(frozen=True, slots=True)
 class Progress:
-    """The engine's completion counter as last read (None: not exported, or no read yet),
-    and when it last moved (monotonic; None: not seen moving)."""
+    """The engine's admission counter (``EngineLoad.admitted``) as last read (None: not
+    exported, or no read yet), and when it last moved (monotonic; None: not seen
+    moving)."""
 
     count: float | None = None
     moved_at: float | None = None
@@ -163,7 +183,7 @@ def live_answer(
 ) -> Answer:
     """The restart rule (module docstring). The wait runs from the latest of: the start of
     the UNHEALTHY stretch, the engine's first token (a restarted engine gets the whole
-    wait again) and, for timeouts, the last move of the completion counter."""
+    wait again) and, for timeouts, the last move of the admission counter."""
     if restart_after is None:
         return Answer(True, "live: restarts are off (agent.restart_after: null)")
     if startup.first_token_at is None:

@@ -2,7 +2,7 @@
 for the one engine of the agent's own pod: one board cluster ``engine`` with the one
 endpoint, owned by a ``BoardKeeper``; the scheduler and the micro-probe; the engine
 checks (known answer, served model, saturation; their /metrics reads also carry the
-completion counter and the process start time the agent's rules read); the loop-lag
+admission counter and the process start time the agent's rules read); the loop-lag
 monitor; the model found from ``/v1/models`` (when ``probe.model`` is unset: again after
 each engine restart); and the HTTP surface (``agent.component.AgentSurface``) on the
 shared hardened server. No gRPC server, no xDS: nothing here imports them.

@@ -39,7 +39,13 @@ from prometheus_client.metrics_core import Metric
 
 from llm_health.core.control import BoardControl
 from llm_health.core.families import counter, gauge
-from llm_health.engines.metrics import MetricsOverrun, Reading, parse_load, saturation
+from llm_health.engines.metrics import (
+    MetricsOverrun,
+    Reading,
+    admission_counter,
+    parse_load,
+    saturation,
+)
 from llm_health.engines.schedule import (
     MAX_TICK_S,
     MODELS_EVERY_S,
@@ -68,12 +74,14 @@ from llm_health.engines.verdicts import (
     VERIFY_SIGNAL,
     Changes,
     Endpoint,
+    note_admission,
     release,
     set_engine_limit,
     set_signals,
     verify_change,
 )
 from llm_health.engines.verify import Judgement, Verdict, Verifier
+from llm_health.model.admission import Admission, after_read
 from llm_health.model.causes import Cause
 from llm_health.model.engine_load import EngineLoad
 from llm_health.model.outcome import ProbeResult
@@ -400,12 +408,14 @@ class EngineChecks:
             state.reads += 1
             load = parse_load(document, ttft=with_ttft(state.reads))
             state.reading = state.reading.read(load)
+            self._note_admission(target, metrics, load)
             if self._on_load is not None:
                 self._on_load(target, load)
             if load.engine is not None and target.engine == "auto":
                 self.engines[target.key] = load.engine
         except READ_ERRORS as exc:
             self._counters.metrics_failures_total += 1
+            # No admission evidence either (model.admission): what good reads saw ages out.
             state.reading = state.reading.failed(read_error(exc, target))
             if isinstance(exc, MetricsOverrun):
                 self._overrun(target, state)
@@ -427,6 +437,19 @@ class EngineChecks:
                 "reason": state.reading.error,
             },
         )
+
+    def _note_admission(
+        self, target: ProbeTarget, metrics: EngineMetricsConfig, load: EngineLoad
+    ) -> None:
+        """The read's admission counter into the board's evidence (docs/design.md §3.5):
+        what makes a slow or timed-out probe of a busy engine OVERLOADED, the same for
+        ``serve`` and ``llm-health agent`` (both read /metrics here)."""
+        counter, window = admission_counter(load.engine), metrics.window(self._schedule.stretch)
+
+        def update(admission: Admission, now: float) -> Admission:
+            return after_read(admission, counter, load.admitted, now, window)
+
+        self._control.update_now(note_admission(target.cluster, target.address, update))
 
     async def _apply_load(
         self, target: ProbeTarget, metrics: EngineMetricsConfig, state: _Endpoint

@@ -23,6 +23,12 @@ requests finished, a counter (vLLM ``vllm:request_success_total`` without the
 ``tgi_request_success``, llama.cpp ``llamacpp:tokens_predicted_total``: it has no request
 counter, tokens generated grow only while it serves), and ``process_start_time_seconds``
 (prometheus-client's process collector: vLLM, SGLang).
+
+One more tells whether the engine admits new requests, the evidence of the overload rule
+(docs/design.md §3.5): prompt tokens prefilled, a counter (vLLM
+``vllm:prompt_tokens_total``, SGLang ``sglang:prompt_tokens_total``, llama.cpp
+``llamacpp:prompt_tokens_total``; TGI ``tgi_batch_inference_count{method="prefill"}``,
+prefill batches).
 """
 
 from __future__ import annotations
@@ -70,6 +76,18 @@ _COMPLETED = {  # a counter that grows while the engine finishes requests
     "tgi": ("tgi_request_success_total", "tgi_request_success"),
     "llamacpp": ("llamacpp:tokens_predicted_total",),
 }
+# Admission (docs/design.md §3.5, docs/engines.md): a counter that grows only when the
+# engine prefills a new request. Decode and completion counters grow in a scheduler
+# deadlock too (running requests go on), and gauges freeze at their busy values in a
+# hung engine: neither is read for it. TGI counts prefill batches, a series of a counter
+# whose other series (``method="decode"``) is not read.
+_ADMITTED = {
+    "vllm": ("vllm:prompt_tokens_total",),
+    "sglang": ("sglang:prompt_tokens_total",),
+    "tgi": ("tgi_batch_inference_count_total", "tgi_batch_inference_count"),
+    "llamacpp": ("llamacpp:prompt_tokens_total",),
+}
+_ADMITTED_ONLY = {name: ("method", "prefill") for name in _ADMITTED["tgi"]}
 _STARTED = "process_start_time_seconds"
 # Requests the client gave up on are no progress: each probe a hung engine never answers
 # may be counted finished that way once the prober gives up (vLLM's finished_reason label).
@@ -94,7 +112,9 @@ class MetricsOverrun(MetricsError):
 def _names_read(engine: str, *, ttft: bool) -> tuple[str, ...]:
     """The series an ``engine``'s document is read for (``ttft``: with its TTFT buckets)."""
     names = [
-        n for table in (_WAITING, _RUNNING, _KV_CACHE, _COMPLETED) for n in table.get(engine, ())
+        n
+        for table in (_WAITING, _RUNNING, _KV_CACHE, _COMPLETED, _ADMITTED)
+        for n in table.get(engine, ())
     ]
     if ttft and engine in _TTFT:
         names.append(f"{_TTFT[engine]}_bucket")
@@ -132,7 +152,7 @@ def parse_load(text: str, *, ttft: bool = True) -> EngineLoad:
             if name == ttft_name:
                 bound = float(labels.get("le", "nan"))
                 buckets[bound] = buckets.get(bound, 0.0) + value
-            elif labels.get(_NOT_PROGRESS[0]) == _NOT_PROGRESS[1]:
+            elif labels.get(_NOT_PROGRESS[0]) == _NOT_PROGRESS[1] or _not_admission(name, labels):
                 continue
             else:
                 values.setdefault(name, []).append(value)
@@ -145,6 +165,7 @@ def parse_load(text: str, *, ttft: bool = True) -> EngineLoad:
     kv_cache = _first(values, _KV_CACHE.get(engine, ()), max)
     completed = _first(values, _COMPLETED.get(engine, ()), sum)
     started = _first(values, (_STARTED,), max)
+    admitted = _first(values, _ADMITTED.get(engine, ()), sum)
     return EngineLoad(
         engine,
         waiting,
@@ -153,7 +174,19 @@ def parse_load(text: str, *, ttft: bool = True) -> EngineLoad:
         _histogram(buckets),
         completed=completed,
         process_started=started,
+        admitted=admitted,
     )
+
+
+def admission_counter(engine: str | None) -> str:
+    """The name of ``engine``'s admission counter (reasons quote it; docs/engines.md)."""
+    return _ADMITTED.get(engine or "", ("admission counter",))[0]
+
+
+def _not_admission(name: str, labels: dict[str, str]) -> bool:
+    """A series of an admission counter that counts something else (TGI's decode batches)."""
+    only = _ADMITTED_ONLY.get(name)
+    return only is not None and labels.get(only[0]) != only[1]
 
 
 def _select(text: str, *, ttft: bool = True) -> tuple[str | None, list[str]]:

@@ -6,8 +6,11 @@ whole-cluster view per known-answer probe was O(endpoints) each (docs/design.md 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from llm_health.core.control import Mutation
 from llm_health.engines.verify import Judgement, Verdict
+from llm_health.model.admission import Admission
 from llm_health.model.board import Board
 from llm_health.model.causes import Cause
 from llm_health.model.machine import Transition
@@ -57,6 +60,19 @@ def set_engine_limit(cluster: str, address: str, reason: str | None) -> Mutation
         if not board.has_endpoint(cluster, address):
             return None
         return board.set_limit(cluster, address, ENGINE_LIMIT, reason, now, Cause.SATURATED)
+
+    return apply
+
+
+def note_admission(
+    cluster: str, address: str, update: Callable[[Admission, float], Admission]
+) -> Mutation[None]:
+    """Fold a /metrics read into the endpoint's admission evidence (``model.admission``):
+    ``update(admission, now)`` on the board's clock. Nothing Envoy sees changes."""
+
+    def apply(board: Board, now: float) -> None:
+        if board.has_endpoint(cluster, address):
+            board.note_admission(cluster, address, lambda admission: update(admission, now))
 
     return apply
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
+from llm_health.model.admission import NO_ADMISSION, Admission, after_probe_token, excused
 from llm_health.model.causes import Cause
 from llm_health.model.entry import (
     BoardCluster,
@@ -116,10 +117,16 @@ class Board:
         return cluster in self._clusters and address in self._clusters[cluster].entries
 
     def record(self, cluster: str, address: str, result: ProbeResult, now: float) -> Transition:
-        """Fold one probe result in."""
+        """Fold one probe result in: a SLOW or TIMEOUT one while the engine admits new
+        requests is OVERLOADED (``admission.excused``, docs/design.md §3.5)."""
         entry_cluster = self._clusters[cluster]
         entry = entry_cluster.entries[address]
         policy = entry_cluster.spec.policy
+        if entry.admission is not NO_ADMISSION:
+            admission = entry.admission
+            if result.ttft_ms is not None:  # admitted: its own prefill moved the counter
+                entry.admission = after_probe_token(admission, now - result.total_ms / 1000, now)
+            result = excused(result, admission, now)
         transition = step(entry.health, result, now, policy)
         if entry.signals and entry.health.state is State.UNHEALTHY:
             transition = held_by_signals(entry, transition)
@@ -159,6 +166,19 @@ class Board:
         held = replace(transition.after, state=kept, reason=reason, cause=transition.cause)
         changed = kept is not transition.from_state
         return Transition(transition.from_state, held, changed=changed, cause=transition.cause)
+
+    def note_admission(
+        self, cluster: str, address: str, update: Callable[[Admission], Admission]
+    ) -> Admission:
+        """Update what the endpoint's engine showed of admitting new requests (the engine
+        checks' /metrics reads, the access-log stream); ``record`` reads it. Changes nothing
+        Envoy sees, so nothing is touched."""
+        entry = self._clusters[cluster].entries[address]
+        entry.admission = update(entry.admission)
+        return entry.admission
+
+    def admission(self, cluster: str, address: str) -> Admission:
+        return self._clusters[cluster].entries[address].admission
 
     def silence(self, cluster: str, address: str, now: float, silent_ms: float) -> Transition:
         """A probe of this endpoint is still silent in flight (``machine.silence``). An

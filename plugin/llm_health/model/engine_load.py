@@ -32,6 +32,10 @@ class EngineLoad:
     # The engine process's start (epoch seconds, ``process_start_time_seconds``): a new
     # value is a new process.
     process_started: float | None = None
+    # New requests the engine has admitted, a counter (vLLM: prompt tokens prefilled): it
+    # admits new requests while this grows, the evidence of the overload rule
+    # (docs/design.md §3.5). Not a gauge, not decode: those move in a deadlock too.
+    admitted: float | None = None
 
     def to_json(self) -> dict[str, object]:
         return {

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
+from llm_health.model.admission import NO_ADMISSION, Admission
 from llm_health.model.causes import Cause
 from llm_health.model.envoy_view import envoy_view
 from llm_health.model.machine import Transition, initial_health
@@ -50,6 +51,7 @@ class Entry:
     override: Override | None = None
     removing_at: float | None = None  # removed from config: gone after drain_time
     ejected_by_failure: bool = False  # UNHEALTHY by TIMEOUT/ERROR probes, or a fleet verdict
+    admission: Admission = NO_ADMISSION  # the engine admitting requests (model.admission)
 
 
 @dataclass(slots=True)

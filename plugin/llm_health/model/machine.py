@@ -9,6 +9,10 @@ Rules (docs/design.md §3):
   plugin (re)started: for them ``unhealthy_after`` consecutive failures -> UNHEALTHY,
   as from HEALTHY, instead of hiding a dead backend behind the startup grace.
 - HEALTHY: FAST stays; SLOW, OVERLOADED or one TIMEOUT/ERROR -> DEGRADED.
+- OVERLOADED is never counted toward ``unhealthy_after``: the engine said it is saturated
+  (429, 503), or a SLOW/TIMEOUT probe waited while the engine demonstrably admitted new
+  requests (``model.admission``, docs/design.md §3.5). Such an *excused* probe counts as
+  a success that is not fast, as SLOW does (an UNHEALTHY endpoint under load recovers).
 - DEGRADED: ``healthy_after`` consecutive FAST -> HEALTHY.
 - HEALTHY/DEGRADED: ``unhealthy_after`` consecutive TIMEOUT/ERROR -> UNHEALTHY.
 - UNHEALTHY: ``healthy_after`` consecutive successes -> HEALTHY if all FAST, else DEGRADED.
@@ -74,7 +78,7 @@ def step(health: EndpointHealth, result: ProbeResult, now: float, policy: Policy
         return Transition(State.HEALTHY, counted, changed=False, cause=Cause.OTHER)
     if health.silenced and health.state is State.DEGRADED:
         return _after_silence(health, result, now, policy)
-    counted = _count(health, result.outcome)
+    counted = _count(health, result.outcome, result.excused)
     if health.state is State.DRAINING:
         return Transition(health.state, counted, changed=False, cause=outcome_cause(result.outcome))
     if result.outcome is Outcome.FATAL:
@@ -153,12 +157,18 @@ def undrain(health: EndpointHealth, now: float, policy: Policy) -> Transition:
     return Transition(health.state, fresh, changed=True, cause=Cause.UNDRAINED)
 
 
-def _count(health: EndpointHealth, outcome: Outcome) -> EndpointHealth:
+def _count(health: EndpointHealth, outcome: Outcome, excused: bool = False) -> EndpointHealth:
     """Update the streak counters for one outcome (state untouched)."""
     if outcome is Outcome.FAST:
         streak_fast = health.all_fast or health.successes == 0
         return _counted(health, health.successes + 1, streak_fast, health.fast_streak + 1)
     if outcome is Outcome.SLOW:
+        return _counted(health, health.successes + 1, False, 0, last=outcome)
+    if outcome is Outcome.OVERLOADED and excused:
+        # A probe that waited behind a queue the engine admits from (``admission.excused``):
+        # the engine serves, so a success, not fast, as SLOW: an endpoint that went
+        # UNHEALTHY before the evidence came (the onset of a peak, a plugin restart during
+        # one) comes back DEGRADED after ``healthy_after`` of them (docs/design.md §3.5).
         return _counted(health, health.successes + 1, False, 0, last=outcome)
     if outcome is Outcome.OVERLOADED:
         # The engine answered: it is alive, so a failure run is broken too.

@@ -42,6 +42,8 @@ class ProbeResult:
     ``detail`` is a short human text (never a secret, never a whole body).
     ``answer``: set on a known-answer probe that got a first token (its TTFT counts too).
     ``interim``: interim (1xx) responses read past before the answer (RFC 9110 §15.2).
+    ``excused``: a SLOW or TIMEOUT probe the overload rule made OVERLOADED (it waited
+    behind a queue the engine admits from: ``model.admission``, docs/design.md §3.5).
     """
 
     outcome: Outcome
@@ -55,3 +57,4 @@ class ProbeResult:
     loop_lag_ms: float = 0.0
     answer: Answer | None = None  # a known-answer probe's answer (docs/design.md §14)
     interim: int = 0
+    excused: bool = False

@@ -153,7 +153,11 @@ async def _metrics(request: web.Request) -> web.Response:
         return web.Response(status=404, text="404: Not Found")
     if mode == "hang":
         return await _hang_then_504(request, state)
-    if mode in ("garbage", "hostile"):
+    if state.fault.fault == "frozen":  # the API process answers; the engine core is stuck
+        if state.frozen_metrics is None:
+            state.frozen_metrics = render_metrics(state)
+        body = state.frozen_metrics.encode()
+    elif mode in ("garbage", "hostile"):
         body = METRICS_GARBAGE if mode == "garbage" else hostile_metrics()
     else:
         body = render_metrics(state).encode()
@@ -179,7 +183,10 @@ async def _set_fault(request: web.Request) -> web.Response:
         spec = FaultSpec.from_json(data, base=state.fault)
     except ValueError as exc:
         return error_response(400, f"invalid fault spec: {exc}", "BadRequestError")
+    was_frozen = state.fault.fault == "frozen"
     state.set_fault(spec)
+    if spec.fault == "frozen" and not was_frozen:  # /metrics stays as it is this moment
+        state.frozen_metrics = render_metrics(state)
     return web.json_response(spec.to_json())
 
 

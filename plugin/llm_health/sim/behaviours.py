@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
 
+from llm_health.sim.admission import admit
 from llm_health.sim.call import Call, open_response, pause, send_whole
 from llm_health.sim.tokens import steps_for
 from llm_health.sim.wire import (
@@ -75,20 +76,31 @@ async def _generate(call: Call, ttft: float, garbage: bool = False) -> web.Strea
     """
     steps = steps_for(call.spec, garbage)
     if not call.params.stream:
+        if not await admit(call):
+            message = "simulated engine admitted nothing before hang_max"
+            return await send_whole(call, error_response(504, message, "GatewayTimeoutError"))
         await pause(call, ttft)
         call.mark_running()
         call.mark_first_token()  # the first token exists now: an engine's TTFT ends here
-        await pause(call, call.spec.tpot * (call.params.max_tokens - 1))
+        await _decode(call)
         whole = await send_whole(call, web.json_response(full_body(call, steps)))
         call.note_first_token_written()  # --record-first-tokens: the bytes are written now
         call.mark_completed()
         return whole
     response = await _open_stream(call)
+    if not await admit(call):  # the headers went out; the engine never starts it
+        await response.write_eof()
+        return response
     await pause(call, ttft)
     call.mark_running()
     last = call.params.max_tokens - 1
     offset = 0
     for index in range(call.params.max_tokens):
+        if call.state.fault.fault == "frozen":  # the engine core stopped mid-stream
+            await _hang(call)
+            await response.write_eof()
+            return response
+        call.state.generation_tokens += 1
         step = steps[index % len(steps)]
         finish = "length" if index == last else None
         await send_event(response, token_chunk(call, step, offset, finish))
@@ -102,6 +114,17 @@ async def _generate(call: Call, ttft: float, garbage: bool = False) -> web.Strea
     await _end_stream(response)
     call.mark_completed()
     return response
+
+
+async def _decode(call: Call) -> None:
+    """A whole answer's tokens, counted one by one as the engine decodes them (its
+    generation counter moves meanwhile); a freeze stops it (then a hang)."""
+    call.state.generation_tokens += 1
+    for _ in range(call.params.max_tokens - 1):
+        await pause(call, call.spec.tpot)
+        if call.state.fault.fault == "frozen":
+            await _hang(call)
+        call.state.generation_tokens += 1
 
 
 async def _hang(call: Call) -> None:
@@ -127,6 +150,13 @@ async def _fault_slow_under_load(call: Call) -> web.StreamResponse:
     others = max(0, call.state.in_flight - 1)
     extra = call.spec.load_ttft_per_request * others
     return await _generate(call, call.spec.draw_ttft(call.state.rng) + extra)
+
+
+async def _fault_not_admitting(call: Call) -> web.StreamResponse:
+    """ "frozen", "deadlock": normal service, which ``admit`` never lets start while the
+    fault holds (the faults act on the engine: whichever fault a request drew, probes
+    spared by ``affects`` too, nothing new is admitted)."""
+    return await _generate(call, call.spec.draw_ttft(call.state.rng))
 
 
 async def _fault_hang_before_headers(call: Call) -> web.StreamResponse:
@@ -257,4 +287,6 @@ _FAULT_HANDLERS: Mapping[str, Callable[[Call], Awaitable[web.StreamResponse]]] =
     "startup_delay": _fault_startup_delay,
     "slow_under_load": _fault_slow_under_load,
     "garbage_tokens": _fault_garbage_tokens,
+    "frozen": _fault_not_admitting,
+    "deadlock": _fault_not_admitting,
 }

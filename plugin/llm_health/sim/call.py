@@ -74,6 +74,7 @@ class Call:
     is_running: bool = False
     first_token_seen: bool = False
     first_write_noted: bool = False
+    admitted: bool = False  # holds an engine slot (``sim.admission``)
 
     def mark_running(self) -> None:
         """Move from 'waiting' to 'running' in the metrics (first token produced)."""
@@ -152,6 +153,9 @@ def end_call(call: Call) -> None:
     """Count the call's outcome and release its in-flight slot (exactly once)."""
     state = call.state
     state.in_flight -= 1
+    if call.admitted:  # the slot is free (``sim.admission.release``, inlined: no cycle)
+        call.admitted = False
+        state.admitted -= 1
     if call.is_running:
         state.running -= 1
     counters = state.counters

@@ -19,7 +19,12 @@ gauges, then the info endpoint:
 Each also exports a counter of requests finished (``completed_metric``: vLLM
 ``vllm:request_success_total``, SGLang ``sglang:num_requests_total``, TGI
 ``tgi_request_success``, llama.cpp ``llamacpp:tokens_predicted_total``; all of them count
-the requests completed here).
+the requests completed here), and an admission counter (``prompt_metric``: vLLM
+``vllm:prompt_tokens_total``, SGLang ``sglang:prompt_tokens_total``, llama.cpp
+``llamacpp:prompt_tokens_total``, prompt tokens of the requests admitted; TGI
+``tgi_batch_inference_count{method="prefill"}``, one a request admitted:
+:mod:`llm_health.sim.admission`); vLLM and SGLang also count tokens generated
+(``generation_metric``), which grows while running requests decode.
 
 vLLM and SGLang also export latency histograms, which the simulator fills with what it
 really served (:mod:`llm_health.sim.histogram`): ``vllm:time_to_first_token_seconds`` /
@@ -55,6 +60,17 @@ class Engine:
     ttft_metric: str | None = None
     e2e_metric: str | None = None
     completed_metric: str | None = None
+    #: The admission counter (docs/engines.md): prompt tokens prefilled, or for TGI
+    #: prefill batches (one a request here), a series labelled ``prompt_labels``.
+    prompt_metric: str | None = None
+    prompt_labels: str = ""
+    #: Tokens generated (decode): grows in a scheduler deadlock too.
+    generation_metric: str | None = None
+
+    @property
+    def prompt_counts_requests(self) -> bool:
+        """TGI counts prefill batches, not tokens."""
+        return self.name == "tgi"
 
 
 ENGINES: Mapping[str, Engine] = {
@@ -68,6 +84,8 @@ ENGINES: Mapping[str, Engine] = {
         "vllm:time_to_first_token_seconds",
         "vllm:e2e_request_latency_seconds",
         "vllm:request_success_total",
+        "vllm:prompt_tokens_total",
+        generation_metric="vllm:generation_tokens_total",
     ),
     "sglang": Engine(
         "sglang",
@@ -79,6 +97,8 @@ ENGINES: Mapping[str, Engine] = {
         "sglang:time_to_first_token_seconds",
         "sglang:e2e_request_latency_seconds",
         "sglang:num_requests_total",
+        "sglang:prompt_tokens_total",
+        generation_metric="sglang:generation_tokens_total",
     ),
     "tgi": Engine(
         "tgi",
@@ -88,6 +108,8 @@ ENGINES: Mapping[str, Engine] = {
         "/info",
         "text-generation-inference",
         completed_metric="tgi_request_success",
+        prompt_metric="tgi_batch_inference_count",
+        prompt_labels='method="prefill"',
     ),
     "llamacpp": Engine(
         "llamacpp",
@@ -97,6 +119,7 @@ ENGINES: Mapping[str, Engine] = {
         "/props",
         "llamacpp",
         completed_metric="llamacpp:tokens_predicted_total",
+        prompt_metric="llamacpp:prompt_tokens_total",
     ),
 }
 

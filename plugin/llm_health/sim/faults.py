@@ -12,7 +12,7 @@ JSON form (durations are strings, as everywhere in llm-health)::
      "load_ttft_per_request": "20ms", "hang_max": "3600s", "health": "ok",
      "answer": " Paris is a city", "top_alternatives": [" Lyon", " the", " a", " France"],
      "served_model": null, "metrics": "ok", "metrics_waiting": null,
-     "metrics_kv_cache": null, "info": "ok", "affects": "all"}
+     "metrics_kv_cache": null, "info": "ok", "affects": "all", "slots": null}
 """
 
 from __future__ import annotations
@@ -47,12 +47,24 @@ FAULTS: Mapping[str, str] = {
         "200 SSE at the normal TTFT whose tokens are all '!' (token id 0, NaN logprobs): "
         "vLLM's NaN-logits symptom"
     ),
+    "frozen": (
+        "a frozen engine core: every request hangs after headers, running ones stop, and "
+        "/metrics keeps answering the figures of the moment it froze (stale busy gauges, "
+        "counters that no longer move)"
+    ),
+    "deadlock": (
+        "a scheduler deadlock: new requests hang after headers and are never admitted "
+        "(prompt-token counter frozen) while running ones keep decoding and finishing"
+    ),
 }
 
 #: Faults that keep the request open without answering (bounded by ``hang_max``).
 HANG_FAULTS = frozenset(
     {"hang_before_headers", "hang_after_headers", "hang_after_role_chunk", "hang_after_first_token"}
 )
+
+#: Faults under which the engine admits no new request (``sim.admission``).
+NOT_ADMITTING = frozenset({"frozen", "deadlock"})
 
 #: Statuses ``overloaded`` may answer with.
 OVERLOAD_STATUSES = (429, 503)
@@ -134,6 +146,11 @@ class FaultSpec:
       inference request. "users": only to requests without ``X-LLM-Probe: true``; probes
       are served normally (no ``fault_rate`` draw, no ``slow_under_load`` extra TTFT): an
       engine whose failures only real traffic sees.
+    - ``slots``: if set (an integer >= 1), at most this many inference requests are
+      admitted at once (from prefill to their last token, as vLLM's ``--max-num-seqs``);
+      the others, probes too, wait their turn in arrival order after their headers: a
+      saturated engine with a queue, whose admission counter advances each time one
+      finishes and the next starts. null: no limit.
     """
 
     fault: str = "none"
@@ -154,6 +171,7 @@ class FaultSpec:
     metrics_kv_cache: float | None = None
     info: str = "ok"
     affects: str = "all"
+    slots: int | None = None
 
     def __post_init__(self) -> None:
         """Reject any invalid field with a ValueError naming it."""
@@ -179,6 +197,11 @@ class FaultSpec:
             raise ValueError(
                 f'"affects": must be one of {", ".join(AFFECTS_MODES)}, got {self.affects!r}'
             )
+        slots = self.slots
+        if slots is not None and (
+            isinstance(slots, bool) or not isinstance(slots, int) or slots < 1
+        ):
+            raise ValueError(f'"slots": must be null or an integer >= 1, got {slots!r}')
         self._check_generation()
         self._check_metrics()
 
@@ -272,6 +295,7 @@ class FaultSpec:
             "metrics_kv_cache": self.metrics_kv_cache,
             "info": self.info,
             "affects": self.affects,
+            "slots": self.slots,
         }
 
     def draw_ttft(self, rng: random.Random) -> float:
@@ -304,6 +328,10 @@ def _decode_field(key: object, value: object) -> object:
     if key == "served_model":
         if value is not None and not isinstance(value, str):
             raise ValueError(f'"served_model": must be null or a string, got {value!r}')
+        return value
+    if key == "slots":
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f'"slots": must be null or an integer >= 1, got {value!r}')
         return value
     if key == "metrics_waiting":
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 
 from llm_health.sim.engines import ENGINES
+from llm_health.sim.faults import NOT_ADMITTING
 from llm_health.sim.state import SimState
 
 __all__ = ["METRICS_CONTENT_TYPE", "METRICS_GARBAGE", "hostile_metrics", "render_metrics"]
@@ -53,6 +54,9 @@ def render_metrics(state: SimState) -> str:
     capacity = state.settings.max_num_seqs
     running = min(state.in_flight, capacity)
     queued = max(0, state.in_flight - capacity)
+    if spec.slots is not None or spec.fault in NOT_ADMITTING:
+        # Admission decides (``sim.admission``): running holds a slot, the rest wait.
+        running, queued = state.admitted, state.in_flight - state.admitted
     waiting = spec.metrics_waiting if spec.metrics_waiting is not None else queued
     kv_usage = (
         spec.metrics_kv_cache
@@ -70,6 +74,9 @@ def render_metrics(state: SimState) -> str:
     if engine.completed_metric is not None:
         help_text = "Requests finished."
         series.append((engine.completed_metric, "counter", help_text, counters.completed))
+    if engine.generation_metric is not None:
+        help_text = "Number of generation tokens processed."
+        series.append((engine.generation_metric, "counter", help_text, state.generation_tokens))
     series += [
         ("llm_health_sim_requests_total", "counter", "Inference requests.", counters.requests),
         (
@@ -97,6 +104,8 @@ def render_metrics(state: SimState) -> str:
     for name, kind, help_text, value in series:
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
         lines.append(f"{name}{{{label}}} {float(value)!r}")
+    if engine.prompt_metric is not None:
+        lines += _admission_lines(state, label)
     if engine.ttft_metric is not None:
         help_text = "Histogram of time to first token in seconds."
         lines += state.ttft.render(engine.ttft_metric, help_text, label)
@@ -104,6 +113,19 @@ def render_metrics(state: SimState) -> str:
         help_text = "Histogram of e2e request latency in seconds."
         lines += state.e2e.render(engine.e2e_metric, help_text, label)
     return "\n".join(lines) + "\n"
+
+
+def _admission_lines(state: SimState, label: str) -> list[str]:
+    """The engine's admission counter (``sim.admission``; docs/engines.md)."""
+    engine = ENGINES[state.settings.engine]
+    name = engine.prompt_metric
+    value = state.admissions if engine.prompt_counts_requests else state.prompt_tokens
+    labels = f"{label},{engine.prompt_labels}" if engine.prompt_labels else label
+    return [
+        f"# HELP {name} Prompt tokens prefilled (TGI: prefill batches).",
+        f"# TYPE {name} counter",
+        f"{name}{{{labels}}} {float(value)!r}",
+    ]
 
 
 def _escape_label(value: str) -> str:

@@ -106,6 +106,17 @@ class SimState:
         self.first_token_writes: dict[int, deque[float]] = {}
         self.in_flight = 0
         self.running = 0
+        #: The engine's own counters, never reset (``/metrics``): prompt tokens prefilled
+        #: (admission, ``sim.admission``) and tokens generated (decode).
+        self.prompt_tokens = 0
+        self.admissions = 0
+        self.generation_tokens = 0
+        #: Requests admitted and not finished (holding one of ``FaultSpec.slots``), and
+        #: those waiting for admission, in arrival order.
+        self.admitted = 0
+        self.admission_queue: deque[object] = deque()
+        #: ``/metrics`` as it was when the engine froze (fault "frozen"), else None.
+        self.frozen_metrics: str | None = None
         self.stopping = False
         self._stop_signal: asyncio.Future[None] | None = None
 
@@ -125,7 +136,10 @@ class SimState:
         return self.recent[-1] if self.recent else None
 
     def set_fault(self, spec: FaultSpec) -> None:
-        """Make ``spec`` the current fault; restarts the ``startup_delay`` clock."""
+        """Make ``spec`` the current fault; restarts the ``startup_delay`` clock. Leaving
+        "frozen" thaws the engine's /metrics."""
+        if spec.fault != "frozen":
+            self.frozen_metrics = None
         self.fault = spec
         self.fault_set_at = time.monotonic()
 
@@ -192,6 +206,9 @@ class SimState:
             "in_flight": self.in_flight,
             "waiting": self.waiting,
             "running": self.running,
+            "admitted": self.admitted,
+            "prompt_tokens": self.prompt_tokens,
+            "generation_tokens": self.generation_tokens,
             "paths": dict(self.paths),
             "fault": self.fault.to_json(),
             "uptime_s": round(time.monotonic() - self.started_at, 3),

@@ -3,6 +3,9 @@
 - Serves ``AccessLogService`` on the gRPC port (Envoy's ``envoy.access_loggers.http_grpc``;
   authenticated like every service there): each counted request goes into its endpoint's
   rolling window (``traffic.window``).
+- From authenticated reporters only (``server.token`` or mutual TLS), each successful
+  request's first byte tells the board the engine admitted it: the evidence of the
+  overload rule beside the engine's own counter (docs/design.md §3.5).
 - Takes the engine's TTFT histogram from every /metrics read of the engine checks
   (``feed_load``) and adds the deltas of real traffic (our own probes taken out) to the
   window.
@@ -38,6 +41,7 @@ from prometheus_client.metrics_core import Metric
 from llm_health.core.component import ProbeSlot
 from llm_health.core.control import BoardControl
 from llm_health.core.families import counter, gauge
+from llm_health.model.admission import after_first_token
 from llm_health.model.board import Board, Reported
 from llm_health.model.causes import Cause
 from llm_health.model.engine_load import EngineLoad, Histogram
@@ -55,6 +59,7 @@ from llm_health.traffic.window import Counts, Summary, Window
 
 QUALITY_LIMIT = "quality"
 JUDGE_EVERY_S = 1.0
+FIRST_TOKEN_EVERY_S = 0.25
 MAX_PENDING_PROBES = 64  # probe TTFTs remembered per endpoint between two metric reads
 log = logging.getLogger("llm_health")
 Sections = Mapping[str, tuple[QualityConfig | None, BusyConfig | None]]  # per cluster
@@ -67,6 +72,7 @@ class _Endpoint:
     last_ttft: Histogram | None = None
     probes_s: list[float] = dataclasses.field(default_factory=list)
     skipped_in_a_row: int = 0
+    first_token_noted: float = -1e18  # when a real first token last went to the board
 
 
 @dataclasses.dataclass(slots=True)
@@ -180,6 +186,26 @@ class TrafficComponent:
         entry.window.add(
             now, success=request.success, error=request.error, duration_s=request.duration_s
         )
+        if not self._capped and request.success and request.first_byte_s is not None:
+            self._note_first_token(request, entry, now)
+
+    def _note_first_token(self, request: Request, entry: _Endpoint, now: float) -> None:
+        """A real request got its first byte from the engine, ``duration - first byte``
+        ago: the engine admitted it (evidence of the overload rule, docs/design.md §3.5).
+        Only from authenticated reporters (``server.token`` or mutual TLS): a forged
+        entry could otherwise hold a hung engine in rotation. At most one board update
+        every FIRST_TOKEN_EVERY_S per endpoint: the evidence is a time, not a count."""
+        if now - entry.first_token_noted < FIRST_TOKEN_EVERY_S:
+            return
+        entry.first_token_noted = now
+        ago = request.duration_s - (request.first_byte_s or 0.0)
+        cluster, address = request.cluster, request.address
+
+        def note(board: Board, at: float) -> None:
+            if board.has_endpoint(cluster, address):
+                board.note_admission(cluster, address, lambda a: after_first_token(a, at - ago))
+
+        self._control.update_now(note)
 
     def _probe_seen(self, cluster: str, address: str, result: ProbeResult) -> None:
         """Our own probes reach the engine's TTFT histogram too: remember their TTFTs to

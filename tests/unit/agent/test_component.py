@@ -59,8 +59,15 @@ class Agent:
         result = ProbeResult(outcome, time.time(), **{**defaults, **fields})  # type: ignore[arg-type]
         await self.keeper.fold_probe(ENGINE_CLUSTER, ADDRESS, result)
 
-    def read(self, completed: float | None = None, started: float | None = None) -> None:
-        load = EngineLoad("vllm", 0.0, 0.0, 0.0, completed=completed, process_started=started)
+    def read(
+        self,
+        admitted: float | None = None,
+        started: float | None = None,
+        completed: float | None = None,
+    ) -> None:
+        load = EngineLoad(
+            "vllm", 0.0, 0.0, 0.0, completed=completed, process_started=started, admitted=admitted
+        )
         self.surface.on_engine_load(self.target, load)
 
     def answers(self) -> tuple[int, int, int]:
@@ -88,18 +95,30 @@ async def test_the_answers_follow_the_engine() -> None:
     assert agent.surface.engine_generation == 1
 
 
-async def test_completions_hold_the_restart_off() -> None:
+async def test_admissions_hold_the_restart_off() -> None:
     agent = Agent()
     await agent.probe(Outcome.FAST)
-    agent.read(completed=10.0)
+    agent.read(admitted=10.0)
     await agent.probe(Outcome.TIMEOUT)
     await agent.probe(Outcome.TIMEOUT, after=0.05)
-    for _ in range(5):  # requests keep completing: busy, not hung
+    for _ in range(5):  # new requests keep being admitted: busy, not hung
         agent.clock.now += 1.0
-        agent.read(completed=10.0 + agent.clock.now)
+        agent.read(admitted=10.0 + agent.clock.now)
         assert agent.surface.live().ok
     agent.clock.now += 2.0  # the counter stops
-    agent.read(completed=10.0 + agent.clock.now - 2.0)
+    agent.read(admitted=10.0 + agent.clock.now - 2.0)
+    assert not agent.surface.live().ok
+
+
+async def test_completions_alone_do_not_hold_the_restart_off() -> None:
+    """A scheduler deadlock: running requests finish, none starts (docs/design.md §3.5)."""
+    agent = Agent()
+    await agent.probe(Outcome.FAST)
+    agent.read(admitted=10.0, completed=1.0)
+    await agent.probe(Outcome.TIMEOUT)
+    await agent.probe(Outcome.TIMEOUT, after=0.05)
+    agent.clock.now += 2.5
+    agent.read(admitted=10.0, completed=1.0 + agent.clock.now)
     assert not agent.surface.live().ok
 
 

@@ -158,6 +158,42 @@ def test_ready_is_the_state_machines_verdict(
     assert (answer.ok, answer.status) == (ready, 200 if ready else 503)
 
 
+@pytest.mark.parametrize(
+    ("state", "last", "ready"),
+    [
+        (State.DEGRADED, Outcome.OVERLOADED, True),  # load, not health (docs/design.md §3.5)
+        (State.DEGRADED, Outcome.TIMEOUT, False),
+        (State.DEGRADED, Outcome.SLOW, False),
+        (State.UNHEALTHY, Outcome.OVERLOADED, False),
+        (State.STARTING, Outcome.OVERLOADED, False),
+    ],
+)
+def test_overloaded_is_ready_even_when_degraded_is_not(
+    state: State, last: Outcome, ready: bool
+) -> None:
+    """``agent.ready_when_degraded: false`` takes DEGRADED pods out, but never for load:
+    under a peak every pod queues at once (the readiness snowball)."""
+    assert signals.ready(state, False, last) is ready
+    engine = Engine(state, T0, Cause.TIMEOUT, "overloaded: timed out behind a queue", last)
+    assert signals.ready_answer(engine, False).ok is ready
+
+
+@pytest.mark.parametrize(
+    ("cause", "ready"),
+    [
+        (Cause.OVERLOADED, True),
+        (Cause.SATURATED, True),  # the engine's own queue: load as well
+        (Cause.SLOW, False),
+        (Cause.SILENT, False),
+        (Cause.QUALITY, False),
+        (Cause.TIMEOUT, False),
+    ],
+)
+def test_degraded_for_load_is_ready_by_its_cause(cause: Cause, ready: bool) -> None:
+    engine = Engine(State.DEGRADED, T0, cause, "why", Outcome.FAST)
+    assert signals.ready_answer(engine, False).ok is ready
+
+
 def test_ready_body_is_state_then_reason() -> None:
     engine = Engine(State.UNHEALTHY, T0, Cause.TIMEOUT, "2 consecutive timeouts (>800 ms)")
     assert signals.ready_answer(engine, True).text == (

@@ -36,7 +36,7 @@ def gauge(name: str, value: float, labels: str = 'model_name="m"') -> str:
         (
             "# TYPE llamacpp:requests_deferred gauge\nllamacpp:requests_deferred 2\n"
             "# TYPE llamacpp:prompt_tokens_total counter\nllamacpp:prompt_tokens_total 10\n",
-            EngineLoad("llamacpp", 2.0),
+            EngineLoad("llamacpp", 2.0, admitted=10.0),
         ),
     ],
 )
@@ -171,3 +171,36 @@ def test_progress_and_process_start_by_engine(
 def test_a_document_with_only_a_start_time_is_no_engine() -> None:
     with pytest.raises(MetricsError):
         parse_load(START)
+
+
+@pytest.mark.parametrize(
+    ("document", "admitted"),
+    [
+        (  # vLLM: prompt tokens prefilled, ranks added; decode and completions are not read
+            counter("vllm:prompt_tokens_total", 5000, 'engine="0"')
+            + counter("vllm:prompt_tokens_total", 120, 'engine="1"')
+            + counter("vllm:generation_tokens_total", 9999)
+            + counter("vllm:request_success_total", 77, 'finished_reason="stop"'),
+            5120.0,
+        ),
+        (counter("sglang:prompt_tokens_total", 7, typed="sglang:prompt_tokens_total"), 7.0),
+        (  # TGI: prefill batches only, not decode ones
+            counter("tgi_batch_inference_count", 3, 'method="prefill"')
+            + counter("tgi_batch_inference_count", 900, 'method="decode"')
+            + gauge("tgi_queue_size", 0),
+            3.0,
+        ),
+        (
+            "# TYPE llamacpp:prompt_tokens_total counter\nllamacpp:prompt_tokens_total 33\n"
+            "# TYPE llamacpp:tokens_predicted_total counter\nllamacpp:tokens_predicted_total 80\n",
+            33.0,
+        ),
+        (  # gauges never count as admission, however busy
+            gauge("vllm:num_requests_waiting", 20) + gauge("vllm:num_requests_running", 4),
+            None,
+        ),
+    ],
+)
+def test_admission_counter_by_engine(document: str, admitted: float | None) -> None:
+    """The evidence of the overload rule (docs/design.md §3.5, docs/engines.md)."""
+    assert parse_load(document).admitted == admitted

@@ -33,6 +33,8 @@ def samples(text: str) -> dict[str, float]:
         for sample in family.samples:
             labels = dict(sample.labels)
             le = labels.pop("le", None)  # histogram buckets: keyed "name{le}"
+            if sample.name.startswith("tgi_batch_inference_count"):  # TGI's prefill series
+                assert labels.pop("method") == "prefill"
             assert labels == {"model_name": "sim-model"}
             values[sample.name if le is None else f"{sample.name}{{{le}}}"] = sample.value
     return values

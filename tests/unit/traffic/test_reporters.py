@@ -170,3 +170,32 @@ async def test_authenticated_limits_are_not_capped(config: Config) -> None:
     assert degraded(fake, "solo") == ["127.0.0.1:9001"]
     assert len(degraded(fake, "trio")) == 3
     assert traffic.status()["held_now"] == 0
+
+
+# --- admission evidence (docs/design.md §3.5) ---------------------------------------------
+
+
+def served(traffic: TrafficComponent, fake: FakeControl, address: str) -> None:
+    """A real request that took 2 s, its first byte after 1.5 s of it."""
+    traffic.record(Request("trio", address, 200, False, 2.0, 1.5, 1, ()), fake.clock())
+
+
+@pytest.mark.parametrize("authenticated", [True, False])
+def test_a_real_first_token_is_admission_evidence_only_from_authenticated_reporters(
+    config: Config, authenticated: bool
+) -> None:
+    """Unauthenticated, a forged entry could hold a hung engine in rotation."""
+    traffic, fake = component(config, authenticated=authenticated)
+    served(traffic, fake, TRIO[0])
+    token = fake.board.admission("trio", TRIO[0]).first_token_at
+    if authenticated:
+        assert token == pytest.approx(fake.clock() - 0.5)
+    else:
+        assert token is None
+
+
+def test_failed_and_first_byte_less_requests_are_no_evidence(config: Config) -> None:
+    traffic, fake = component(config, authenticated=True)
+    traffic.record(Request("trio", TRIO[1], 503, True, 2.0, 1.5, 1, ()), fake.clock())
+    traffic.record(Request("trio", TRIO[1], 0, False, 2.0, None, 1, ()), fake.clock())
+    assert fake.board.admission("trio", TRIO[1]).first_token_at is None
