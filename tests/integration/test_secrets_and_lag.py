@@ -88,7 +88,7 @@ async def _probe_with_blocked_loop(
 ) -> ProbeResult:
     """One probe of a simulator with ``ttft`` while this loop is blocked 100 ms from
     50 ms after the request: the token arrives during the block. ``stamped``: its bytes
-    timed by the kernel (``http1._StampedSocket``), else by the loop's transport read."""
+    timed by the kernel (``http1.stamped.StampedSocket``), else by the loop's transport read."""
     process = SimProcess(tmp_path, f"lag-{ttft}", "--ttft", ttft)
     try:
         process.wait_up()
