@@ -30,6 +30,7 @@ from llm_health.probe.http1.connection import (
     ConnectionBroken,
     ResponseError,
     Route,
+    UnsendableRequest,
     request_head,
     route_of,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "ResponseError",
     "Route",
     "StampedConnect",
+    "UnsendableRequest",
     "request_head",
     "route_of",
 ]

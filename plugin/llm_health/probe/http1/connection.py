@@ -35,6 +35,11 @@ class ResponseError(ProtocolError):
     """The server's bytes are not an HTTP/1.1 response we accept."""
 
 
+class UnsendableRequest(ValueError):
+    """A URL or header that cannot make an HTTP/1.1 request: the target's configuration,
+    an endpoint's fault (a probe's ERROR), never our own."""
+
+
 @dataclass(frozen=True, slots=True)
 class Route:
     """Where a probe URL's request goes: ``authority`` is the Host header. ``key``: the
@@ -53,12 +58,17 @@ class Route:
 
 @lru_cache(maxsize=8192)
 def route_of(url: str) -> Route:
-    """The route of an ``http://`` or ``https://`` URL (ValueError for anything else)."""
-    parts = urlsplit(url)
+    """The route of an ``http://`` or ``https://`` URL (``UnsendableRequest`` for anything
+    else)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError: not a number, or out of range
+    except ValueError as exc:  # also a bracketed host that is no IPv6 address
+        raise UnsendableRequest(f"not a usable URL: {url!r} ({exc})") from exc
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"not an http(s) URL: {url!r}")
+        raise UnsendableRequest(f"not an http(s) URL: {url!r}")
     tls = parts.scheme == "https"
-    port = parts.port or (443 if tls else 80)
+    port = port or (443 if tls else 80)
     path = parts.path or "/"
     if parts.query:
         path = f"{path}?{parts.query}"
@@ -68,7 +78,7 @@ def route_of(url: str) -> Route:
 def request_head(route: Route, headers: dict[str, str], length: int | None) -> bytes:
     """A request's head: a POST of ``length`` bytes of JSON, or a GET (``length`` None).
     Header names and values with CR, LF or NUL are refused (they would split the request:
-    ValueError), as are non-Latin-1 ones."""
+    ``UnsendableRequest``), as are non-Latin-1 ones (``UnicodeEncodeError``)."""
     method = "GET" if length is None else "POST"
     lines = [
         f"{method} {route.path} HTTP/1.1",
@@ -79,7 +89,7 @@ def request_head(route: Route, headers: dict[str, str], length: int | None) -> b
         lines += ["Content-Type: application/json", f"Content-Length: {length}"]
     for name, value in headers.items():
         if _splits(name) or _splits(value) or not name or ":" in name:
-            raise ValueError(f"header {name!r} has a character a header cannot hold")
+            raise UnsendableRequest(f"header {name!r} has a character a header cannot hold")
         lines.append(f"{name}: {value}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
@@ -103,7 +113,7 @@ class Connection(asyncio.Protocol):
         self.arrived = 0.0
         # ``arrived`` is the kernel's receipt time (``stamped.StampedSocket``), not our read's:
         # no stall of this process is in it (a first token timed so is not corrected for
-        # one: ``client.MicroProbe._result``).
+        # one: ``verdict.result_of``).
         self.stamped = False
         self._sent_at = 0.0  # when the request went out (perf_counter)
         self.head_at: float | None = None  # when the bytes that completed the head came
