@@ -120,7 +120,7 @@ async def fleet(sim: Sim, replicas: int, seconds: float) -> float:
     async with aiohttp.ClientSession(trust_env=False) as control:
         sessions = [new_connections() for _ in range(replicas)]
         try:
-            schedulers = [Scheduler([target], MicroProbe(s).probe, ignore) for s in sessions]
+            schedulers = [Scheduler([target], MicroProbe(s).start_probe, ignore) for s in sessions]
             tasks = [asyncio.create_task(s.run()) for s in schedulers]
             await asyncio.sleep(1.5)  # first rounds done
             before = (await stats(control, sim))["probe_requests"]

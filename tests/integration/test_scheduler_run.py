@@ -33,6 +33,7 @@ from llm_health.sim.faults import FaultSpec
 from llm_health.sim.server import SimSettings, running_sim
 from tests.polling import wait_until_async
 from tests.processes import running_sims
+from tests.started import started, token_seen
 
 
 def targets_for(ports: list[int], **probe: object) -> list[ProbeTarget]:
@@ -110,7 +111,7 @@ async def test_fifty_endpoints_never_overlap_and_are_spread_evenly() -> None:
                 first_done.setdefault(target.key, time.monotonic())
                 results[target.key].append(result)
 
-            scheduler = Scheduler(targets, probe, on_result)
+            scheduler = Scheduler(targets, started(probe), on_result)
             phase_of = {t.key: scheduler.phase_of(t.key) for t in targets}
             phases = sorted(phase_of.values())
             begun = time.monotonic()  # the scheduler's origin is this or a hair later
@@ -161,7 +162,7 @@ def test_failure_is_confirmed_at_once_then_back_to_the_interval() -> None:
         async def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
             return None
 
-        task = asyncio.create_task(Scheduler([target], failing, ignore, clock=clock).run())
+        task = asyncio.create_task(Scheduler([target], started(failing), ignore, clock=clock).run())
         await asyncio.sleep(2.3)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -196,7 +197,7 @@ def test_a_confirming_probe_is_not_moved_to_a_start_tick() -> None:
         async def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
             return None
 
-        task = asyncio.create_task(Scheduler(targets, probe, ignore, clock=clock).run())
+        task = asyncio.create_task(Scheduler(targets, started(probe), ignore, clock=clock).run())
         await asyncio.sleep(2.5)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -226,7 +227,7 @@ def test_update_adds_and_removes_endpoints_while_running() -> None:
             return None
 
         clock = asyncio.get_running_loop().time
-        scheduler = Scheduler([a, b], probe, ignore, clock=clock)
+        scheduler = Scheduler([a, b], started(probe), ignore, clock=clock)
         task = asyncio.create_task(scheduler.run())
         await asyncio.sleep(0.5)
         scheduler.update([a, c])  # b removed, c added
@@ -285,11 +286,11 @@ def _silence_run(
 
         scheduler = Scheduler(
             [target],
-            probing("probe"),
+            started(probing("probe")),
             ignore,
             clock=clock,
             on_silence=on_silence,
-            confirm=probing("confirm"),
+            confirm=started(probing("confirm")),
         )
         task = asyncio.create_task(scheduler.run())
         await asyncio.sleep(2.5)
@@ -385,7 +386,7 @@ def test_a_slow_first_probe_is_rechecked_once_before_it_counts(
         async def record(_target: ProbeTarget, result: ProbeResult) -> None:
             seen.append(result.outcome)
 
-        scheduler = Scheduler([target], scripted, record, clock=clock)
+        scheduler = Scheduler([target], started(scripted), record, clock=clock)
         task = asyncio.create_task(scheduler.run())
         await asyncio.sleep(len(outcomes) + 1.5)
         rechecks.append(scheduler.first_slow_rechecks)
@@ -405,7 +406,6 @@ def test_a_token_already_in_the_loop_at_the_silence_point_is_not_silence(
     """On a busy loop the silence timer can fire while the first token is on its way
     through the loop (socket, read, parse: a few turns). A token that lands within
     SETTLE_TURNS turns of the silence point is no silence; one that needs many more is."""
-    from llm_health.probe.signals import first_token_seen
 
     (target,) = targets_for([9], timeout="800ms", healthy_ttft="200ms")
     silences: list[float] = []
@@ -418,7 +418,7 @@ def test_a_token_already_in_the_loop_at_the_silence_point_is_not_silence(
             await asyncio.sleep(0.21)  # the silence point: healthy_ttft + the margin
             for _ in range(turns):  # the token's way through the loop
                 await asyncio.sleep(0)
-            first_token_seen()
+            token_seen()
             await asyncio.sleep(0.05)
             return ProbeResult(Outcome.FAST, time.time(), ttft_ms=210.0)
 
@@ -429,7 +429,7 @@ def test_a_token_already_in_the_loop_at_the_silence_point_is_not_silence(
         async def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
             return None
 
-        scheduler = Scheduler([target], probe, ignore, clock=clock, on_silence=on_silence)
+        scheduler = Scheduler([target], started(probe), ignore, clock=clock, on_silence=on_silence)
         task = asyncio.create_task(scheduler.run())
         await asyncio.sleep(0.5)
         task.cancel()
@@ -461,7 +461,7 @@ def test_starts_are_gathered_on_ticks_each_within_a_tick_of_its_slot() -> None:
         async def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
             return None
 
-        scheduler = Scheduler(targets, probe, ignore, clock=clock)
+        scheduler = Scheduler(targets, started(probe), ignore, clock=clock)
         plan.update({t.key: scheduler.phase_of(t.key) for t in targets})
         plan["origin"] = clock()
         task = asyncio.create_task(scheduler.run())
@@ -507,11 +507,10 @@ def test_a_silence_timer_that_fires_early_still_waits_for_the_silence_point() ->
 
     async def main() -> None:
         clock = asyncio.get_running_loop().time
-        from llm_health.probe.signals import first_token_seen
 
         async def probe(_target: ProbeTarget) -> ProbeResult:
             await asyncio.sleep(0.2)
-            first_token_seen()
+            token_seen()
             return ProbeResult(Outcome.FAST, time.time(), ttft_ms=200.0)
 
         async def on_silence(_target: ProbeTarget, silent_ms: float) -> bool:
@@ -521,7 +520,7 @@ def test_a_silence_timer_that_fires_early_still_waits_for_the_silence_point() ->
         async def record(_target: ProbeTarget, result: ProbeResult) -> None:
             results.append(result)
 
-        scheduler = Scheduler([target], probe, record, clock=clock, on_silence=on_silence)
+        scheduler = Scheduler([target], started(probe), record, clock=clock, on_silence=on_silence)
         task = asyncio.create_task(scheduler.run())
         await asyncio.sleep(0.5)
         task.cancel()
@@ -547,12 +546,12 @@ async def test_scheduled_probes_leave_nothing_for_the_collector(tmp_path: Path) 
         results: list[ProbeResult] = []
         async with new_connections() as connections:
             prober = MicroProbe(connections)
-            slots = ProbeSlots(prober.probe, prober.start_probe)
+            slots = ProbeSlots(prober.start_probe)
 
             def on_result(_target: ProbeTarget, result: ProbeResult) -> None:
                 results.append(result)
 
-            scheduler = Scheduler(targets, slots.probe, on_result, start=slots.start)
+            scheduler = Scheduler(targets, slots.start, on_result)
             task = asyncio.create_task(scheduler.run())
             try:
                 await wait_until_async(lambda: len(results) >= 20, 10, "the first probes")
@@ -592,7 +591,12 @@ def test_a_round_keeps_no_finished_task_until_the_next_one() -> None:
             return True
 
         scheduler = Scheduler(
-            targets, probe, publish, clock=clock, on_silence=on_silence, confirm=probe
+            targets,
+            started(probe),
+            publish,
+            clock=clock,
+            on_silence=on_silence,
+            confirm=started(probe),
         )
         task = asyncio.create_task(scheduler.run())
         for _ in range(12):

@@ -6,9 +6,10 @@ Cancellation (shutdown) is the only exception that propagates.
 
 The engine checks (``llm_health.engines``, a feature above this package) take part in
 probing through two small seams declared here, so that this package never imports them:
-``ProbeWrapper`` (the runtime probes through ``wrap(prober)``; the request body reads the
-engine they detected, ``engines``), and ``Question`` (what a known-answer probe asks, passed
-to ``Prober.verify``). What the exchange itself does stays here, as the probe's own
+``ProbeWrapper`` (the runtime starts probes through ``starter(prober)``; the request body
+reads the engine they detected, ``engines``), and ``Question`` (what a known-answer probe
+asks, passed to ``Prober.start_verify``). A probe is started (``probe.signals``: a
+``Starter`` tells a ``ProbeReceiver``); ``MicroProbe.probe`` and ``verify`` await one. What the exchange itself does stays here, as the probe's own
 concern: the request body per engine (``probe_body``, docs/design.md §14.4) and the
 reading of a known-answer stream (``probe.answer``), which run inside the exchange and its
 timeout, in a probe worker process as in the runtime.
@@ -16,9 +17,9 @@ timeout, in a probe worker process as in the runtime.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Mapping
 from functools import partial
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 from llm_health.model.outcome import ProbeResult
 from llm_health.probe._exchange import (
@@ -58,7 +59,6 @@ __all__ = [
     "REUSE_GRACE_S",
     "Asked",
     "MicroProbe",
-    "ProbeFn",
     "ProbeWrapper",
     "Prober",
     "Question",
@@ -82,27 +82,20 @@ class Asked(NamedTuple):
     max_tokens: int
 
 
-ProbeFn = Callable[[ProbeTarget], Coroutine[Any, Any, ProbeResult]]
-
-
 class Prober(Protocol):
     """What runs probes: ``MicroProbe`` here, or ``pool.WorkerPool`` in worker processes."""
 
     @property
     def stale_resends(self) -> int: ...
 
-    async def probe(self, target: ProbeTarget) -> ProbeResult: ...
-
-    async def verify(self, target: ProbeTarget, question: Question) -> ProbeResult: ...
-
     def start_probe(self, target: ProbeTarget, receiver: ProbeReceiver) -> Started:
-        """``probe`` without awaiting it (``probe.signals``)."""
+        """Probe once, telling ``receiver`` (``probe.signals``)."""
         ...
 
     def start_verify(
         self, target: ProbeTarget, question: Question, receiver: ProbeReceiver
     ) -> Started:
-        """``verify`` without awaiting it."""
+        """A known-answer probe asking ``question``, telling ``receiver``."""
         ...
 
 
@@ -116,13 +109,9 @@ class ProbeWrapper(Protocol):
         with ``engine: auto`` (its cache bypass: docs/design.md §14.4)."""
         ...
 
-    def wrap(self, prober: Prober) -> ProbeFn:
-        """The scheduler's probe function, probing through ``prober``."""
-        ...
-
     def starter(self, prober: Prober) -> Starter:
-        """``wrap``'s probe, started (``probe.signals``): ``prober.start_probe`` itself when the
-        feature has nothing to add to this probe."""
+        """The scheduler's probe, started through ``prober`` (``probe.signals``):
+        ``prober.start_probe`` itself when the feature has nothing to add to this probe."""
         ...
 
 
@@ -168,22 +157,17 @@ class MicroProbe:
         return self._begin(target, question, receiver)
 
     async def probe(self, target: ProbeTarget) -> ProbeResult:
-        """Probe once; the result arrives within ``target.timeout_s`` (plus scheduling)."""
-        return await self._run(target, None)
+        """``start_probe``, awaited (``signals.await_started``): for awaiting callers."""
+        return await await_started(partial(self._begin, target, None))
 
     async def verify(self, target: ProbeTarget, question: Question) -> ProbeResult:
-        """A known-answer probe asking ``question``: TTFT and outcome as ``probe``, then
-        the rest of the answer (``ProbeResult.answer``), read within one more ``timeout``
-        after the first token."""
-        return await self._run(target, question)
+        """A known-answer probe asking ``question``, awaited: TTFT and outcome as
+        ``probe``, then the rest of the answer (``ProbeResult.answer``), read within one
+        more ``timeout`` after the first token."""
+        return await await_started(partial(self._begin, target, question))
 
     def engine_of(self, target: ProbeTarget) -> str | None:
         return self._shared.engine_of(target)
-
-    async def _run(self, target: ProbeTarget, question: Question | None) -> ProbeResult:
-        """One exchange, awaited; cancelling the wait ends it (its connection closed;
-        nothing once its result is out: its tail runs on)."""
-        return await await_started(partial(self._begin, target, question))
 
     def _begin(
         self, target: ProbeTarget, question: Question | None, receiver: ProbeReceiver

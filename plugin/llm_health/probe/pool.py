@@ -32,12 +32,11 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import partial
 
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.probe.client import Asked, MicroProbe, Question
 from llm_health.probe.loop import child_env
-from llm_health.probe.signals import ProbeReceiver, Started, await_started
+from llm_health.probe.signals import ProbeReceiver, Started
 from llm_health.probe.target import ProbeTarget
 from llm_health.probe.wire import FrameError, Message, Outbox, read_messages
 
@@ -175,12 +174,6 @@ class WorkerPool:
     async def close(self) -> None:
         self._closing = True
         await asyncio.gather(*(self._stop(w) for w in self._workers))
-
-    async def probe(self, target: ProbeTarget) -> ProbeResult:
-        return await await_started(partial(self.start_probe, target))
-
-    async def verify(self, target: ProbeTarget, question: Question) -> ProbeResult:
-        return await await_started(partial(self.start_verify, target, question))
 
     def start_probe(self, target: ProbeTarget, receiver: ProbeReceiver) -> Started:
         """Probe ``target`` in its worker (or in-process, its worker not up), telling

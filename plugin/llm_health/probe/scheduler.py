@@ -28,7 +28,7 @@ from llm_health.model.outcome import FAILURES, Outcome, ProbeResult
 from llm_health.probe._round import SETTLE_TURNS as SETTLE_TURNS
 from llm_health.probe._round import Endpoint, Round, RoundPhase, Watch, forget_task, settles
 from llm_health.probe.alarms import Alarms
-from llm_health.probe.signals import Starter, start_coroutine
+from llm_health.probe.signals import Starter, await_started
 from llm_health.probe.slots import (
     FIRST_ROUND_SPACING_S,
     first_round,
@@ -39,7 +39,6 @@ from llm_health.probe.slots import (
 )
 from llm_health.probe.target import ProbeTarget
 
-ProbeFn = Callable[[ProbeTarget], Awaitable[ProbeResult]]
 # A result handed on: None when it is folded in at once, else what to await before the
 # endpoint's next round (the publish a state change needs).
 ResultFn = Callable[[ProbeTarget, ProbeResult], Awaitable[None] | None]
@@ -84,8 +83,8 @@ class Scheduler:
     """Runs probes for every target until cancelled; hands results to ``on_result``.
 
     No task per endpoint: every endpoint's next round is an alarm (``probe.alarms``), and
-    its probe is started through ``start`` (``probe.signals.Starter``; without one,
-    ``probe`` is run in a task of its own), so a round that ends in time costs no task,
+    its probe is started through ``start`` (``probe.signals.Starter``), so a round that
+    ends in time costs no task,
     no coroutine and no wait of its own (docs/design.md §16.10). Only the rare parts are
     tasks: a silent probe's watch and its confirming probe, and an ``on_result`` that
     returns an awaitable (awaited before the endpoint's next round, so results of one
@@ -100,20 +99,18 @@ class Scheduler:
     def __init__(
         self,
         targets: Sequence[ProbeTarget],
-        probe: ProbeFn,
+        start: Starter,
         on_result: ResultFn,
         clock: Callable[[], float] = time.monotonic,
         *,
-        start: Starter | None = None,
         on_silence: SilenceFn | None = None,
-        confirm: ProbeFn | None = None,
+        confirm: Starter | None = None,
         lag: LagReader | None = None,
         skip: Callable[[ProbeTarget], bool] | None = None,
     ) -> None:
         self._targets = {t.key: t for t in targets}
         self._skip = skip
-        self._probe = probe
-        self._start: Starter = start if start is not None else partial(start_coroutine, probe)
+        self._start = start
         self._on_result = on_result
         self._clock = clock
         self._phases = phases(targets)
@@ -412,7 +409,7 @@ class Scheduler:
             return False
         return await self._wait_silent(watch, started + target.confirm_after_s())
 
-    def _confirm_fn(self) -> ProbeFn:
+    def _confirm_fn(self) -> Starter:
         assert self._confirm is not None
         return self._confirm
 
@@ -466,10 +463,10 @@ class Scheduler:
             return None
         return _median(recent) / 1000
 
-    async def _probe_once(self, target: ProbeTarget, probe: ProbeFn) -> ProbeResult:
+    async def _probe_once(self, target: ProbeTarget, start: Starter) -> ProbeResult:
         self.in_flight[target.key] = self.in_flight.get(target.key, 0) + 1
         try:
-            return await probe(target)
+            return await await_started(partial(start, target))
         finally:
             if target.key in self.in_flight:
                 self.in_flight[target.key] -= 1

@@ -21,11 +21,11 @@ from llm_health.probe.scheduler import (
     TIMER_SLACK_S,
     RECENT_TTFTS,
     LagReader,
-    ProbeFn,
     SilenceFn,
 )
 from llm_health.probe.slots import first_round, next_slot, on_tick, phases
-from llm_health.probe.signals import FIRST_TOKEN
+from tests.started import TOKEN as FIRST_TOKEN
+from tests.started import FakeProbe as ProbeFn
 from llm_health.probe.target import ProbeTarget
 
 ResultFn = Callable[[ProbeTarget, ProbeResult], "asyncio.Future[None]"]

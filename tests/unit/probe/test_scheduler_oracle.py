@@ -18,9 +18,9 @@ import pytest
 from llm_health.config import ProbeSettings
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.probe.scheduler import Scheduler
-from llm_health.probe.signals import first_token_seen
 from llm_health.probe.target import ProbeTarget
 from tests.integration.test_scheduler_run import VirtualTimeLoop
+from tests.started import started, token_seen
 from tests.unit.probe.scheduler_before import SchedulerBefore
 
 RUN_S = 14.0
@@ -74,7 +74,7 @@ def run(kind: type[Any], seed: int) -> dict[str, list[tuple[Any, ...]]]:
             ttft = None
             if first is not None:
                 await asyncio.sleep(first)
-                first_token_seen()
+                token_seen()
                 ttft = first * 1000
             await asyncio.sleep(after)
             return ProbeResult(outcome, time.time(), ttft_ms=ttft)
@@ -100,13 +100,14 @@ def run(kind: type[Any], seed: int) -> dict[str, list[tuple[Any, ...]]]:
             current_ms = 0.0
 
         first = targets()
+        fake = started(probe) if kind is Scheduler else probe
         scheduler = kind(
             first,
-            probe,
+            fake,
             on_result,
             clock,
             on_silence=on_silence,
-            confirm=probe,
+            confirm=fake,
             lag=NoLag(),
             skip=skip,
         )
