@@ -68,7 +68,7 @@ async def _probe_for(base: int, count: int, duration_s: float) -> dict[str, floa
     lags: list[float] = []
     lag = LoopLagMonitor()
 
-    async def on_result(_target: ProbeTarget, result: ProbeResult) -> None:
+    def on_result(_target: ProbeTarget, result: ProbeResult) -> None:
         if result.ttft_ms is not None:
             errors.append(result.ttft_ms - TTFT_MS)
             lags.append(result.loop_lag_ms)

@@ -114,7 +114,7 @@ async def fleet(sim: Sim, replicas: int, seconds: float) -> float:
     settings = ProbeSettings.model_validate({"model": "sim-model", "interval": "1s"})
     target = settings.to_target("cost", sim.address)
 
-    async def ignore(_t: ProbeTarget, _r: ProbeResult) -> None:
+    def ignore(_t: ProbeTarget, _r: ProbeResult) -> None:
         return None
 
     async with aiohttp.ClientSession(trust_env=False) as control:

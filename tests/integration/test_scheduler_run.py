@@ -107,7 +107,7 @@ async def test_fifty_endpoints_never_overlap_and_are_spread_evenly() -> None:
                 finally:
                     in_flight[target.key] -= 1
 
-            async def on_result(target: ProbeTarget, result: ProbeResult) -> None:
+            def on_result(target: ProbeTarget, result: ProbeResult) -> None:
                 first_done.setdefault(target.key, time.monotonic())
                 results[target.key].append(result)
 
@@ -159,7 +159,7 @@ def test_failure_is_confirmed_at_once_then_back_to_the_interval() -> None:
             calls.append(clock())
             return ProbeResult(Outcome.TIMEOUT, time.time(), detail="fake")
 
-        async def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
+        def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
             return None
 
         task = asyncio.create_task(Scheduler([target], started(failing), ignore, clock=clock).run())
@@ -194,7 +194,7 @@ def test_a_confirming_probe_is_not_moved_to_a_start_tick() -> None:
             calls.append(clock())
             return ProbeResult(Outcome.ERROR, time.time(), detail="fake")
 
-        async def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
+        def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
             return None
 
         task = asyncio.create_task(Scheduler(targets, started(probe), ignore, clock=clock).run())
@@ -223,7 +223,7 @@ def test_update_adds_and_removes_endpoints_while_running() -> None:
             await asyncio.sleep(0.01)
             return ProbeResult(Outcome.FAST, time.time(), ttft_ms=10)
 
-        async def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
+        def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
             return None
 
         clock = asyncio.get_running_loop().time
@@ -281,7 +281,7 @@ def _silence_run(
             silences.append((clock(), silent_ms))
             return overlap
 
-        async def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
+        def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
             return None
 
         scheduler = Scheduler(
@@ -383,7 +383,7 @@ def test_a_slow_first_probe_is_rechecked_once_before_it_counts(
             ttft = 10.0 if outcome in (Outcome.FAST, Outcome.SLOW) else None
             return ProbeResult(outcome, time.time(), ttft_ms=ttft)
 
-        async def record(_target: ProbeTarget, result: ProbeResult) -> None:
+        def record(_target: ProbeTarget, result: ProbeResult) -> None:
             seen.append(result.outcome)
 
         scheduler = Scheduler([target], started(scripted), record, clock=clock)
@@ -426,7 +426,7 @@ def test_a_token_already_in_the_loop_at_the_silence_point_is_not_silence(
             silences.append(silent_ms)
             return False
 
-        async def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
+        def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
             return None
 
         scheduler = Scheduler([target], started(probe), ignore, clock=clock, on_silence=on_silence)
@@ -458,7 +458,7 @@ def test_starts_are_gathered_on_ticks_each_within_a_tick_of_its_slot() -> None:
             await asyncio.sleep(0.02)
             return ProbeResult(Outcome.FAST, time.time(), ttft_ms=20.0)
 
-        async def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
+        def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
             return None
 
         scheduler = Scheduler(targets, started(probe), ignore, clock=clock)
@@ -517,7 +517,7 @@ def test_a_silence_timer_that_fires_early_still_waits_for_the_silence_point() ->
             silences.append(silent_ms)
             return False
 
-        async def record(_target: ProbeTarget, result: ProbeResult) -> None:
+        def record(_target: ProbeTarget, result: ProbeResult) -> None:
             results.append(result)
 
         scheduler = Scheduler([target], started(probe), record, clock=clock, on_silence=on_silence)
@@ -569,8 +569,8 @@ async def test_scheduled_probes_leave_nothing_for_the_collector(tmp_path: Path) 
 
 
 def test_a_round_keeps_no_finished_task_until_the_next_one() -> None:
-    """What a round awaited in a task of its own (a publish, a silent probe's watch and
-    its confirmation) is let go once done: kept until the endpoint's next one, a finished
+    """What a round awaited in a task of its own (a silent probe's watch and its
+    confirmation) is let go once done: kept until the endpoint's next one, a finished
     task with its coroutine and context cost 1-2 KiB an endpoint (found at 2,000)."""
     targets = targets_for([9, 10, 11], healthy_ttft="100ms")
     held: list[int] = []
@@ -584,8 +584,8 @@ def test_a_round_keeps_no_finished_task_until_the_next_one() -> None:
             await asyncio.sleep(took)
             return ProbeResult(Outcome.FAST, time.time(), ttft_ms=took * 1000)
 
-        async def publish(_target: ProbeTarget, _result: ProbeResult) -> None:
-            await asyncio.sleep(0.01)  # what a state change's publish awaits
+        def publish(_target: ProbeTarget, _result: ProbeResult) -> None:
+            return None
 
         async def on_silence(_target: ProbeTarget, _silent_ms: float) -> bool:
             return True

@@ -39,9 +39,8 @@ from llm_health.probe.slots import (
 )
 from llm_health.probe.target import ProbeTarget
 
-# A result handed on: None when it is folded in at once, else what to await before the
-# endpoint's next round (the publish a state change needs).
-ResultFn = Callable[[ProbeTarget, ProbeResult], Awaitable[None] | None]
+# A result handed on, folded in at once (a publish it needs goes out on its own).
+ResultFn = Callable[[ProbeTarget, ProbeResult], None]
 SilenceFn = Callable[[ProbeTarget, float], Awaitable[bool]]  # (target, silent ms) -> overlap?
 RECENT_TTFTS = 8  # successful probes an endpoint's "recent TTFT" is the median of
 # The probe's own clock starts a little after the scheduler's (task switch, the slot
@@ -84,11 +83,9 @@ class Scheduler:
 
     No task per endpoint: every endpoint's next round is an alarm (``probe.alarms``), and
     its probe is started through ``start`` (``probe.signals.Starter``), so a round that
-    ends in time costs no task,
-    no coroutine and no wait of its own (docs/design.md §16.10). Only the rare parts are
-    tasks: a silent probe's watch and its confirming probe, and an ``on_result`` that
-    returns an awaitable (awaited before the endpoint's next round, so results of one
-    endpoint are delivered in order, and what they publish is out before the next probe).
+    ends in time costs no task, no coroutine and no wait of its own (docs/design.md
+    §16.10). Only the rare part is a task: a silent probe's watch and its confirming
+    probe. ``on_result`` folds each result in at once, an endpoint's in order.
 
     ``update`` replaces the target set while running (hot reload): new endpoints start
     probing, removed ones stop (an in-flight probe is cancelled), changed settings apply
@@ -283,29 +280,16 @@ class Scheduler:
             self._arm(endpoint)
             return
         endpoint.recheck = False
-        self._hand_on(endpoint, round_.target, results, 0)
+        self._hand_on(endpoint, round_.target, results)
 
     def _hand_on(
-        self,
-        endpoint: Endpoint,
-        target: ProbeTarget,
-        results: tuple[ProbeResult, ...],
-        first: int,
+        self, endpoint: Endpoint, target: ProbeTarget, results: tuple[ProbeResult, ...]
     ) -> None:
-        """``results[first:]`` to ``on_result`` in order, then the next round. An
-        awaitable ``on_result`` returns is awaited (in a task) before the next result."""
-        for index in range(first, len(results)):
-            result = results[index]
-            pending = self._on_result(target, result)
+        """``results`` to ``on_result`` in order, then the next round."""
+        for result in results:
+            self._on_result(target, result)
             self._remember(endpoint.key, result)
             endpoint.failures = endpoint.failures + 1 if result.outcome in FAILURES else 0
-            if pending is not None:
-                # Its own task: it runs whole even if the endpoint stops meanwhile (the
-                # board changed already: what it publishes must go out).
-                published = asyncio.ensure_future(pending, loop=self._alarms.loop())
-                awaited = self._await_then(endpoint, target, results, index + 1, published)
-                endpoint.task = self._alarms.loop().create_task(awaited)
-                return
         # Confirm a failure at once while it could still change the verdict; otherwise back
         # to the endpoint's own slot. A confirming probe keeps its own time: failures are
         # rare, so a tick would gather nothing and only delay the verdict (docs/design.md
@@ -317,22 +301,6 @@ class Scheduler:
             phase = self._phases[endpoint.key]
             endpoint.due = next_slot(now, self._origin, phase, target.interval_s)
         self._arm(endpoint)
-
-    async def _await_then(
-        self,
-        endpoint: Endpoint,
-        target: ProbeTarget,
-        results: tuple[ProbeResult, ...],
-        first: int,
-        pending: Awaitable[None],
-    ) -> None:
-        try:
-            await pending
-            forget_task(endpoint)
-            if self._endpoints.get(endpoint.key) is endpoint:
-                self._hand_on(endpoint, target, results, first)
-        except Exception as exc:
-            self._crash(exc)
 
     def _drop(self, endpoint: Endpoint) -> None:
         """Stop the endpoint: its alarm, its probe in flight (its connection closed), its

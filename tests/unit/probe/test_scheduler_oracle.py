@@ -79,10 +79,11 @@ def run(kind: type[Any], seed: int) -> dict[str, list[tuple[Any, ...]]]:
             await asyncio.sleep(after)
             return ProbeResult(outcome, time.time(), ttft_ms=ttft)
 
-        async def on_result(target: ProbeTarget, result: ProbeResult) -> None:
+        def on_result(target: ProbeTarget, result: ProbeResult) -> None:
             note(target.key, "result", result.outcome.value)
-            if chance(target.key, "fold", len(seen[target.key])).random() < 0.2:
-                await asyncio.sleep(0.001)  # a fold that publishes: awaited
+
+        async def on_result_awaited(target: ProbeTarget, result: ProbeResult) -> None:
+            on_result(target, result)  # the scheduler before awaited every result
 
         async def on_silence(target: ProbeTarget, silent_ms: float) -> bool:
             note(target.key, "silent", round(silent_ms, 3))
@@ -104,7 +105,7 @@ def run(kind: type[Any], seed: int) -> dict[str, list[tuple[Any, ...]]]:
         scheduler = kind(
             first,
             fake,
-            on_result,
+            on_result if kind is Scheduler else on_result_awaited,
             clock,
             on_silence=on_silence,
             confirm=fake,
