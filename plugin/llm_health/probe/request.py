@@ -109,8 +109,8 @@ def probe_request(
 
 class Requests:
     """A probe's request per endpoint, made once per target and engine: only the nonce
-    differs from one probe to the next, and building the head and the JSON body each
-    time was a tenth of the exchange's CPU (docs/design.md §16.10). A request whose
+    differs from one probe to the next, and building the head and the JSON body is a
+    large part of the exchange's CPU (docs/design.md §16.10). A request whose
     nonce cannot be told apart (the prompt holds the mark) is built whole every time."""
 
     def __init__(self) -> None:

@@ -3,8 +3,8 @@ whose bytes go through llhttp (``httptools.HttpResponseParser``: status line, he
 chunked framing decoded in C), and a small pool of kept connections.
 
 Why not aiohttp here: a micro-probe is one POST and a few hundred bytes of answer, and
-aiohttp's per-request machinery cost about 0.5 ms of CPU each (``bench/probe_client_cost.py``),
-twice this exchange. The engines' side reads (GET /metrics and the like) use it too, on
+aiohttp's per-request machinery costs more CPU than the whole of this exchange
+(``bench/probe_client_cost.py``). The engines' side reads (GET /metrics and the like) use it too, on
 connections of their own; aiohttp stays for the HTTP server and webhooks. What this
 module does not do: redirects (a probe follows none: a 3xx is the endpoint's answer),
 content encodings (none is asked for), proxies, cookies.
