@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from llm_health.config import ProbeSettings  # noqa: E402
 from llm_health.model.outcome import ProbeResult  # noqa: E402
 from llm_health.probe.client import MicroProbe, new_connections, probe_body  # noqa: E402
 from llm_health.probe.scheduler import Scheduler  # noqa: E402
+from llm_health.probe.signals import await_started  # noqa: E402
 from llm_health.probe.target import ProbeTarget  # noqa: E402
 from tests.ports import free_port  # noqa: E402
 
@@ -85,7 +87,9 @@ async def per_probe(sim: Sim) -> list[dict[str, Any]]:
             )
             target = settings.to_target("cost", sim.address)
             await reset(control, sim)
-            results = [await MicroProbe(connections).probe(target) for _ in range(PROBES_PER_MODE)]
+            prober = MicroProbe(connections)
+            start = partial(prober.start_probe, target)
+            results = [await await_started(start) for _ in range(PROBES_PER_MODE)]
             await asyncio.sleep(0.2)  # the simulator notices the closed streams
             seen = await stats(control, sim)
             probes = [r for r in seen["recent"] if r["probe"]]

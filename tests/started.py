@@ -1,15 +1,24 @@
-"""Test fakes of a probe written as coroutines, started as every probe is
-(``probe.signals.Starter``): each in a task of its own, its receiver told its result.
-A fake tells its first token with ``token_seen()``."""
+"""Probes in tests: fakes written as coroutines, started as every probe is
+(``probe.signals.Starter``: each in a task of its own, its receiver told its result; a
+fake tells its first token with ``token_seen()``), and ``probe_once``, a real prober's
+probe awaited."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
+from functools import partial
 
 from llm_health.model.outcome import ProbeResult
-from llm_health.probe.signals import ProbeReceiver, Started, Starter, TokenListener
+from llm_health.probe.client import Prober
+from llm_health.probe.signals import (
+    ProbeReceiver,
+    Started,
+    Starter,
+    TokenListener,
+    await_started,
+)
 from llm_health.probe.target import ProbeTarget
 
 FakeProbe = Callable[[ProbeTarget], Awaitable[ProbeResult]]
@@ -40,3 +49,8 @@ async def _run(probe: FakeProbe, target: ProbeTarget, receiver: ProbeReceiver) -
         receiver.failed(error)
         return
     receiver.done(result)
+
+
+async def probe_once(prober: Prober, target: ProbeTarget) -> ProbeResult:
+    """One probe of ``prober``'s, awaited (``probe.signals.await_started``)."""
+    return await await_started(partial(prober.start_probe, target))

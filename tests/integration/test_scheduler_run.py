@@ -33,7 +33,7 @@ from llm_health.sim.faults import FaultSpec
 from llm_health.sim.server import SimSettings, running_sim
 from tests.polling import wait_until_async
 from tests.processes import running_sims
-from tests.started import started, token_seen
+from tests.started import probe_once, started, token_seen
 
 
 def targets_for(ports: list[int], **probe: object) -> list[ProbeTarget]:
@@ -103,7 +103,7 @@ async def test_fifty_endpoints_never_overlap_and_are_spread_evenly() -> None:
                 in_flight[target.key] += 1
                 worst[target.key] = max(worst[target.key], in_flight[target.key])
                 try:
-                    return await prober.probe(target)
+                    return await probe_once(prober, target)
                 finally:
                     in_flight[target.key] -= 1
 

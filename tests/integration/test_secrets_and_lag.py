@@ -29,6 +29,7 @@ from tests.configs import plugin_yaml
 from tests.polling import wait_until_async
 from tests.processes import SimProcess
 from tests.runtime import Running
+from tests.started import probe_once
 
 SECRET = "SECRET123"
 PROBE = {
@@ -101,11 +102,11 @@ async def _probe_with_blocked_loop(
         try:
             async with Connections(stamped=stamped) as connections:
                 prober = MicroProbe(connections, lag)
-                await prober.probe(target)  # connection and engine warm
+                await probe_once(prober, target)  # connection and engine warm
                 await asyncio.sleep(0.05)
                 loop = asyncio.get_running_loop()
                 loop.call_later(0.05, time.sleep, 0.1)  # the starved prober
-                return await prober.probe(target)
+                return await probe_once(prober, target)
         finally:
             ticker.cancel()
     finally:

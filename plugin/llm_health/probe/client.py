@@ -9,19 +9,18 @@ probing through two small seams declared here, so that this package never import
 ``ProbeWrapper`` (the runtime starts probes through ``starter(prober)``; the request body
 reads the engine they detected, ``engines``), and ``Question`` (what a known-answer probe
 asks, passed to ``Prober.start_verify``). A probe is started (``probe.signals``: a
-``Starter`` tells a ``ProbeReceiver``); ``MicroProbe.probe`` and ``verify`` await one. What the exchange itself does stays here, as the probe's own
-concern: the request body per engine (``probe_body``, docs/design.md §14.4) and the
-reading of a known-answer stream (``probe.answer``), which run inside the exchange and its
-timeout, in a probe worker process as in the runtime.
+``Starter`` tells a ``ProbeReceiver``); an awaiting caller uses ``await_started``.
+What the exchange itself does stays here, as the probe's own concern: the request body
+per engine (``probe_body``, docs/design.md §14.4) and the reading of a known-answer
+stream (``probe.answer``), which run inside the exchange and its timeout, in a probe
+worker process as in the runtime.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from functools import partial
 from typing import NamedTuple, Protocol
 
-from llm_health.model.outcome import ProbeResult
 from llm_health.probe._exchange import (
     MAX_ANSWER_BYTES,
     MAX_BYTES_BEFORE_TOKEN,
@@ -46,7 +45,6 @@ from llm_health.probe.signals import (
     ProbeReceiver,
     Started,
     Starter,
-    await_started,
 )
 from llm_health.probe.target import ProbeTarget
 
@@ -120,8 +118,8 @@ class MicroProbe:
     Task-safe: each call is independent.
 
     Each probe is an ``_exchange.Exchange`` driven by its connection's callbacks and one
-    alarm: ``start_probe`` runs it with no task (the scheduler's way), ``probe`` and
-    ``verify`` await it.
+    alarm, with no task: ``start_probe``, or ``start_verify`` for a known-answer probe (its
+    answer read within one more ``timeout`` after the first token).
 
     A connection is kept for the next probe only when the whole answer followed its first
     token within ``REUSE_GRACE_S`` (``max_tokens`` 1: the engine ends the stream at once);
@@ -155,16 +153,6 @@ class MicroProbe:
     ) -> Started:
         """``verify``, told to ``receiver`` as ``start_probe`` tells its result."""
         return self._begin(target, question, receiver)
-
-    async def probe(self, target: ProbeTarget) -> ProbeResult:
-        """``start_probe``, awaited (``signals.await_started``): for awaiting callers."""
-        return await await_started(partial(self._begin, target, None))
-
-    async def verify(self, target: ProbeTarget, question: Question) -> ProbeResult:
-        """A known-answer probe asking ``question``, awaited: TTFT and outcome as
-        ``probe``, then the rest of the answer (``ProbeResult.answer``), read within one
-        more ``timeout`` after the first token."""
-        return await await_started(partial(self._begin, target, question))
 
     def engine_of(self, target: ProbeTarget) -> str | None:
         return self._shared.engine_of(target)

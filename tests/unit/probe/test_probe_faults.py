@@ -14,6 +14,7 @@ from llm_health.model.outcome import Outcome
 from llm_health.probe.client import MicroProbe, new_connections
 from llm_health.probe.http1 import UnsendableRequest, route_of
 from llm_health.probe.target import ProbeTarget
+from tests.started import probe_once
 
 
 def target(**settings: object) -> ProbeTarget:
@@ -40,7 +41,7 @@ async def test_a_value_error_of_our_own_is_no_endpoint_error() -> None:
     async with new_connections() as connections:
         prober = MicroProbe(connections, engines=BrokenEngines())
         with pytest.raises(ValueError, match="our own bug"):
-            await prober.probe(target(engine="auto"))
+            await probe_once(prober, target(engine="auto"))
 
 
 @pytest.mark.parametrize(
@@ -55,6 +56,6 @@ async def test_a_url_that_cannot_be_sent_is_the_endpoints_error(url: str) -> Non
     with pytest.raises(UnsendableRequest):
         route_of(url)
     async with new_connections() as connections:
-        result = await MicroProbe(connections).probe(dataclasses.replace(target(), url=url))
+        result = await probe_once(MicroProbe(connections), dataclasses.replace(target(), url=url))
     assert result.outcome is Outcome.ERROR
     assert url in result.detail
