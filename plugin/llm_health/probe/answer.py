@@ -140,7 +140,7 @@ class AnswerReader:
             return
         self._tokens.append(token)
         if _is_number(logprob):
-            self._logprobs.append(float(logprob))  # type: ignore[arg-type]
+            self._logprobs.append(_as_float(logprob))  # type: ignore[arg-type]
         if len(self._tokens) == 1:
             self._first_top = alternatives[:20]
 
@@ -170,6 +170,15 @@ def _list(value: object) -> list[Any]:
 def _is_number(value: object) -> bool:
     """An int or float (NaN and infinities included: those are what the checks catch)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _as_float(value: float) -> float:
+    """``float(value)``; an integer beyond a float's range (JSON has no bound, the stdlib
+    reads it whole) is an infinity of its sign, which the checks catch as garbage."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def finite(values: tuple[float, ...]) -> bool:
