@@ -68,13 +68,13 @@ async def _probe_for(base: int, count: int, duration_s: float) -> dict[str, floa
     lags: list[float] = []
     lag = LoopLagMonitor()
 
-    async def on_result(_target: ProbeTarget, result: ProbeResult) -> None:
+    def on_result(_target: ProbeTarget, result: ProbeResult) -> None:
         if result.ttft_ms is not None:
             errors.append(result.ttft_ms - TTFT_MS)
             lags.append(result.loop_lag_ms)
 
     async with new_connections() as connections:
-        scheduler = Scheduler(targets, MicroProbe(connections, lag).probe, on_result)
+        scheduler = Scheduler(targets, MicroProbe(connections, lag).start_probe, on_result)
         lag_task = asyncio.create_task(lag.run())
         await asyncio.sleep(0.2)
         cpu0, wall0 = _cpu_s(), time.perf_counter()

@@ -35,6 +35,7 @@ import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 
 import aiohttp
@@ -49,6 +50,7 @@ from llm_health.config import ProbeSettings  # noqa: E402
 from llm_health.model.outcome import Outcome  # noqa: E402
 from llm_health.probe.client import MicroProbe, new_connections, probe_body  # noqa: E402
 from llm_health.probe.http1 import Connections  # noqa: E402
+from llm_health.probe.signals import await_started  # noqa: E402
 from llm_health.probe.target import ProbeTarget  # noqa: E402
 from tests.ports import free_port  # noqa: E402
 
@@ -65,7 +67,7 @@ def micro_probe(target: ProbeTarget, connections: Connections) -> Exchange:
     prober = MicroProbe(connections)
 
     async def exchange() -> bool:
-        result = await prober.probe(target)
+        result = await await_started(partial(prober.start_probe, target))
         return result.outcome in (Outcome.FAST, Outcome.SLOW)
 
     return exchange

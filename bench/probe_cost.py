@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from llm_health.config import ProbeSettings  # noqa: E402
 from llm_health.model.outcome import ProbeResult  # noqa: E402
 from llm_health.probe.client import MicroProbe, new_connections, probe_body  # noqa: E402
 from llm_health.probe.scheduler import Scheduler  # noqa: E402
+from llm_health.probe.signals import await_started  # noqa: E402
 from llm_health.probe.target import ProbeTarget  # noqa: E402
 from tests.ports import free_port  # noqa: E402
 
@@ -85,7 +87,9 @@ async def per_probe(sim: Sim) -> list[dict[str, Any]]:
             )
             target = settings.to_target("cost", sim.address)
             await reset(control, sim)
-            results = [await MicroProbe(connections).probe(target) for _ in range(PROBES_PER_MODE)]
+            prober = MicroProbe(connections)
+            start = partial(prober.start_probe, target)
+            results = [await await_started(start) for _ in range(PROBES_PER_MODE)]
             await asyncio.sleep(0.2)  # the simulator notices the closed streams
             seen = await stats(control, sim)
             probes = [r for r in seen["recent"] if r["probe"]]
@@ -114,13 +118,13 @@ async def fleet(sim: Sim, replicas: int, seconds: float) -> float:
     settings = ProbeSettings.model_validate({"model": "sim-model", "interval": "1s"})
     target = settings.to_target("cost", sim.address)
 
-    async def ignore(_t: ProbeTarget, _r: ProbeResult) -> None:
+    def ignore(_t: ProbeTarget, _r: ProbeResult) -> None:
         return None
 
     async with aiohttp.ClientSession(trust_env=False) as control:
         sessions = [new_connections() for _ in range(replicas)]
         try:
-            schedulers = [Scheduler([target], MicroProbe(s).probe, ignore) for s in sessions]
+            schedulers = [Scheduler([target], MicroProbe(s).start_probe, ignore) for s in sessions]
             tasks = [asyncio.create_task(s.run()) for s in schedulers]
             await asyncio.sleep(1.5)  # first rounds done
             before = (await stats(control, sim))["probe_requests"]

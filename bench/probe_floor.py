@@ -43,7 +43,7 @@ from procs import Sim, child_env, cpu_split, load_average  # noqa: E402
 
 from common import write_result  # noqa: E402
 from llm_health.probe.http1 import request_head, route_of  # noqa: E402
-from llm_health.probe.scheduler import next_slot, on_tick, start_tick  # noqa: E402
+from llm_health.probe.slots import next_slot, on_tick, start_tick  # noqa: E402
 from tests.envoy_harness import EnvoyProcess  # noqa: E402
 
 INTERVAL_S = 1.0

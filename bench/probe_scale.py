@@ -53,7 +53,7 @@ import time
 import tracemalloc
 from array import array
 from collections import Counter
-from collections.abc import Awaitable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -182,10 +182,10 @@ class Recorder:
     def close(self) -> None:
         gc.callbacks.remove(self.on_gc)
 
-    def on_result(self, target: ProbeTarget, result: ProbeResult) -> Awaitable[None] | None:
+    def on_result(self, target: ProbeTarget, result: ProbeResult) -> None:
         if self.recording:
             self.results.append(target, result)
-        return self._inner(target, result)
+        self._inner(target, result)
 
     def on_transition(self, _cluster: str, _address: str, change: Transition, *_: object) -> None:
         self.transitions += self.recording

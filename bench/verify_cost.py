@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import os
 import sys
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,6 +28,7 @@ from common import write_result  # noqa: E402
 from llm_health.config.schema import ProbeSettings  # noqa: E402
 from llm_health.engines.settings import VerifyConfig  # noqa: E402
 from llm_health.probe.client import MicroProbe, new_connections  # noqa: E402
+from llm_health.probe.signals import await_started  # noqa: E402
 from llm_health.probe.target import ProbeTarget  # noqa: E402
 from tests.engine.llama import ENGINE_ENV, LlamaServer, server_binary  # noqa: E402
 from tests.engine.make_model import ensure_model  # noqa: E402
@@ -45,7 +47,9 @@ async def measure(
         prober = MicroProbe(connections, engines={target.key: "llamacpp"})
         for _ in range(count):
             result = await (
-                prober.verify(target, VerifyConfig()) if verify else prober.probe(target)
+                await_started(partial(prober.start_verify, target, VerifyConfig()))
+                if verify
+                else await_started(partial(prober.start_probe, target))
             )
             if result.outcome.value != "fast":
                 raise SystemExit(f"probe not FAST: {result}")

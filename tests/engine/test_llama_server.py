@@ -24,6 +24,7 @@ from llm_health.model.outcome import Outcome
 from llm_health.probe.client import MicroProbe, new_connections, probe_body
 from llm_health.probe.target import ProbeTarget
 from tests.engine.llama import DEFAULT_ALIAS, LlamaServer, StartServer, http_get
+from tests.started import probe_once
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -70,7 +71,7 @@ async def probe_times(target: ProbeTarget, count: int) -> list[Outcome]:
     async with new_connections() as connections:
         prober = MicroProbe(connections)
         for _ in range(count):
-            outcomes.append((await prober.probe(target)).outcome)
+            outcomes.append((await probe_once(prober, target)).outcome)
             await asyncio.sleep(SPACING_S)
     return outcomes
 
@@ -105,7 +106,7 @@ async def test_probe_is_fast(llama_server: StartServer, api: str) -> None:
             target(server, api=api, model=DEFAULT_ALIAS),
             target(server, api=api, engine="llamacpp"),
         ):
-            result = await prober.probe(probe_target)
+            result = await probe_once(prober, probe_target)
             assert result.outcome is Outcome.FAST, result
             assert result.status == 200
             assert result.ttft_ms is not None
@@ -220,13 +221,13 @@ async def test_sigstop_times_out_and_sigcont_recovers(llama_server: StartServer)
     probe_target = target(server, healthy_ttft="1s", timeout="2s")
     async with new_connections() as connections:
         prober = MicroProbe(connections)
-        assert (await prober.probe(probe_target)).outcome is Outcome.FAST
+        assert (await probe_once(prober, probe_target)).outcome is Outcome.FAST
         await asyncio.sleep(SPACING_S)
 
         server.pause()
         try:
             started = time.monotonic()
-            result = await prober.probe(probe_target)
+            result = await probe_once(prober, probe_target)
             assert result.outcome is Outcome.TIMEOUT, result
             assert time.monotonic() - started < 2 + 1
             assert result.connect_ms is not None, "the kernel still accepts the connection"
@@ -236,7 +237,7 @@ async def test_sigstop_times_out_and_sigcont_recovers(llama_server: StartServer)
         finally:
             server.resume()
 
-        result = await prober.probe(probe_target)
+        result = await probe_once(prober, probe_target)
         assert result.outcome is Outcome.FAST, result
 
 
@@ -266,6 +267,6 @@ async def test_back_to_back_probes_survive_the_closed_keep_alive_connection(
             and time.monotonic() < give_up
             and (len(outcomes) < 12 or not prober.stale_resends)
         ):
-            outcomes.append((await prober.probe(probe)).outcome)
+            outcomes.append((await probe_once(prober, probe)).outcome)
     assert outcomes == [Outcome.FAST] * len(outcomes), collections.Counter(outcomes)
     assert prober.stale_resends >= 1, f"no closed connection met in {len(outcomes)} probes"

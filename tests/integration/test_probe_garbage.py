@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from llm_health.config import ProbeSettings
 from llm_health.model.outcome import Outcome
 from llm_health.probe.client import MAX_BYTES_BEFORE_TOKEN, MicroProbe, new_connections
+from tests.started import probe_once
 
 Body = Callable[[web.StreamResponse], object]
 
@@ -73,7 +74,7 @@ EDGE_CASES = {
 async def test_edge_streams_are_errors(raw: tuple[RawServer, MicroProbe, str], name: str) -> None:
     server, prober, address = raw
     server.chunks = EDGE_CASES[name]
-    result = await prober.probe(target(address))
+    result = await probe_once(prober, target(address))
     assert result.outcome is Outcome.ERROR, result
     assert result.detail
 
@@ -82,14 +83,14 @@ async def test_flood_is_cut_at_the_byte_limit(raw: tuple[RawServer, MicroProbe, 
     server, prober, address = raw
     server.chunks = [b'data: {"choices": []}\n\n' * 60_000]
     assert len(server.chunks[0]) > MAX_BYTES_BEFORE_TOKEN
-    result = await prober.probe(target(address))
+    result = await probe_once(prober, target(address))
     assert "no token in the first" in result.detail
 
 
 async def test_token_after_noise_is_found(raw: tuple[RawServer, MicroProbe, str]) -> None:
     server, prober, address = raw
     server.chunks = [b": keepalive\r\n\r\n", b'data: {"choices":[{"te', b'xt":"hi"}]}\r\n\r\n']
-    result = await prober.probe(target(address))
+    result = await probe_once(prober, target(address))
     assert result.outcome is Outcome.FAST
 
 
@@ -102,7 +103,7 @@ async def test_random_bytes_never_raise(
 ) -> None:
     server, prober, address = raw
     server.chunks, server.status = chunks, status
-    result = await prober.probe(target(address))
+    result = await probe_once(prober, target(address))
     assert isinstance(result.outcome, Outcome)
     if status != 200:
         assert result.outcome in (Outcome.ERROR, Outcome.OVERLOADED, Outcome.FATAL)

@@ -32,6 +32,7 @@ from llm_health.probe.http1 import (
 from llm_health.probe.lag import LoopLagMonitor
 from llm_health.probe.target import ProbeTarget
 from tests.raw_http import RawServer, Script, heard, until
+from tests.started import probe_once
 
 TOKEN = b'data: {"choices": [{"index": 0, "text": "Hi", "finish_reason": "length"}]}\n\n'
 DONE = b"data: [DONE]\n\n"
@@ -62,7 +63,7 @@ async def probing(script: Script) -> AsyncIterator[tuple[RawServer, MicroProbe, 
 
 async def test_a_one_token_stream_that_ends_at_once_keeps_its_connection() -> None:
     async with probing(Script([(ONE_TOKEN, "keep")])) as (server, prober, connections):
-        results = [await prober.probe(target(server.port)) for _ in range(5)]
+        results = [await probe_once(prober, target(server.port)) for _ in range(5)]
     assert [r.outcome for r in results] == [Outcome.FAST] * 5, results
     assert server.connections == 1 and server.requests == 5
     assert connections.opened == 1 and connections.reused == 4
@@ -104,9 +105,9 @@ async def test_a_stream_whose_rest_dawdles_is_cut_after_the_token() -> None:
     sees the client go and stops decoding), and the next probe opens a new one."""
     dawdling = chunked(TOKEN, end=False)
     async with probing(Script([(dawdling, "hold")])) as (server, prober, connections):
-        first = await prober.probe(target(server.port))
+        first = await probe_once(prober, target(server.port))
         await asyncio.wait_for(until(lambda: server.eofs == 1), 2)
-        second = await prober.probe(target(server.port))
+        second = await probe_once(prober, target(server.port))
     assert first.outcome is Outcome.FAST and second.outcome is Outcome.FAST
     assert first.total_ms < first.ttft_ms + 1000 * REUSE_GRACE_S + 200  # type: ignore[operator]
     assert server.connections == 2 and connections.reused == 0
@@ -119,7 +120,7 @@ async def test_a_tail_past_its_bound_is_cut() -> None:
     first = whole.index(b": xx")  # the head and the token, then the flood 10 ms later
     flood = [whole[:first], whole[first:]]
     async with probing(Script([(flood, "keep")])) as (server, prober, connections):
-        results = [await prober.probe(target(server.port)) for _ in range(2)]
+        results = [await probe_once(prober, target(server.port)) for _ in range(2)]
     assert [r.outcome for r in results] == [Outcome.FAST] * 2
     assert server.connections == 2 and connections.reused == 0
 
@@ -139,8 +140,8 @@ async def test_framing_decides_whether_a_connection_is_kept(
 ) -> None:
     then = "close" if name == "until close" else "keep"
     async with probing(Script([(reply, then)])) as (server, prober, connections):
-        first = await prober.probe(target(server.port))
-        second = await prober.probe(target(server.port))
+        first = await probe_once(prober, target(server.port))
+        second = await probe_once(prober, target(server.port))
     assert first.outcome is Outcome.FAST, first
     assert second.outcome is Outcome.FAST, second
     assert connections.reused == (1 if kept else 0), name
@@ -152,8 +153,8 @@ async def test_a_kept_connection_the_server_closed_is_sent_again_once_and_counte
     more on a new connection (the engine never saw it), counted, and never a verdict."""
     script = Script([(ONE_TOKEN, "keep"), (b"", "close")])  # per connection: 2nd dies
     async with probing(script) as (server, prober, _connections):
-        first = await prober.probe(target(server.port))
-        second = await prober.probe(target(server.port))
+        first = await probe_once(prober, target(server.port))
+        second = await probe_once(prober, target(server.port))
     assert first.outcome is Outcome.FAST
     assert second.outcome is Outcome.FAST, second
     assert prober.stale_resends == 1
@@ -166,9 +167,9 @@ async def test_the_resend_goes_on_a_new_connection_not_on_another_kept_one() -> 
     would turn a restart into a false ERROR)."""
     script = Script([(ONE_TOKEN, "keep"), (b"", "close")])  # per connection: 2nd dies
     async with probing(script) as (server, prober, connections):
-        both = await asyncio.gather(*(prober.probe(target(server.port)) for _ in range(2)))
+        both = await asyncio.gather(*(probe_once(prober, target(server.port)) for _ in range(2)))
         assert connections.opened == 2  # both kept
-        after = await prober.probe(target(server.port))
+        after = await probe_once(prober, target(server.port))
     assert [r.outcome for r in both] == [Outcome.FAST] * 2
     assert after.outcome is Outcome.FAST, after
     assert prober.stale_resends == 1
@@ -177,10 +178,10 @@ async def test_the_resend_goes_on_a_new_connection_not_on_another_kept_one() -> 
 
 async def test_a_kept_connection_never_hides_a_listener_that_is_gone() -> None:
     async with probing(Script([(ONE_TOKEN, "keep")])) as (server, prober, _connections):
-        first = await prober.probe(target(server.port))
+        first = await probe_once(prober, target(server.port))
         server.script.replies = [(ONE_TOKEN, "keep"), (b"", "close")]
         server.stop()  # no listener any more; the kept connection dies on its next request
-        second = await prober.probe(target(server.port))
+        second = await probe_once(prober, target(server.port))
     assert first.outcome is Outcome.FAST
     assert second.outcome is Outcome.ERROR, second
     assert second.detail.startswith("connect failed"), second.detail
@@ -190,7 +191,7 @@ async def test_a_kept_connection_never_hides_a_listener_that_is_gone() -> None:
 async def test_a_head_past_its_bound_is_an_error() -> None:
     huge = b"HTTP/1.1 200 OK\r\n" + b"X-Pad: " + b"a" * (MAX_HEAD_BYTES + 10) + b"\r\n\r\n"
     async with probing(Script([(huge, "hold")])) as (server, prober, _connections):
-        result = await prober.probe(target(server.port))
+        result = await probe_once(prober, target(server.port))
     assert result.outcome is Outcome.ERROR
     assert result.detail == f"response head longer than {MAX_HEAD_BYTES} bytes"
 
@@ -200,7 +201,7 @@ async def test_an_answer_a_byte_at_a_time_is_read_whole() -> None:
         server._send = _bytewise  # type: ignore[method-assign,assignment]
         async with new_connections() as connections:
             prober = MicroProbe(connections)
-            results = [await prober.probe(target(server.port)) for _ in range(2)]
+            results = [await probe_once(prober, target(server.port)) for _ in range(2)]
     assert [r.outcome for r in results] == [Outcome.FAST] * 2
 
 
@@ -216,7 +217,7 @@ async def _bytewise(writer: asyncio.StreamWriter, data: bytes | list[bytes]) -> 
 async def test_a_header_that_would_split_the_request_is_refused(bad: str) -> None:
     async with probing(Script([(ONE_TOKEN, "keep")])) as (server, prober, _connections):
         probe = dataclasses.replace(target(server.port), headers={"X-Tenant": bad})
-        result = await prober.probe(probe)
+        result = await probe_once(prober, probe)
     assert result.outcome is Outcome.ERROR
     assert "character a header cannot hold" in result.detail
     assert server.requests == 0
@@ -226,7 +227,7 @@ async def test_an_error_status_is_read_within_its_bound_and_classified() -> None
     body = b'{"error": {"message": "CUDA error: an illegal memory access"}}'
     reply = b"HTTP/1.1 500 Internal\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
     async with probing(Script([(reply, "keep")])) as (server, prober, connections):
-        results = [await prober.probe(target(server.port)) for _ in range(2)]
+        results = [await probe_once(prober, target(server.port)) for _ in range(2)]
     assert [r.outcome for r in results] == [Outcome.FATAL] * 2
     assert results[0].status == 500
     assert connections.reused == 1  # an error body read whole keeps the connection too
@@ -252,7 +253,7 @@ HEADS = st.sampled_from(
 @given(head=HEADS, tail=st.binary(max_size=400))
 async def test_fuzzed_answers_never_raise_and_are_never_a_success(head: bytes, tail: bytes) -> None:
     async with probing(Script([(head + tail, "close")])) as (server, prober, _connections):
-        result = await prober.probe(target(server.port))
+        result = await probe_once(prober, target(server.port))
     assert result.outcome not in (Outcome.FAST, Outcome.SLOW), (head + tail, result)
     assert result.detail.isprintable() and len(result.detail) <= 500
 
@@ -283,8 +284,8 @@ async def test_a_stall_after_the_token_arrived_does_not_make_a_slow_engine_fast(
         await asyncio.sleep(0.05)
         async with RawServer(script) as server, new_connections() as connections:
             began = time.perf_counter()
-            result = await MicroProbe(connections, lag).probe(
-                target(server.port, healthy_ttft="200ms")
+            result = await probe_once(
+                MicroProbe(connections, lag), target(server.port, healthy_ttft="200ms")
             )
             waited = time.perf_counter() - began
     finally:
@@ -320,7 +321,7 @@ async def test_the_head_alone_wakes_no_one_and_is_timed_when_it_came() -> None:
         assert await heard(connection, connection.drained) and connection.reusable
         pool.release(connection, reuse=True)
     async with probing(script) as (server, prober, _):
-        result = await prober.probe(target(server.port))
+        result = await probe_once(prober, target(server.port))
     assert result.outcome is Outcome.FAST
     assert result.headers_ms is not None and result.ttft_ms is not None
     assert result.ttft_ms - result.headers_ms >= 100  # the pause between them
@@ -329,7 +330,9 @@ async def test_the_head_alone_wakes_no_one_and_is_timed_when_it_came() -> None:
 async def test_a_timeout_after_the_head_says_the_headers_came() -> None:
     head = SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"
     async with probing(Script([(head, "hold")])) as (server, prober, _):
-        result = await prober.probe(target(server.port, timeout="300ms", healthy_ttft="100ms"))
+        result = await probe_once(
+            prober, target(server.port, timeout="300ms", healthy_ttft="100ms")
+        )
     assert result.outcome is Outcome.TIMEOUT
     assert "no first token within 300 ms (headers after" in result.detail, result.detail
     assert result.headers_ms is not None and result.headers_ms < 200
@@ -358,7 +361,7 @@ async def test_a_connect_that_never_completes_times_out_and_leaves_no_socket() -
         async with new_connections() as connections:
             before = open_fds()
             probe = target(port, timeout="300ms", healthy_ttft="100ms")
-            result = await MicroProbe(connections).probe(probe)
+            result = await probe_once(MicroProbe(connections), probe)
             assert result.outcome is Outcome.TIMEOUT, result
             assert connections.opened == 0
             assert open_fds() == before  # the socket being connected is closed
@@ -373,7 +376,7 @@ async def test_a_refused_connect_is_an_error_that_names_it() -> None:
         port = probe_port.getsockname()[1]  # bound, not listening: refused
         async with new_connections() as connections:
             before = open_fds()
-            result = await MicroProbe(connections).probe(target(port))
+            result = await probe_once(MicroProbe(connections), target(port))
             assert open_fds() == before
     assert result.outcome is Outcome.ERROR
     assert result.detail == "connect failed: Connection refused"

@@ -16,6 +16,7 @@ from llm_health.sim.faults import FaultSpec
 from llm_health.sim.server import SimHandle, SimSettings, running_sim
 from tests.polling import wait_until_async
 from tests.ports import free_port
+from tests.started import probe_once
 
 TIMEOUT_S = 0.8
 HANG_SLACK_S = 0.05  # acceptance: every hang is reported within timeout + 50 ms
@@ -74,7 +75,7 @@ async def test_fault_gives_outcome(
 ) -> None:
     set_fault(sim, **knobs)
     started = time.perf_counter()
-    result = await prober.probe(make_target(sim, api=api))
+    result = await probe_once(prober, make_target(sim, api=api))
     elapsed = time.perf_counter() - started
     assert result.outcome is expected, result
     assert elapsed <= TIMEOUT_S + HANG_SLACK_S, f"took {elapsed * 1000:.0f} ms"
@@ -86,13 +87,13 @@ async def test_fault_gives_outcome(
 async def test_role_chunk_alone_is_never_a_token(sim: SimHandle, prober: MicroProbe) -> None:
     """The chat role delta arrives at once; a prober that counted it would say FAST."""
     set_fault(sim, fault="hang_after_role_chunk")
-    result = await prober.probe(make_target(sim, api="openai-chat"))
+    result = await probe_once(prober, make_target(sim, api="openai-chat"))
     assert result.outcome is Outcome.TIMEOUT
     assert result.headers_ms is not None and result.headers_ms < 200
 
 
 async def test_closed_port_is_error(prober: MicroProbe) -> None:
-    result = await prober.probe(make_target(f"127.0.0.1:{free_port()}"))  # nobody listens
+    result = await probe_once(prober, make_target(f"127.0.0.1:{free_port()}"))  # nobody listens
     assert result.outcome is Outcome.ERROR
     assert "connect" in result.detail
 
@@ -100,14 +101,14 @@ async def test_closed_port_is_error(prober: MicroProbe) -> None:
 async def test_slow_under_load_grows_ttft(sim: SimHandle, prober: MicroProbe) -> None:
     set_fault(sim, fault="slow_under_load", ttft="20ms", load_ttft_per_request="30ms")
     target = make_target(sim)
-    results = await asyncio.gather(*(prober.probe(target) for _ in range(12)))
+    results = await asyncio.gather(*(probe_once(prober, target) for _ in range(12)))
     outcomes = {r.outcome for r in results}
     assert Outcome.SLOW in outcomes or Outcome.TIMEOUT in outcomes, outcomes
 
 
 async def test_timings_are_ordered(sim: SimHandle, prober: MicroProbe) -> None:
     set_fault(sim, fault="none", ttft="60ms")
-    result = await prober.probe(make_target(sim))
+    result = await probe_once(prober, make_target(sim))
     assert result.outcome is Outcome.FAST
     assert result.connect_ms is not None and result.headers_ms is not None
     assert result.ttft_ms is not None
@@ -120,7 +121,7 @@ async def test_fast_probe_aborts_generation(sim: SimHandle, prober: MicroProbe) 
     probe closes the stream, the engine sees an abort and never a completed request."""
     set_fault(sim, fault="none", ttft="20ms", tpot="300ms")
     before = sim.state.stats()
-    result = await prober.probe(make_target(sim))
+    result = await probe_once(prober, make_target(sim))
     assert result.outcome is Outcome.FAST
     await wait_until_async(
         lambda: sim.state.stats()["aborted"] != before["aborted"], 5, "the sim to see the abort"
@@ -140,7 +141,7 @@ async def test_a_one_token_stream_ending_at_once_is_read_whole_and_its_connectio
     before = sim.state.stats()
     async with new_connections() as connections:
         prober = MicroProbe(connections)
-        results = [await prober.probe(make_target(sim)) for _ in range(3)]
+        results = [await probe_once(prober, make_target(sim)) for _ in range(3)]
     assert [r.outcome for r in results] == [Outcome.FAST] * 3
     after = sim.state.stats()
     assert after["completed"] == before["completed"] + 3
@@ -155,7 +156,7 @@ async def test_every_probe_busts_the_cache_differently(
     set_fault(sim, fault="none", ttft="1ms", tpot="1ms")
     target = make_target(sim, cache_bust=mode)
     for _ in range(20):
-        assert (await prober.probe(target)).outcome is Outcome.FAST
+        assert (await probe_once(prober, target)).outcome is Outcome.FAST
     recent = sim.state.stats()["recent"][-20:]
     if mode == "salt":
         salts = [r["cache_salt"] for r in recent]
@@ -169,7 +170,7 @@ async def test_every_probe_busts_the_cache_differently(
 
 async def test_no_cache_bust_sends_plain_prompt(sim: SimHandle, prober: MicroProbe) -> None:
     set_fault(sim, fault="none", ttft="1ms")
-    await prober.probe(make_target(sim, cache_bust="none"))
+    await probe_once(prober, make_target(sim, cache_bust="none"))
     last = sim.state.stats()["recent"][-1]
     assert last["prompt"] == "hi" and last.get("cache_salt") is None
 
@@ -178,8 +179,8 @@ async def test_configured_headers_reach_the_engine_but_not_repr(prober: MicroPro
     secret = "sk-very-secret-123"
     async with running_sim(SimSettings(api_key=secret)) as sim:
         target = make_target(sim, headers={"Authorization": f"Bearer {secret}"})
-        assert (await prober.probe(target)).outcome is Outcome.FAST
-        denied = await prober.probe(make_target(sim))
+        assert (await probe_once(prober, target)).outcome is Outcome.FAST
+        denied = await probe_once(prober, make_target(sim))
         assert denied.outcome is Outcome.ERROR and denied.status == 401
     assert secret not in repr(target)
     assert secret not in repr(denied)

@@ -31,6 +31,7 @@ from llm_health.probe.http1 import (
 )
 from tests.integration.test_probe_http1 import ONE_TOKEN, SSE_HEAD, TOKEN, probing, target
 from tests.raw_http import RawServer, Script
+from tests.started import probe_once
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -92,7 +93,7 @@ async def test_endless_framing_after_the_head_is_an_error_at_its_bound(
     body bound counts it: the framing's bound ends it, long before the timeout."""
     endless = Endless(start, b"a" * 16384)
     async with endless.serving() as port, new_connections() as connections:
-        result = await MicroProbe(connections).probe(target(port, timeout="5s"))
+        result = await probe_once(MicroProbe(connections), target(port, timeout="5s"))
         await asyncio.wait_for(endless.gone.wait(), 5)  # the connection was closed
     assert result.outcome is Outcome.ERROR, (name, result)
     assert result.detail == f"more than {MAX_FRAMING_BYTES} bytes of chunk framing and trailers"
@@ -110,7 +111,7 @@ async def test_a_chunked_body_in_tiny_chunks_is_read_within_the_bound() -> None:
         prober,
         connections,
     ):
-        results = [await prober.probe(target(server.port)) for _ in range(2)]
+        results = [await probe_once(prober, target(server.port)) for _ in range(2)]
     assert [r.outcome for r in results] == [Outcome.FAST] * 2, results
     assert connections.reused == 1
 
@@ -118,7 +119,7 @@ async def test_a_chunked_body_in_tiny_chunks_is_read_within_the_bound() -> None:
 async def test_trailers_within_the_bound_end_the_answer_and_keep_the_connection() -> None:
     with_trailers = ONE_TOKEN[: -len(b"0\r\n\r\n")] + b"0\r\nX-Checksum: abc\r\nX-Took: 3\r\n\r\n"
     async with probing(Script([(with_trailers, "keep")])) as (server, prober, connections):
-        results = [await prober.probe(target(server.port)) for _ in range(2)]
+        results = [await probe_once(prober, target(server.port)) for _ in range(2)]
     assert [r.outcome for r in results] == [Outcome.FAST] * 2, results
     assert connections.reused == 1
 
@@ -146,7 +147,7 @@ async def test_interim_responses_before_the_answer_are_read_past_and_counted(
     and the count is in the result (the metric's)."""
     reply: bytes | list[bytes] = [*interim, ONE_TOKEN] if apart else b"".join(interim) + ONE_TOKEN
     async with probing(Script([(reply, "keep")])) as (server, prober, connections):
-        results = [await prober.probe(target(server.port)) for _ in range(3)]
+        results = [await probe_once(prober, target(server.port)) for _ in range(3)]
     assert [r.outcome for r in results] == [Outcome.FAST] * 3, (name, results)
     assert [r.interim for r in results] == [len(interim)] * 3
     assert [r.status for r in results] == [200] * 3
@@ -158,7 +159,7 @@ async def test_the_answer_after_an_interim_response_is_timed_from_the_request() 
     request as ever."""
     script = Script([([EARLY_HINTS, ONE_TOKEN], "keep")], pause_s=0.15)
     async with probing(script) as (server, prober, _connections):
-        result = await prober.probe(target(server.port))
+        result = await probe_once(prober, target(server.port))
     assert result.outcome is Outcome.FAST, result
     assert result.headers_ms is not None and result.headers_ms >= 150, result
     assert result.ttft_ms is not None and result.ttft_ms >= result.headers_ms
@@ -193,7 +194,7 @@ async def test_interim_responses_never_make_a_verdict_or_a_success(
     """101 stays an error; the interim heads count toward the head's bound together; an
     interim response alone is no answer."""
     async with probing(Script([(reply, "close")])) as (server, prober, _connections):
-        result = await prober.probe(target(server.port))
+        result = await probe_once(prober, target(server.port))
     assert result.outcome is Outcome.ERROR, (name, result)
     assert detail in result.detail, (name, result.detail)
     if "101" not in name:
@@ -208,8 +209,8 @@ async def test_a_kept_connection_closed_after_an_interim_response_is_not_sent_ag
     (that would be a retry of a failed probe): an ERROR."""
     script = Script([(ONE_TOKEN, "keep"), (CONTINUE, "close")])  # per connection
     async with probing(script) as (server, prober, _connections):
-        first = await prober.probe(target(server.port))
-        second = await prober.probe(target(server.port))
+        first = await probe_once(prober, target(server.port))
+        second = await probe_once(prober, target(server.port))
     assert first.outcome is Outcome.FAST, first
     assert second.outcome is Outcome.ERROR, second
     assert second.interim == 1
@@ -304,7 +305,7 @@ async def test_an_answer_written_on_accept_is_an_error_not_fast() -> None:
     with Canned(on_accept=ONE_TOKEN).running() as canned:
         async with new_connections() as connections:
             prober = MicroProbe(connections)
-            probe = asyncio.create_task(prober.probe(target(canned.port)))
+            probe = asyncio.create_task(probe_once(prober, target(canned.port)))
             await asyncio.sleep(0)  # the probe starts: its connect is under way
             hold_the_loop(canned.wrote)
             result = await probe
@@ -322,11 +323,11 @@ async def test_unasked_bytes_on_a_kept_connection_are_never_the_next_answer() ->
     with Canned(unasked=ONE_TOKEN).running() as canned:
         async with new_connections() as connections:
             prober = MicroProbe(connections)
-            first = await prober.probe(target(canned.port))
+            first = await probe_once(prober, target(canned.port))
             await asyncio.sleep(0.1)  # its tail read: the connection is kept
             canned.nudge.set()
             hold_the_loop(canned.wrote)
-            second = await prober.probe(target(canned.port))
+            second = await probe_once(prober, target(canned.port))
             reused = connections.reused
     assert first.outcome is Outcome.FAST, first
     assert reused == 1  # the second probe went on the kept connection
@@ -343,11 +344,11 @@ async def test_a_kept_connection_found_closed_at_the_send_is_sent_again() -> Non
     with Canned().running() as canned:
         async with new_connections() as connections:
             prober = MicroProbe(connections)
-            first = await prober.probe(target(canned.port))
+            first = await probe_once(prober, target(canned.port))
             await asyncio.sleep(0.1)
             canned.nudge.set()
             hold_the_loop(canned.wrote)
-            second = await prober.probe(target(canned.port))
+            second = await probe_once(prober, target(canned.port))
             opened, reused = connections.opened, connections.reused
     assert first.outcome is Outcome.FAST, first
     assert second.outcome is Outcome.FAST, second
@@ -361,12 +362,12 @@ async def test_unasked_bytes_read_while_idle_drop_the_kept_connection() -> None:
     with Canned(unasked=ONE_TOKEN).running() as canned:
         async with new_connections() as connections:
             prober = MicroProbe(connections)
-            first = await prober.probe(target(canned.port))
+            first = await probe_once(prober, target(canned.port))
             await asyncio.sleep(0.1)
             canned.nudge.set()
             assert await asyncio.to_thread(canned.wrote.wait, 5)
             await asyncio.sleep(0.1)  # the loop reads them while the connection is idle
-            second = await prober.probe(target(canned.port))
+            second = await probe_once(prober, target(canned.port))
             opened, reused = connections.opened, connections.reused
     assert first.outcome is Outcome.FAST, first
     assert second.outcome is Outcome.FAST, second  # its own answer, on a new connection
@@ -420,7 +421,7 @@ async def test_a_failed_exchange_leaves_nothing_for_the_collector(
     gc.disable()
     try:
         async with endless.serving() as port, new_connections() as connections:
-            result = await MicroProbe(connections).probe(target(port, timeout="5s"))
+            result = await probe_once(MicroProbe(connections), target(port, timeout="5s"))
             await asyncio.wait_for(endless.gone.wait(), 5)
             assert len(made) == 0 or await _gone(made), (name, result)
     finally:
@@ -457,7 +458,7 @@ HELD = {
 async def test_hostile_answers_that_were_errors_still_are(name: str) -> None:
     then = "close" if name == "sse line without a newline" else "hold"
     async with probing(Script([(HELD[name], then)])) as (server, prober, _connections):
-        result = await prober.probe(target(server.port))
+        result = await probe_once(prober, target(server.port))
     assert result.outcome in (Outcome.ERROR, Outcome.TIMEOUT), (name, result)
 
 
@@ -465,7 +466,7 @@ async def test_an_answer_a_byte_every_100_ms_is_a_timeout() -> None:
     script = Script([(list(ONE_TOKEN[i : i + 1] for i in range(len(ONE_TOKEN))), "keep")])
     script.pause_s = 0.1
     async with probing(script) as (server, prober, _connections):
-        result = await prober.probe(target(server.port, timeout="1s"))
+        result = await probe_once(prober, target(server.port, timeout="1s"))
     assert result.outcome is Outcome.TIMEOUT, result
 
 
@@ -483,7 +484,7 @@ async def test_a_reset_after_the_head_is_an_error() -> None:
     try:
         async with new_connections() as connections:
             port = server.sockets[0].getsockname()[1]
-            result = await MicroProbe(connections).probe(target(port))
+            result = await probe_once(MicroProbe(connections), target(port))
     finally:
         server.close()
     assert result.outcome is Outcome.ERROR, result

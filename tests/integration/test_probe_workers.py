@@ -16,8 +16,12 @@ from typing import Any
 import pytest
 
 from llm_health.app.runtime import Runtime
+from llm_health.config import ProbeSettings
 from llm_health.model.causes import Cause
+from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.states import State
+from llm_health.probe.client import MicroProbe, new_connections
+from llm_health.probe.pool import WorkerPool
 from tests.polling import wait_until_async
 from tests.processes import SimProcess
 from tests.runtime import Running, runtime_for
@@ -125,3 +129,43 @@ async def test_a_killed_worker_is_replaced_without_a_verdict(sims: list[SimProce
         )
         assert runtime.workers.pids[0] != victim and alive(runtime.workers.pids[0])
         assert changes == [], changes
+
+
+class Told:
+    """A started probe's receiver (``probe.signals.ProbeReceiver``): what it was told."""
+
+    def __init__(self) -> None:
+        self.news: list[object] = []
+
+    def set(self) -> None:
+        self.news.append("token")
+
+    def done(self, result: ProbeResult) -> None:
+        self.news.append(result.outcome)
+
+    def failed(self, error: Exception) -> None:
+        self.news.append(error)
+
+
+async def test_a_probe_started_in_a_worker_tells_its_receiver(sims: list[SimProcess]) -> None:
+    """The pool's started contract: the worker's first token, then its result, to the
+    receiver; a probe cancelled at once tells it nothing, in the worker's time or ever."""
+    settings = ProbeSettings.model_validate({"model": "sim-model", "timeout": "800ms"})
+    target = settings.to_target("c", sims[0].address)
+    async with new_connections() as connections:
+        pool = WorkerPool(1, fallback=MicroProbe(connections))
+        await pool.start()
+        try:
+            told = Told()
+            pool.start_probe(target, told)
+            await wait_until_async(lambda: len(told.news) == 2, 5, "the probe's result")
+            assert told.news == ["token", Outcome.FAST]
+            cancelled = Told()
+            pool.start_probe(target, cancelled).cancel()
+            finished = Told()
+            pool.start_probe(target, finished)  # after the cancel, on the same worker
+            await wait_until_async(lambda: len(finished.news) == 2, 5, "the next result")
+            await asyncio.sleep(2 * target.timeout_s)
+            assert cancelled.news == []
+        finally:
+            await pool.close()

@@ -26,12 +26,14 @@ from llm_health.app.probing import ProbeSlots
 from llm_health.config import ProbeSettings
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.probe.client import MicroProbe, new_connections
-from llm_health.probe.scheduler import STARTS_PER_TICK, Scheduler, start_tick
+from llm_health.probe.scheduler import Scheduler
+from llm_health.probe.slots import STARTS_PER_TICK, start_tick
 from llm_health.probe.target import ProbeTarget
 from llm_health.sim.faults import FaultSpec
 from llm_health.sim.server import SimSettings, running_sim
 from tests.polling import wait_until_async
 from tests.processes import running_sims
+from tests.started import probe_once, started, token_seen
 
 
 def targets_for(ports: list[int], **probe: object) -> list[ProbeTarget]:
@@ -101,15 +103,15 @@ async def test_fifty_endpoints_never_overlap_and_are_spread_evenly() -> None:
                 in_flight[target.key] += 1
                 worst[target.key] = max(worst[target.key], in_flight[target.key])
                 try:
-                    return await prober.probe(target)
+                    return await probe_once(prober, target)
                 finally:
                     in_flight[target.key] -= 1
 
-            async def on_result(target: ProbeTarget, result: ProbeResult) -> None:
+            def on_result(target: ProbeTarget, result: ProbeResult) -> None:
                 first_done.setdefault(target.key, time.monotonic())
                 results[target.key].append(result)
 
-            scheduler = Scheduler(targets, probe, on_result)
+            scheduler = Scheduler(targets, started(probe), on_result)
             phase_of = {t.key: scheduler.phase_of(t.key) for t in targets}
             phases = sorted(phase_of.values())
             begun = time.monotonic()  # the scheduler's origin is this or a hair later
@@ -157,10 +159,10 @@ def test_failure_is_confirmed_at_once_then_back_to_the_interval() -> None:
             calls.append(clock())
             return ProbeResult(Outcome.TIMEOUT, time.time(), detail="fake")
 
-        async def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
+        def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
             return None
 
-        task = asyncio.create_task(Scheduler([target], failing, ignore, clock=clock).run())
+        task = asyncio.create_task(Scheduler([target], started(failing), ignore, clock=clock).run())
         await asyncio.sleep(2.3)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -192,10 +194,10 @@ def test_a_confirming_probe_is_not_moved_to_a_start_tick() -> None:
             calls.append(clock())
             return ProbeResult(Outcome.ERROR, time.time(), detail="fake")
 
-        async def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
+        def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
             return None
 
-        task = asyncio.create_task(Scheduler(targets, probe, ignore, clock=clock).run())
+        task = asyncio.create_task(Scheduler(targets, started(probe), ignore, clock=clock).run())
         await asyncio.sleep(2.5)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -221,11 +223,11 @@ def test_update_adds_and_removes_endpoints_while_running() -> None:
             await asyncio.sleep(0.01)
             return ProbeResult(Outcome.FAST, time.time(), ttft_ms=10)
 
-        async def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
+        def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
             return None
 
         clock = asyncio.get_running_loop().time
-        scheduler = Scheduler([a, b], probe, ignore, clock=clock)
+        scheduler = Scheduler([a, b], started(probe), ignore, clock=clock)
         task = asyncio.create_task(scheduler.run())
         await asyncio.sleep(0.5)
         scheduler.update([a, c])  # b removed, c added
@@ -279,16 +281,16 @@ def _silence_run(
             silences.append((clock(), silent_ms))
             return overlap
 
-        async def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
+        def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
             return None
 
         scheduler = Scheduler(
             [target],
-            probing("probe"),
+            started(probing("probe")),
             ignore,
             clock=clock,
             on_silence=on_silence,
-            confirm=probing("confirm"),
+            confirm=started(probing("confirm")),
         )
         task = asyncio.create_task(scheduler.run())
         await asyncio.sleep(2.5)
@@ -381,10 +383,10 @@ def test_a_slow_first_probe_is_rechecked_once_before_it_counts(
             ttft = 10.0 if outcome in (Outcome.FAST, Outcome.SLOW) else None
             return ProbeResult(outcome, time.time(), ttft_ms=ttft)
 
-        async def record(_target: ProbeTarget, result: ProbeResult) -> None:
+        def record(_target: ProbeTarget, result: ProbeResult) -> None:
             seen.append(result.outcome)
 
-        scheduler = Scheduler([target], scripted, record, clock=clock)
+        scheduler = Scheduler([target], started(scripted), record, clock=clock)
         task = asyncio.create_task(scheduler.run())
         await asyncio.sleep(len(outcomes) + 1.5)
         rechecks.append(scheduler.first_slow_rechecks)
@@ -404,7 +406,6 @@ def test_a_token_already_in_the_loop_at_the_silence_point_is_not_silence(
     """On a busy loop the silence timer can fire while the first token is on its way
     through the loop (socket, read, parse: a few turns). A token that lands within
     SETTLE_TURNS turns of the silence point is no silence; one that needs many more is."""
-    from llm_health.probe.signals import first_token_seen
 
     (target,) = targets_for([9], timeout="800ms", healthy_ttft="200ms")
     silences: list[float] = []
@@ -417,7 +418,7 @@ def test_a_token_already_in_the_loop_at_the_silence_point_is_not_silence(
             await asyncio.sleep(0.21)  # the silence point: healthy_ttft + the margin
             for _ in range(turns):  # the token's way through the loop
                 await asyncio.sleep(0)
-            first_token_seen()
+            token_seen()
             await asyncio.sleep(0.05)
             return ProbeResult(Outcome.FAST, time.time(), ttft_ms=210.0)
 
@@ -425,10 +426,10 @@ def test_a_token_already_in_the_loop_at_the_silence_point_is_not_silence(
             silences.append(silent_ms)
             return False
 
-        async def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
+        def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
             return None
 
-        scheduler = Scheduler([target], probe, ignore, clock=clock, on_silence=on_silence)
+        scheduler = Scheduler([target], started(probe), ignore, clock=clock, on_silence=on_silence)
         task = asyncio.create_task(scheduler.run())
         await asyncio.sleep(0.5)
         task.cancel()
@@ -457,10 +458,10 @@ def test_starts_are_gathered_on_ticks_each_within_a_tick_of_its_slot() -> None:
             await asyncio.sleep(0.02)
             return ProbeResult(Outcome.FAST, time.time(), ttft_ms=20.0)
 
-        async def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
+        def ignore(_target: ProbeTarget, _result: ProbeResult) -> None:
             return None
 
-        scheduler = Scheduler(targets, probe, ignore, clock=clock)
+        scheduler = Scheduler(targets, started(probe), ignore, clock=clock)
         plan.update({t.key: scheduler.phase_of(t.key) for t in targets})
         plan["origin"] = clock()
         task = asyncio.create_task(scheduler.run())
@@ -506,21 +507,20 @@ def test_a_silence_timer_that_fires_early_still_waits_for_the_silence_point() ->
 
     async def main() -> None:
         clock = asyncio.get_running_loop().time
-        from llm_health.probe.signals import first_token_seen
 
         async def probe(_target: ProbeTarget) -> ProbeResult:
             await asyncio.sleep(0.2)
-            first_token_seen()
+            token_seen()
             return ProbeResult(Outcome.FAST, time.time(), ttft_ms=200.0)
 
         async def on_silence(_target: ProbeTarget, silent_ms: float) -> bool:
             silences.append(silent_ms)
             return False
 
-        async def record(_target: ProbeTarget, result: ProbeResult) -> None:
+        def record(_target: ProbeTarget, result: ProbeResult) -> None:
             results.append(result)
 
-        scheduler = Scheduler([target], probe, record, clock=clock, on_silence=on_silence)
+        scheduler = Scheduler([target], started(probe), record, clock=clock, on_silence=on_silence)
         task = asyncio.create_task(scheduler.run())
         await asyncio.sleep(0.5)
         task.cancel()
@@ -546,12 +546,12 @@ async def test_scheduled_probes_leave_nothing_for_the_collector(tmp_path: Path) 
         results: list[ProbeResult] = []
         async with new_connections() as connections:
             prober = MicroProbe(connections)
-            slots = ProbeSlots(prober.probe, prober.start_probe)
+            slots = ProbeSlots(prober.start_probe)
 
             def on_result(_target: ProbeTarget, result: ProbeResult) -> None:
                 results.append(result)
 
-            scheduler = Scheduler(targets, slots.probe, on_result, start=slots.start)
+            scheduler = Scheduler(targets, slots.start, on_result)
             task = asyncio.create_task(scheduler.run())
             try:
                 await wait_until_async(lambda: len(results) >= 20, 10, "the first probes")
@@ -569,8 +569,8 @@ async def test_scheduled_probes_leave_nothing_for_the_collector(tmp_path: Path) 
 
 
 def test_a_round_keeps_no_finished_task_until_the_next_one() -> None:
-    """What a round awaited in a task of its own (a publish, a silent probe's watch and
-    its confirmation) is let go once done: kept until the endpoint's next one, a finished
+    """What a round awaited in a task of its own (a silent probe's watch and its
+    confirmation) is let go once done: kept until the endpoint's next one, a finished
     task with its coroutine and context cost 1-2 KiB an endpoint (found at 2,000)."""
     targets = targets_for([9, 10, 11], healthy_ttft="100ms")
     held: list[int] = []
@@ -584,14 +584,19 @@ def test_a_round_keeps_no_finished_task_until_the_next_one() -> None:
             await asyncio.sleep(took)
             return ProbeResult(Outcome.FAST, time.time(), ttft_ms=took * 1000)
 
-        async def publish(_target: ProbeTarget, _result: ProbeResult) -> None:
-            await asyncio.sleep(0.01)  # what a state change's publish awaits
+        def publish(_target: ProbeTarget, _result: ProbeResult) -> None:
+            return None
 
         async def on_silence(_target: ProbeTarget, _silent_ms: float) -> bool:
             return True
 
         scheduler = Scheduler(
-            targets, probe, publish, clock=clock, on_silence=on_silence, confirm=probe
+            targets,
+            started(probe),
+            publish,
+            clock=clock,
+            on_silence=on_silence,
+            confirm=started(probe),
         )
         task = asyncio.create_task(scheduler.run())
         for _ in range(12):

@@ -29,6 +29,7 @@ from tests.configs import plugin_yaml
 from tests.polling import wait_until_async
 from tests.processes import SimProcess
 from tests.runtime import Running
+from tests.started import probe_once
 
 SECRET = "SECRET123"
 PROBE = {
@@ -88,7 +89,7 @@ async def _probe_with_blocked_loop(
 ) -> ProbeResult:
     """One probe of a simulator with ``ttft`` while this loop is blocked 100 ms from
     50 ms after the request: the token arrives during the block. ``stamped``: its bytes
-    timed by the kernel (``http1._StampedSocket``), else by the loop's transport read."""
+    timed by the kernel (``http1.stamped.StampedSocket``), else by the loop's transport read."""
     process = SimProcess(tmp_path, f"lag-{ttft}", "--ttft", ttft)
     try:
         process.wait_up()
@@ -101,11 +102,11 @@ async def _probe_with_blocked_loop(
         try:
             async with Connections(stamped=stamped) as connections:
                 prober = MicroProbe(connections, lag)
-                await prober.probe(target)  # connection and engine warm
+                await probe_once(prober, target)  # connection and engine warm
                 await asyncio.sleep(0.05)
                 loop = asyncio.get_running_loop()
                 loop.call_later(0.05, time.sleep, 0.1)  # the starved prober
-                return await prober.probe(target)
+                return await probe_once(prober, target)
         finally:
             ticker.cancel()
     finally:

@@ -6,7 +6,7 @@ sleeps (longer than the probe timeout, longer than the silence point) for a few 
 no endpoint may change state, and the probes across the blocks must have seen them: the
 guard counted what it ignored, or a result carries the block as its lag (a token that
 arrived inside a block is read in the turn that ends it, its TTFT less the stall:
-``client.MicroProbe._result``)."""
+``verdict.result_of``)."""
 
 from __future__ import annotations
 

@@ -89,7 +89,7 @@ class Agent:
     async def _run(self, stop: asyncio.Event) -> None:
         async with new_connections() as connections:
             prober = MicroProbe(connections, self.lag, engines=self.checks.engines)
-            slots = ProbeSlots(self.checks.wrap(prober), self.checks.starter(prober))
+            slots = ProbeSlots(self.checks.starter(prober))
             http = await start_http(self.surface.http_app(), self.http)
             self.http_port = bound_port(http)
             settle_heap()  # what is alive now lives as long as the process (app.heap)

@@ -13,9 +13,8 @@ from aiohttp import web
 from llm_health.app.keeper import BoardKeeper
 from llm_health.core.control import ProberStats
 from llm_health.model.outcome import ProbeResult
-from llm_health.probe.client import ProbeFn
 from llm_health.probe.scheduler import ResultFn, Scheduler, SilenceFn
-from llm_health.probe.signals import ProbeReceiver, Started, Starter, start_coroutine
+from llm_health.probe.signals import ProbeReceiver, Started, Starter, await_started
 from llm_health.probe.target import ProbeTarget
 
 
@@ -38,15 +37,14 @@ def probe_scheduler(
     async def silence(target: ProbeTarget, silent_ms: float) -> bool:
         return await control.fold_silence(target.cluster, target.address, silent_ms)
 
-    async def confirm(target: ProbeTarget) -> ProbeResult:
+    def confirm(target: ProbeTarget, receiver: ProbeReceiver) -> Started:
         control.stats.overlapping_confirms += 1
-        return await slots.confirm(target)
+        return slots.confirm(target, receiver)
 
     return Scheduler(
         targets,
-        slots.probe,
+        slots.start,
         on_result or fold,
-        start=slots.start,
         on_silence=on_silence or silence,
         confirm=confirm,
         lag=ProberLag(control.stats),
@@ -67,37 +65,54 @@ class ProberLag:
 
 
 class ProbeSlots:
-    """At most one probe in flight per endpoint through ``probe`` or ``start`` (scheduled
+    """At most one probe in flight per endpoint through ``start`` or ``probe`` (scheduled
     probes and probe-now share it), plus at most one through ``confirm``: the confirming
     probe started beside a silent one. Never more than two (docs/design.md §2.7).
 
-    ``start`` (the scheduler's, no task: ``probe.signals``) takes a free slot at once
-    and starts the probe through ``starter``; a busy one (a probe-now in flight) is waited
-    for in a task, as ``probe`` waits."""
+    Every probe is started through ``starter`` (``probe.signals``): at once when its slot
+    is free, with no task; a busy one (a probe-now in flight) is waited for in a task."""
 
-    def __init__(self, probe: ProbeFn, starter: Starter | None = None) -> None:
-        self._probe = probe
-        self._starter: Starter = starter if starter is not None else partial(start_coroutine, probe)
+    def __init__(self, starter: Starter) -> None:
+        self._starter = starter
         self._main: dict[str, _Slot] = {}
         self._extra: dict[str, _Slot] = {}
 
     async def probe(self, target: ProbeTarget) -> ProbeResult:
+        """Probe-now: the endpoint's probe, awaited."""
         async with _slot(self._main, target.key):
-            return await self._probe(target)
-
-    async def confirm(self, target: ProbeTarget) -> ProbeResult:
-        async with _slot(self._extra, target.key):
-            return await self._probe(target)
+            return await await_started(partial(self._starter, target))
 
     def start(self, target: ProbeTarget, receiver: ProbeReceiver) -> Started:
-        slot = _slot(self._main, target.key)
+        """The scheduled probe (``probe.signals.Starter``)."""
+        return self._start_in(self._main, target, receiver)
+
+    def confirm(self, target: ProbeTarget, receiver: ProbeReceiver) -> Started:
+        """The confirming probe beside a silent one (``probe.signals.Starter``)."""
+        return self._start_in(self._extra, target, receiver)
+
+    def _start_in(
+        self, slots: dict[str, _Slot], target: ProbeTarget, receiver: ProbeReceiver
+    ) -> Started:
+        slot = _slot(slots, target.key)
         if not slot.take_now():
-            return start_coroutine(self.probe, target, receiver)
+            loop = asyncio.get_running_loop()
+            return loop.create_task(self._when_free(slot, target, receiver))
         holding = _Holding(receiver, slot)
         started = self._starter(target, holding)
         if holding.held:  # not over already (a probe can be told at once: a bad URL)
             holding.started = started
         return holding
+
+    async def _when_free(self, slot: _Slot, target: ProbeTarget, receiver: ProbeReceiver) -> None:
+        """A probe whose slot is busy: started once it is free, in this task (cancelling
+        the task ends it)."""
+        try:
+            async with slot:
+                result = await await_started(partial(self._starter, target), receiver)
+        except Exception as error:  # handed to the receiver, as an awaiting caller got it
+            receiver.failed(error)
+            return
+        receiver.done(result)
 
 
 class _Slot:

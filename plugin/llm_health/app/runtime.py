@@ -41,7 +41,7 @@ from llm_health.ops.http_server import build_http_app, start_http
 from llm_health.ops.metrics import RuntimeMetrics
 from llm_health.ops.secret_scrubbing import Secrets, scrubbed_logs
 from llm_health.ops.status_document import status_document
-from llm_health.probe.client import MicroProbe, ProbeFn, Prober, ProbeWrapper, new_connections
+from llm_health.probe.client import MicroProbe, Prober, ProbeWrapper, new_connections
 from llm_health.probe.http1 import Connections
 from llm_health.probe.lag import LoopLagMonitor
 from llm_health.probe.pool import WorkerPool
@@ -126,8 +126,8 @@ class Runtime:
             await self._run(stop)
 
     async def _run(self, stop: asyncio.Event) -> None:
-        async with new_connections() as connections, self._probers(connections) as probers:
-            slots = ProbeSlots(*probers)
+        async with new_connections() as connections, self._prober(connections) as starter:
+            slots = ProbeSlots(starter)
             self.control.attach_prober(
                 lambda cluster, address: slots.probe(self._target(cluster, address))
             )
@@ -155,7 +155,7 @@ class Runtime:
                 await http.cleanup()
 
     @contextlib.asynccontextmanager
-    async def _probers(self, connections: Connections) -> AsyncIterator[tuple[ProbeFn, Starter]]:
+    async def _prober(self, connections: Connections) -> AsyncIterator[Starter]:
         """The micro-probe (in-process, or in ``server.probe_workers`` processes: docs/
         design.md §16.2), through the engine checks when they run (known-answer probes in
         some slots; the request body by detected engine)."""
@@ -171,10 +171,7 @@ class Runtime:
             prober = self.workers
         self.prober = prober
         try:
-            if wrapper is None:
-                yield prober.probe, prober.start_probe
-            else:
-                yield wrapper.wrap(prober), wrapper.starter(prober)
+            yield prober.start_probe if wrapper is None else wrapper.starter(prober)
         finally:
             if self.workers is not None:
                 self.stats.worker_lag_ms = None

@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import statistics
 import sys
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -26,6 +27,7 @@ from llm_health.engines.side_reads import READ_ERRORS, SideReads, open_connectio
 from llm_health.model.outcome import SUCCESSES, ProbeResult
 from llm_health.model.redact import redact_secrets, secret_forms
 from llm_health.probe.client import MicroProbe, cache_bust_for, new_connections
+from llm_health.probe.signals import await_started
 from llm_health.probe.target import (
     API_PATHS,
     DEFAULT_FATAL_PATTERNS,
@@ -97,7 +99,7 @@ async def _probe_all(args: argparse.Namespace) -> int:
         for index in range(args.count):
             if index:
                 await asyncio.sleep(args.interval)
-            result = await prober.probe(target)
+            result = await await_started(partial(prober.start_probe, target))
             results.append(result)
             print(_line(index + 1, result), flush=True)
     print(_summary(results))

@@ -1,7 +1,7 @@
 """The engine checks component (docs/design.md §14): what a fast first token does not show.
 
 - Known-answer probes: every ``verify.every`` one of an endpoint's scheduled probes is a
-  known-answer probe (``Prober.verify``; its TTFT counts as any probe's). The answer is
+  known-answer probe (``Prober.start_verify``; its TTFT counts as any probe's). The answer is
   judged (``engines.verify.Verifier``) before the result is folded in; garbage holds the
   endpoint UNHEALTHY at once, ``unhealthy_after`` misses (re-checked after
   ``confirm_delay``, inside the same slot) likewise; a passing answer lifts the hold. The
@@ -15,7 +15,7 @@
 - Engine detection for ``engine: auto`` (the probe body's cache bypass): from the metric
   names, else from the engines' info endpoints (``engines.detect``).
 
-The runtime probes through ``wrap`` and reads ``engines`` (``probe.client.ProbeWrapper``).
+The runtime probes through ``starter`` and reads ``engines`` (``probe.client.ProbeWrapper``).
 Only endpoints this replica probes (fleet mode: owns) are checked; other replicas adopt
 the owner's verdict. Everything runs on the runtime's loop; every request is bounded in
 time and size (``engines.side_reads``), and nothing an endpoint answers can raise out of
@@ -31,7 +31,6 @@ import logging
 import time
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
@@ -86,9 +85,9 @@ from llm_health.model.causes import Cause
 from llm_health.model.engine_load import EngineLoad
 from llm_health.model.outcome import ProbeResult
 from llm_health.model.redact import printable_line
-from llm_health.probe.client import ProbeFn, Prober
+from llm_health.probe.client import Prober
 from llm_health.probe.http1 import IDLE_TIMEOUT_S
-from llm_health.probe.signals import ProbeReceiver, Started, Starter, await_started
+from llm_health.probe.signals import ProbeReceiver, Started, Starter
 from llm_health.probe.target import ProbeTarget
 
 log = logging.getLogger("llm_health")
@@ -206,20 +205,8 @@ class EngineChecks:
 
     # --- the probe path -----------------------------------------------------------------
 
-    def wrap(self, prober: Prober) -> ProbeFn:
-        """The scheduler's probe function: a known-answer probe when one is due, else the
-        plain probe."""
-
-        async def probe(target: ProbeTarget) -> ProbeResult:
-            verify = self._verify_due(target)
-            if verify is None:
-                return await prober.probe(target)
-            return await self._verify(prober, target, verify)
-
-        return probe
-
     def starter(self, prober: Prober) -> Starter:
-        """``wrap``'s probe, started (``probe.signals``): the plain probe through
+        """The scheduler's probe, started (``probe.signals``): the plain probe through
         ``prober.start_probe``, a known-answer probe when one is due through
         ``_KnownAnswer``; neither in a task of its own (every endpoint's first probe is a
         known-answer probe: at 5,000 endpoints, thousands at once)."""
@@ -245,12 +232,6 @@ class EngineChecks:
         state = self._endpoint(target.key)
         first = state.verify_due == 0.0
         state.verify_due = self._clock() + next_after(target.key, verify.every, first=first)
-
-    async def _verify(
-        self, prober: Prober, target: ProbeTarget, verify: VerifyConfig
-    ) -> ProbeResult:
-        """One known-answer probe, judged and applied (``_KnownAnswer``), awaited."""
-        return await await_started(partial(_KnownAnswer, self, prober, target, verify))
 
     def _judge(self, target: ProbeTarget, verify: VerifyConfig, result: ProbeResult) -> bool:
         """Judge ``result``'s answer and apply the verdicts; True if this endpoint's own

@@ -2,22 +2,19 @@
 
 Every probe needs three timers: the wait for its slot, its silence point and its
 timeout. Each loop timer is an object of the event loop's (uvloop: a libuv timer and two
-Python objects), made and cancelled for every probe: measured, 5-6 % of the prober's CPU
-at 1,000 endpoints. Almost none of them fires: the first token comes before the silence
-point, the answer before the timeout. ``Alarms`` keeps its timers in a heap and holds one
+Python objects), made and cancelled for every probe, and almost none of them fires: the
+first token comes before the silence point, the answer before the timeout. ``Alarms`` keeps its timers in a heap and holds one
 loop timer, for the earliest; a cancelled alarm is only marked (it leaves the heap when
 it comes to the top), and the loop timer is moved only when an earlier alarm is added.
 Probes started on one tick share their wake-up.
 
 The heap holds one entry per millisecond that has alarms (a *bucket*: the loop's timer
 resolution under uvloop), not one per alarm: the probes a start tick gathers set their
-slot, silence and timeout alarms within a millisecond of each other, and each alarm was
-a heap entry pushed and later popped, mostly cancelled (measured inside ``serve`` at
-1,000 endpoints: firing the alarms took 13.1 µs of CPU a probe with an entry per alarm,
-7.2 µs with buckets; docs/benchmarks.md). A bucket
-fires once its latest alarm is due, so an alarm is never early and at most a
-millisecond late; alarms fire in time order to the millisecond, and within one in the
-order they were set.
+slot, silence and timeout alarms within a millisecond of each other, so one entry pushed
+and popped serves them all, where an entry per alarm would be pushed and popped for
+each, mostly cancelled (docs/benchmarks.md). A bucket fires once its latest alarm is
+due, so an alarm is never early and at most a millisecond late; alarms fire in time
+order to the millisecond, and within one in the order they were set.
 
 A callback that raises is reported to the loop's exception handler (as a failed
 callback is) and the alarms due with it still fire.

@@ -25,6 +25,7 @@ from typing import Any
 
 from llm_health.model.answer import Answer
 from llm_health.model.redact import redact_secrets
+from llm_health.probe.events import loads
 
 MAX_TOKENS = 64
 MAX_CHARS = 2000
@@ -69,6 +70,20 @@ class AnswerReader:
         self._add_ids(choice.get("token_ids"))
         if choice.get("finish_reason") is not None:
             self.finished = True
+
+    def feed_payloads(self, payloads: list[str]) -> bool:
+        """Decoded SSE payloads, in order; True once the stream says it is done (a finish
+        reason, or ``[DONE]``). One that is no JSON is skipped: the answer is judged on
+        what could be read."""
+        for payload in payloads:
+            if payload.strip() == "[DONE]":
+                self.finished = True
+                return True
+            try:
+                self.feed(loads(payload))
+            except ValueError:  # orjson's and json's decode errors (the wire's fault)
+                continue
+        return self.finished
 
     def answer(self, *, complete: bool) -> Answer:
         """What was read, secrets redacted (the whole text at once: a secret may be split
@@ -125,7 +140,7 @@ class AnswerReader:
             return
         self._tokens.append(token)
         if _is_number(logprob):
-            self._logprobs.append(float(logprob))  # type: ignore[arg-type]
+            self._logprobs.append(_as_float(logprob))  # type: ignore[arg-type]
         if len(self._tokens) == 1:
             self._first_top = alternatives[:20]
 
@@ -155,6 +170,15 @@ def _list(value: object) -> list[Any]:
 def _is_number(value: object) -> bool:
     """An int or float (NaN and infinities included: those are what the checks catch)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _as_float(value: float) -> float:
+    """``float(value)``; an integer beyond a float's range (JSON has no bound, the stdlib
+    reads it whole) is an infinity of its sign, which the checks catch as garbage."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def finite(values: tuple[float, ...]) -> bool:

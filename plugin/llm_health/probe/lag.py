@@ -23,8 +23,8 @@ class LoopLagMonitor:
 
     async def run(self) -> None:
         """Tick until cancelled. Run it in the app's TaskGroup. Each tick is a loop timer
-        and its callback, not a task's sleep: measured, a sleep's future and task step cost
-        ~4 % of the prober's CPU at 200 probes a second (50 ticks a second)."""
+        and its callback, not a task's sleep, whose future and task step would cost the
+        prober's loop more at every tick."""
         loop = asyncio.get_running_loop()
         self._running = True
         self._last_tick = time.perf_counter()

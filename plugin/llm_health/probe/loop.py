@@ -1,6 +1,6 @@
 """Which event loop a process runs (``server.event_loop``, ``agent.event_loop``; docs/
-design.md §16.10): uvloop (libuv) or asyncio's own. uvloop measured 15 % less CPU per probe
-for ``serve`` with everything it serves (``bench/probe_vs_envoy.py``); ``asyncio`` stays
+design.md §16.10): uvloop (libuv) or asyncio's own. uvloop costs ``serve`` less CPU per
+probe, with everything it serves (``bench/probe_vs_envoy.py``); ``asyncio`` stays
 as the way back should a platform's uvloop misbehave. A probe worker process runs the loop
 its runtime chose (``WORKER_ENV``)."""
 

@@ -5,13 +5,13 @@ client's cost, the garbage collector on a large heap and everything else the run
 all land on the loop that times the first tokens. ``WorkerPool`` keeps the scheduling, the
 silence checks and every verdict in the runtime and moves only the exchange (request,
 first token, timing, the answer of a known-answer probe) into ``workers`` processes, each
-with its own loop. It has ``MicroProbe``'s shape (``probe``, ``verify``,
+with its own loop. It has ``MicroProbe``'s shape (``start_probe``, ``start_verify``,
 ``stale_resends``), so the scheduler and the engine checks do not know which they have.
 
 - An endpoint always goes to the same worker (a hash of its key): its keep-alive
   connection stays warm there.
-- The first token is reported the moment the worker reads it (the scheduler's silence
-  check waits for it as for an in-process probe: ``probe.signals.FIRST_TOKEN``).
+- The first token is told to the probe's receiver the moment the worker reads it (the
+  scheduler's silence check waits for it as for an in-process probe).
 - Cancelling a probe here cancels it in the worker (its connection is closed).
 - A worker that dies is started again; its probes in flight are run again in-process
   (the engine's answer never reached us, so that is a new probe, not a retry), and so
@@ -32,18 +32,11 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import partial
 
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.probe.client import Asked, MicroProbe, Question
 from llm_health.probe.loop import child_env
-from llm_health.probe.signals import (
-    FIRST_TOKEN,
-    ProbeReceiver,
-    Started,
-    TokenListener,
-    start_coroutine,
-)
+from llm_health.probe.signals import ProbeReceiver, Started
 from llm_health.probe.target import ProbeTarget
 from llm_health.probe.wire import FrameError, Message, Outbox, read_messages
 
@@ -57,13 +50,62 @@ READY_S = 10.0
 HEARTBEAT_S = 0.02  # a worker says how late it runs this often (probe.worker)
 
 
-@dataclass(slots=True)
 class _Pending:
-    target: ProbeTarget
-    question: Asked | None  # a known-answer probe's
-    future: asyncio.Future[ProbeResult]
-    token: TokenListener | None
-    sent_at: float
+    """A probe sent to a worker (``Started``): its receiver is told what the worker says,
+    or, when the worker died meanwhile, what the probe run again in-process says (this
+    is its receiver then). ``cancel`` ends it where it runs; its receiver is not told."""
+
+    __slots__ = (
+        "fallback",
+        "probe_id",
+        "question",
+        "receiver",
+        "sent_at",
+        "target",
+        "timer",
+        "worker",
+    )
+
+    def __init__(
+        self,
+        worker: _Worker,
+        probe_id: int,
+        target: ProbeTarget,
+        question: Asked | None,
+        receiver: ProbeReceiver,
+    ) -> None:
+        self.worker, self.probe_id = worker, probe_id
+        self.target, self.question, self.receiver = target, question, receiver
+        self.sent_at = time.perf_counter()
+        self.timer: asyncio.TimerHandle | None = None  # the worker's time to answer
+        self.fallback: Started | None = None  # run again in-process (its worker died)
+
+    def cancel(self) -> None:
+        if self.worker.pending.pop(self.probe_id, None) is not None:
+            self.stop_timer()
+            if self.worker.outbox is not None:
+                self.worker.outbox.put(("cancel", self.probe_id))
+        fallback, self.fallback = self.fallback, None
+        if fallback is not None:
+            fallback.cancel()
+
+    def stop_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    # As the receiver of the probe run again in-process: its token was told already.
+
+    def set(self) -> None:
+        pass
+
+    def done(self, result: ProbeResult) -> None:
+        self.fallback = None
+        self.receiver.done(result)
+
+    def failed(self, error: Exception) -> None:
+        self.fallback = None
+        self.receiver.failed(error)
 
 
 @dataclass(slots=True)
@@ -133,65 +175,53 @@ class WorkerPool:
         self._closing = True
         await asyncio.gather(*(self._stop(w) for w in self._workers))
 
-    async def probe(self, target: ProbeTarget) -> ProbeResult:
-        return await self._run(target, None)
-
-    async def verify(self, target: ProbeTarget, question: Question) -> ProbeResult:
-        return await self._run(target, Asked(question.prompt, question.max_tokens))
-
     def start_probe(self, target: ProbeTarget, receiver: ProbeReceiver) -> Started:
-        """``probe`` in a task (the exchange is the worker's; this side only waits)."""
-        return start_coroutine(self.probe, target, receiver)
+        """Probe ``target`` in its worker (or in-process, its worker not up), telling
+        ``receiver`` (``probe.signals``)."""
+        return self._start(target, None, receiver)
 
     def start_verify(
         self, target: ProbeTarget, question: Question, receiver: ProbeReceiver
     ) -> Started:
-        """``verify`` in a task, as ``start_probe``."""
-        return start_coroutine(partial(self.verify, question=question), target, receiver)
+        """A known-answer probe, as ``start_probe``."""
+        return self._start(target, Asked(question.prompt, question.max_tokens), receiver)
 
     # --- one probe ----------------------------------------------------------------------
 
-    async def _run(self, target: ProbeTarget, question: Asked | None) -> ProbeResult:
+    def _start(
+        self, target: ProbeTarget, question: Asked | None, receiver: ProbeReceiver
+    ) -> Started:
         worker = self._workers[_shard(target.key, len(self._workers))]
         if worker.broken or worker.outbox is None:
-            return await self._in_process(target, question)
+            return self._in_process(target, question, receiver)
         self._ids += 1
-        probe_id = self._ids
-        pending = _Pending(
-            target,
-            question,
-            asyncio.get_running_loop().create_future(),
-            FIRST_TOKEN.get(),
-            time.perf_counter(),
-        )
-        worker.pending[probe_id] = pending
-        self._send(worker, target, probe_id, pending)
+        pending = _Pending(worker, self._ids, target, question, receiver)
+        worker.pending[pending.probe_id] = pending
+        self._send(worker, target, pending)
         # A probe may take its timeout twice (a resend after a dead pooled connection),
         # a known-answer probe once more for the rest of its answer.
         budget = target.timeout_s * (4 if question is not None else 2) + GRACE_S
-        try:
-            async with asyncio.timeout(budget):
-                return await asyncio.shield(pending.future)
-        except TimeoutError:
-            log.warning(
-                "probe worker did not answer: restarting it", extra={"worker": worker.index}
-            )
-            self._kill(worker)
-            return _not_measured(pending, "probe worker did not answer")
-        except asyncio.CancelledError:
-            if worker.pending.pop(probe_id, None) is not None and worker.outbox is not None:
-                worker.outbox.put(("cancel", probe_id))
-            raise
-        finally:
-            worker.pending.pop(probe_id, None)
+        pending.timer = asyncio.get_running_loop().call_later(budget, self._overdue, pending)
+        return pending
 
-    def _send(self, worker: _Worker, target: ProbeTarget, probe_id: int, pending: _Pending) -> None:
+    def _overdue(self, pending: _Pending) -> None:
+        """The worker did not answer within the probe's budget: it is restarted, and the
+        probe gives a result that is not a verdict."""
+        pending.timer = None
+        worker = pending.worker
+        if worker.pending.pop(pending.probe_id, None) is None:
+            return
+        log.warning("probe worker did not answer: restarting it", extra={"worker": worker.index})
+        self._kill(worker)
+        _tell(pending.receiver, _not_measured(pending, "probe worker did not answer"))
+
+    def _send(self, worker: _Worker, target: ProbeTarget, pending: _Pending) -> None:
         assert worker.outbox is not None
         if worker.targets.get(target.key) is not target:
             worker.targets[target.key] = target
             worker.outbox.put(("target", target.key, target))
         engine = self._engines.get(target.key) if target.engine == "auto" else None
-        worker.outbox.put(("probe", probe_id, target.key, engine, pending.question))
+        worker.outbox.put(("probe", pending.probe_id, target.key, engine, pending.question))
 
     # --- from the workers ---------------------------------------------------------------
 
@@ -216,18 +246,18 @@ class WorkerPool:
             worker.lag_ms, worker.heard_at = float(probe_id), time.perf_counter()
             return
         pending = worker.pending.get(probe_id)
-        if pending is None or pending.future.done():
+        if pending is None:
             return  # cancelled or timed out here meanwhile
         if kind == "token":
-            if pending.token is not None:
-                pending.token.set()
+            pending.receiver.set()
             return
         worker.pending.pop(probe_id, None)
+        pending.stop_timer()
         if kind == "result":
             worker.resends = message[3]
-            pending.future.set_result(message[2])
+            _tell(pending.receiver, message[2])
         else:  # "failed": a bug in the worker, not the engine's doing
-            pending.future.set_result(_not_measured(pending, f"probe worker error: {message[2]}"))
+            _tell(pending.receiver, _not_measured(pending, f"probe worker error: {message[2]}"))
 
     # --- process lifecycle ----------------------------------------------------------------
 
@@ -273,20 +303,19 @@ class WorkerPool:
         first-token events are set: the scheduler's silence clock started with the lost
         probe, so silence measured across the loss would be ours, not the engine's; the
         new probe's result still decides."""
-        for probe_id, pending in list(worker.pending.items()):
-            worker.pending.pop(probe_id, None)
-            if pending.future.done():
-                continue
-            if pending.token is not None:
-                pending.token.set()
-            run = self._in_process(pending.target, pending.question)
-            _chain(asyncio.ensure_future(run), pending.future)
+        pendings, worker.pending = worker.pending, {}
+        for pending in pendings.values():
+            pending.stop_timer()
+            pending.receiver.set()
+            pending.fallback = self._in_process(pending.target, pending.question, pending)
 
-    async def _in_process(self, target: ProbeTarget, question: Asked | None) -> ProbeResult:
+    def _in_process(
+        self, target: ProbeTarget, question: Asked | None, receiver: ProbeReceiver
+    ) -> Started:
         """The probe run by the fallback ``MicroProbe``, on this loop."""
         if question is None:
-            return await self._fallback.probe(target)
-        return await self._fallback.verify(target, question)
+            return self._fallback.start_probe(target, receiver)
+        return self._fallback.start_verify(target, question, receiver)
 
     def _kill(self, worker: _Worker) -> None:
         if worker.process is not None and worker.process.returncode is None:
@@ -322,15 +351,11 @@ def _not_measured(pending: _Pending, detail: str) -> ProbeResult:
     return ProbeResult(Outcome.TIMEOUT, time.time(), detail=detail, loop_lag_ms=waited_ms)
 
 
-def _chain(source: asyncio.Future[ProbeResult], target: asyncio.Future[ProbeResult]) -> None:
-    def done(finished: asyncio.Future[ProbeResult]) -> None:
-        if target.done():
-            return
-        if finished.cancelled():
-            target.cancel()
-        elif finished.exception() is not None:
-            target.set_exception(finished.exception())  # type: ignore[arg-type]
-        else:
-            target.set_result(finished.result())
-
-    source.add_done_callback(done)
+def _tell(receiver: ProbeReceiver, result: ProbeResult) -> None:
+    """A result to its receiver; a receiver's bug goes to the loop's exception handler
+    (logged), never into the pipe's reader."""
+    try:
+        receiver.done(result)
+    except Exception as exc:
+        context = {"message": "a probe's receiver failed", "exception": exc}
+        asyncio.get_running_loop().call_exception_handler(context)

@@ -19,28 +19,28 @@ connections).
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import math
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any, Protocol
 
 from llm_health.model.outcome import FAILURES, Outcome, ProbeResult
-from llm_health.probe.alarms import Alarm, Alarms
-from llm_health.probe.signals import Started, Starter, start_coroutine
+from llm_health.probe._round import SETTLE_TURNS as SETTLE_TURNS
+from llm_health.probe._round import Endpoint, Round, RoundPhase, Watch, forget_task, settles
+from llm_health.probe.alarms import Alarms
+from llm_health.probe.signals import Starter, await_started
+from llm_health.probe.slots import (
+    FIRST_ROUND_SPACING_S,
+    first_round,
+    next_slot,
+    on_tick,
+    phases,
+    tick_for,
+)
 from llm_health.probe.target import ProbeTarget
 
-FIRST_ROUND_SPACING_S = 0.001  # first round: at most 1,000 probe starts per second
-# Probe starts are gathered on ticks (``start_tick``): a wake-up of the prober costs more
-# than the probe it starts when probes are a few milliseconds apart (docs/design.md §2).
-STARTS_PER_TICK = 32  # what a tick gathers on average
-MAX_START_TICK_S = 0.1  # a probe starts at most this long after its slot
-MIN_START_TICK_S = 0.001  # below this, probes are not gathered
-ProbeFn = Callable[[ProbeTarget], Awaitable[ProbeResult]]
-# A result handed on: None when it is folded in at once, else what to await before the
-# endpoint's next round (the publish a state change needs).
-ResultFn = Callable[[ProbeTarget, ProbeResult], Awaitable[None] | None]
+# A result handed on, folded in at once (a publish it needs goes out on its own).
+ResultFn = Callable[[ProbeTarget, ProbeResult], None]
 SilenceFn = Callable[[ProbeTarget, float], Awaitable[bool]]  # (target, silent ms) -> overlap?
 RECENT_TTFTS = 8  # successful probes an endpoint's "recent TTFT" is the median of
 # The probe's own clock starts a little after the scheduler's (task switch, the slot
@@ -51,64 +51,6 @@ SILENCE_MARGIN_S = 0.01
 # Timers are kept to the millisecond (uvloop's resolution): a wake-up less than this
 # before its deadline is on time.
 TIMER_SLACK_S = 0.001
-
-
-SETTLE_TURNS = 3  # loop turns a token needs from the socket to the event: I/O, read, parse
-
-
-class _Watch:
-    """One probe round's first token and end, for its silence timer: ``set`` is the
-    ``FIRST_TOKEN`` listener the micro-probe calls, ``end`` the round's own notice. Cheap
-    on purpose: it is made for every probe, and only a silence (rare) ever waits on it."""
-
-    __slots__ = ("_waiter", "ended", "token")
-
-    def __init__(self) -> None:
-        self.token = False
-        self.ended = False
-        self._waiter: asyncio.Future[None] | None = None
-
-    @property
-    def answered(self) -> bool:
-        return self.token or self.ended
-
-    def set(self) -> None:
-        self.token = True
-        if self._waiter is not None:  # only a silence waits: rare
-            self._wake()
-
-    def end(self) -> None:
-        self.ended = True
-        if self._waiter is not None:
-            self._wake()
-
-    async def wait(self, timeout_s: float) -> None:
-        """Until the token or the end, or ``timeout_s``, whichever comes first."""
-        if self.answered:
-            return
-        self._waiter = asyncio.get_running_loop().create_future()
-        try:
-            async with asyncio.timeout(timeout_s):
-                await self._waiter
-        except TimeoutError:
-            pass
-        finally:
-            self._waiter = None
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-
-async def _settles(watch: _Watch) -> bool:
-    """Whether the first token was in fact already here: on a busy loop the silence timer
-    can fire while the token's bytes wait in the socket or the ready queue. Giving the
-    loop a few turns lets them through before silence is declared."""
-    for _ in range(SETTLE_TURNS):
-        await asyncio.sleep(0)
-        if watch.answered:
-            return True
-    return False
 
 
 def _median(values: list[float]) -> float:
@@ -136,146 +78,14 @@ class LagReader(Protocol):
     def current_ms(self) -> float: ...
 
 
-def stable_rank_key(key: str) -> bytes:
-    """Order endpoints by a hash of their key: stable across restarts and processes."""
-    return hashlib.blake2b(key.encode(), digest_size=8).digest()
-
-
-def phases(targets: Iterable[ProbeTarget]) -> dict[str, float]:
-    """Offset (s) of each endpoint inside its interval: endpoint i of N gets i/N of it.
-
-    Even spacing, not random hashing: N probes per interval land N evenly spaced instants,
-    so the prober's load (and a backend's) is flat, never a burst.
-    """
-    ordered = sorted(targets, key=lambda t: stable_rank_key(t.key))
-    count = len(ordered)
-    return {t.key: (i / count) * t.interval_s for i, t in enumerate(ordered)}
-
-
-def first_round(phase: float, interval: float, count: int) -> float:
-    """Offset of an endpoint's first probe after start: its phase, compressed.
-
-    The first round decides when the plugin may push to Envoy (warm start, docs/design.md §7), so
-    it runs as fast as the prober can keep measuring (FIRST_ROUND_SPACING_S apart, still
-    in phase order, still one probe per endpoint) instead of taking a whole interval.
-    """
-    spread = min(interval, count * FIRST_ROUND_SPACING_S)
-    return phase * spread / interval
-
-
-def start_tick(count: int, interval: float) -> float:
-    """The tick probe starts are gathered on, for ``count`` endpoints probed every
-    ``interval`` (the shortest): STARTS_PER_TICK of them a tick, the tick at most
-    MAX_START_TICK_S; 0 (each at its own instant) below MIN_START_TICK_S or when a tick
-    would not gather two. Each wake-up of the prober (timer, connection, answer) then
-    serves several probes: measured, half the CPU per probe at 200 endpoints
-    (docs/benchmarks.md, "CPU per probe beside Envoy's own checker"). The bound keeps a gathered start within its slot's
-    neighbourhood and the burst of starts a tick brings (STARTS_PER_TICK) small beside
-    the TTFTs read meanwhile."""
-    if count <= 0 or interval <= 0:
-        return 0.0
-    tick = min(MAX_START_TICK_S, STARTS_PER_TICK * interval / count)
-    if tick < MIN_START_TICK_S or count * tick / interval < 2:
-        return 0.0
-    return tick
-
-
-def on_tick(due: float, origin: float, tick: float) -> float:
-    """``due``, moved to the first start tick at or after it (ticks from ``origin``).
-    Never before ``due``: a slot a rounding error past a tick stays where it is (moved
-    back to that tick, it could be the tick that is now, and the probe would start again
-    at once, a second time in its slot)."""
-    if tick <= 0:
-        return due
-    return max(due, origin + math.ceil((due - origin) / tick - 1e-9) * tick)
-
-
-def next_slot(now: float, origin: float, phase: float, interval: float) -> float:
-    """The first time ``origin + phase + k*interval`` strictly after ``now`` (k >= 0).
-
-    Missed slots are skipped, so a slow probe never causes a catch-up burst.
-    """
-    first = origin + phase
-    if now < first:
-        return first
-    slot = first + (math.floor((now - first) / interval) + 1) * interval
-    while slot <= now:  # float rounding can land exactly on `now`
-        slot += interval
-    return slot
-
-
-def _forget_task(endpoint: _Endpoint) -> None:
-    """The endpoint's task has done its work (it runs this): not kept, with its
-    coroutine and context, until the endpoint's next one (1-2 KiB an endpoint)."""
-    if endpoint.task is asyncio.current_task():
-        endpoint.task = None
-
-
-def _tick_for(targets: Iterable[ProbeTarget]) -> float:
-    intervals = [t.interval_s for t in targets]
-    return start_tick(len(intervals), min(intervals)) if intervals else 0.0
-
-
-class _Endpoint:
-    """One endpoint's place in the schedule: when its next round is due and what the
-    rounds before it left (failures to confirm, the first round's re-check)."""
-
-    __slots__ = ("alarm", "due", "failures", "key", "recheck", "round", "spaced", "task")
-
-    def __init__(self, key: str, due: float, *, first: bool) -> None:
-        self.key = key
-        self.due = due
-        self.failures = 0
-        self.recheck = first  # the first round re-checks a SLOW first result
-        self.spaced = first  # the compressed first round (and its re-check) keeps its spacing
-        self.alarm: Alarm | None = None  # the next round's start
-        self.round: _Round | None = None  # the round in flight
-        self.task: asyncio.Task[None] | None = None  # a round's rare awaited part
-
-
-class _Round(_Watch):
-    """One probe round: the scheduled probe (its receiver: ``probe.signals``), its silence
-    watch, and the confirming probe started beside it if it fell silent."""
-
-    __slots__ = (
-        "after",
-        "endpoint",
-        "probe",
-        "scheduler",
-        "silence",
-        "started",
-        "target",
-        "watcher",
-    )
-
-    def __init__(self, scheduler: Scheduler, endpoint: _Endpoint, target: ProbeTarget) -> None:
-        _Watch.__init__(self)
-        self.scheduler = scheduler
-        self.endpoint = endpoint
-        self.target = target
-        self.started = 0.0
-        self.after = 0.0
-        self.probe: Started | None = None
-        self.silence: Alarm | None = None
-        self.watcher: asyncio.Task[ProbeResult | None] | None = None
-
-    def done(self, result: ProbeResult) -> None:
-        self.scheduler._first_done(self, result)
-
-    def failed(self, error: Exception) -> None:
-        self.scheduler._crash(error)
-
-
 class Scheduler:
     """Runs probes for every target until cancelled; hands results to ``on_result``.
 
     No task per endpoint: every endpoint's next round is an alarm (``probe.alarms``), and
-    its probe is started through ``start`` (``probe.signals.Starter``; without one,
-    ``probe`` is run in a task of its own), so a round that ends in time costs no task,
-    no coroutine and no wait of its own (docs/design.md §16.10). Only the rare parts are
-    tasks: a silent probe's watch and its confirming probe, and an ``on_result`` that
-    returns an awaitable (awaited before the endpoint's next round, so results of one
-    endpoint are delivered in order, and what they publish is out before the next probe).
+    its probe is started through ``start`` (``probe.signals.Starter``), so a round that
+    ends in time costs no task, no coroutine and no wait of its own (docs/design.md
+    §16.10). Only the rare part is a task: a silent probe's watch and its confirming
+    probe. ``on_result`` folds each result in at once, an endpoint's in order.
 
     ``update`` replaces the target set while running (hot reload): new endpoints start
     probing, removed ones stop (an in-flight probe is cancelled), changed settings apply
@@ -286,27 +96,25 @@ class Scheduler:
     def __init__(
         self,
         targets: Sequence[ProbeTarget],
-        probe: ProbeFn,
+        start: Starter,
         on_result: ResultFn,
         clock: Callable[[], float] = time.monotonic,
         *,
-        start: Starter | None = None,
         on_silence: SilenceFn | None = None,
-        confirm: ProbeFn | None = None,
+        confirm: Starter | None = None,
         lag: LagReader | None = None,
         skip: Callable[[ProbeTarget], bool] | None = None,
     ) -> None:
         self._targets = {t.key: t for t in targets}
         self._skip = skip
-        self._probe = probe
-        self._start: Starter = start if start is not None else partial(start_coroutine, probe)
+        self._start = start
         self._on_result = on_result
         self._clock = clock
         self._phases = phases(targets)
-        self._tick = _tick_for(targets)
+        self._tick = tick_for(targets)
         self._origin = clock()
         self._alarms = Alarms(clock)  # slots and silence points: one loop timer for all
-        self._endpoints: dict[str, _Endpoint] = {}
+        self._endpoints: dict[str, Endpoint] = {}
         self._running: asyncio.Future[None] | None = None
         # Tasks cancelled and not done yet: awaited when ``run`` ends, forgotten once done
         # (a reload's removed endpoints would otherwise pile up here for the process's life).
@@ -319,6 +127,8 @@ class Scheduler:
         self.first_slow_rechecks = 0  # first-round SLOW results re-checked before use
         self._slot_due_call = self._slot_due  # made once: an alarm's callback per round
         self._silence_call = self._silence_point_reached
+        self._first_done_call = self._first_done
+        self._crash_call = self._crash
 
     def phase_of(self, key: str) -> float:
         return self._phases[key]
@@ -358,7 +168,7 @@ class Scheduler:
         added = set(wanted) - set(self._targets)
         self._targets = wanted
         self._phases = phases(targets)
-        self._tick = _tick_for(targets)
+        self._tick = tick_for(targets)
         for key in added:
             self.in_flight[key] = 0
             if self._running is not None:
@@ -373,17 +183,17 @@ class Scheduler:
             due = self._origin + offset
         else:
             due = self._clock()
-        endpoint = self._endpoints[key] = _Endpoint(key, due, first=first)
+        endpoint = self._endpoints[key] = Endpoint(key, due, first=first)
         self._arm(endpoint)
 
-    def _arm(self, endpoint: _Endpoint) -> None:
+    def _arm(self, endpoint: Endpoint) -> None:
         """The endpoint's next round at ``endpoint.due`` (on a start tick unless spaced)."""
         if not endpoint.spaced:
             endpoint.due = on_tick(endpoint.due, self._origin, self._tick)
         endpoint.spaced = False
         endpoint.alarm = self._alarms.at(endpoint.due, self._slot_due_call, endpoint)
 
-    def _slot_due(self, endpoint: _Endpoint) -> None:
+    def _slot_due(self, endpoint: Endpoint) -> None:
         endpoint.alarm = None
         if self._endpoints.get(endpoint.key) is not endpoint:
             return
@@ -400,10 +210,11 @@ class Scheduler:
         except Exception as exc:
             self._crash(exc)
 
-    def _begin_round(self, endpoint: _Endpoint, target: ProbeTarget) -> None:
+    def _begin_round(self, endpoint: Endpoint, target: ProbeTarget) -> None:
         """The scheduled probe, started; its silence point is one alarm, which starts a
         watcher task only if it comes before the first token (docs/design.md §3.2)."""
-        round_ = endpoint.round = _Round(self, endpoint, target)
+        round_ = Round(endpoint, target, self._first_done_call, self._crash_call)
+        endpoint.round = round_
         after = self._silence_point(target)
         if after is not None:
             round_.started, round_.after = self._clock(), after
@@ -414,14 +225,15 @@ class Scheduler:
         if round_.probe is None and not round_.ended:  # not already over (told at once)
             round_.probe = probe
 
-    def _silence_point_reached(self, round_: _Round) -> None:
+    def _silence_point_reached(self, round_: Round) -> None:
         round_.silence = None
         if round_.answered or round_.endpoint.round is not round_:
             return
         watcher = self._on_silent(round_.target, round_, round_.started, round_.after)
         round_.watcher = self._alarms.loop().create_task(watcher)
+        round_.phase = RoundPhase.SILENT
 
-    def _first_done(self, round_: _Round, result: ProbeResult) -> None:
+    def _first_done(self, round_: Round, result: ProbeResult) -> None:
         """The scheduled probe's result: the round is over, unless a confirming probe
         runs beside it (then both results are handed on, in start order, once it ends)."""
         endpoint = round_.endpoint
@@ -435,20 +247,21 @@ class Scheduler:
                 round_.silence = None
             if endpoint.round is not round_:
                 return
-            if round_.watcher is None:
+            if round_.phase is RoundPhase.PROBING:
                 self._round_over(endpoint, round_, (result,))
-            else:
+            else:  # silent: the watch (and its confirming probe) runs on
+                round_.phase = RoundPhase.CONFIRMING
                 loop = self._alarms.loop()
                 endpoint.task = loop.create_task(self._after_confirm(endpoint, round_, result))
         except Exception as exc:
             self._crash(exc)
 
-    async def _after_confirm(self, endpoint: _Endpoint, round_: _Round, first: ProbeResult) -> None:
+    async def _after_confirm(self, endpoint: Endpoint, round_: Round, first: ProbeResult) -> None:
         try:
             assert round_.watcher is not None
             confirm = await round_.watcher
             round_.watcher = None  # done: not kept with its frame until the next round
-            _forget_task(endpoint)
+            forget_task(endpoint)
             if self._endpoints.get(endpoint.key) is endpoint:
                 results = (first,) if confirm is None else (first, confirm)
                 self._round_over(endpoint, round_, results)
@@ -456,9 +269,10 @@ class Scheduler:
             self._crash(exc)
 
     def _round_over(
-        self, endpoint: _Endpoint, round_: _Round, results: tuple[ProbeResult, ...]
+        self, endpoint: Endpoint, round_: Round, results: tuple[ProbeResult, ...]
     ) -> None:
         endpoint.round = None
+        round_.phase = RoundPhase.OVER
         if endpoint.recheck and _only_slow(results):
             endpoint.due = self._recheck_due(endpoint.key, round_.target)
             endpoint.recheck, endpoint.spaced = False, True
@@ -466,29 +280,16 @@ class Scheduler:
             self._arm(endpoint)
             return
         endpoint.recheck = False
-        self._hand_on(endpoint, round_.target, results, 0)
+        self._hand_on(endpoint, round_.target, results)
 
     def _hand_on(
-        self,
-        endpoint: _Endpoint,
-        target: ProbeTarget,
-        results: tuple[ProbeResult, ...],
-        first: int,
+        self, endpoint: Endpoint, target: ProbeTarget, results: tuple[ProbeResult, ...]
     ) -> None:
-        """``results[first:]`` to ``on_result`` in order, then the next round. An
-        awaitable ``on_result`` returns is awaited (in a task) before the next result."""
-        for index in range(first, len(results)):
-            result = results[index]
-            pending = self._on_result(target, result)
+        """``results`` to ``on_result`` in order, then the next round."""
+        for result in results:
+            self._on_result(target, result)
             self._remember(endpoint.key, result)
             endpoint.failures = endpoint.failures + 1 if result.outcome in FAILURES else 0
-            if pending is not None:
-                # Its own task: it runs whole even if the endpoint stops meanwhile (the
-                # board changed already: what it publishes must go out).
-                published = asyncio.ensure_future(pending, loop=self._alarms.loop())
-                awaited = self._await_then(endpoint, target, results, index + 1, published)
-                endpoint.task = self._alarms.loop().create_task(awaited)
-                return
         # Confirm a failure at once while it could still change the verdict; otherwise back
         # to the endpoint's own slot. A confirming probe keeps its own time: failures are
         # rare, so a tick would gather nothing and only delay the verdict (docs/design.md
@@ -501,23 +302,7 @@ class Scheduler:
             endpoint.due = next_slot(now, self._origin, phase, target.interval_s)
         self._arm(endpoint)
 
-    async def _await_then(
-        self,
-        endpoint: _Endpoint,
-        target: ProbeTarget,
-        results: tuple[ProbeResult, ...],
-        first: int,
-        pending: Awaitable[None],
-    ) -> None:
-        try:
-            await pending
-            _forget_task(endpoint)
-            if self._endpoints.get(endpoint.key) is endpoint:
-                self._hand_on(endpoint, target, results, first)
-        except Exception as exc:
-            self._crash(exc)
-
-    def _drop(self, endpoint: _Endpoint) -> None:
+    def _drop(self, endpoint: Endpoint) -> None:
         """Stop the endpoint: its alarm, its probe in flight (its connection closed), its
         round's tasks (awaited when ``run`` ends)."""
         if endpoint.alarm is not None:
@@ -525,6 +310,7 @@ class Scheduler:
             endpoint.alarm = None
         round_, endpoint.round = endpoint.round, None
         if round_ is not None:
+            round_.phase = RoundPhase.OVER
             if round_.probe is not None:
                 probe, round_.probe = round_.probe, None
                 probe.cancel()
@@ -564,7 +350,7 @@ class Scheduler:
         return None if after is None else after + SILENCE_MARGIN_S
 
     async def _on_silent(
-        self, target: ProbeTarget, watch: _Watch, started: float, after: float
+        self, target: ProbeTarget, watch: Watch, started: float, after: float
     ) -> ProbeResult | None:
         """The silence timer fired with no token yet: once the loop has settled (and
         waited out its own lag), report the silence; if the board asks for a confirm and
@@ -582,7 +368,7 @@ class Scheduler:
             return None
         return await self._probe_once(target, self._confirm_fn())
 
-    async def _still_silent(self, target: ProbeTarget, watch: _Watch, started: float) -> bool:
+    async def _still_silent(self, target: ProbeTarget, watch: Watch, started: float) -> bool:
         """Wait for the confirm point (``ProbeTarget.confirm_after_s``): a second probe
         only helps while the first is still silent then, and while one failure does not
         already decide (``unhealthy_after`` 1). A jittery-but-fine engine has answered by
@@ -591,14 +377,14 @@ class Scheduler:
             return False
         return await self._wait_silent(watch, started + target.confirm_after_s())
 
-    def _confirm_fn(self) -> ProbeFn:
+    def _confirm_fn(self) -> Starter:
         assert self._confirm is not None
         return self._confirm
 
     async def _report_silence(self, target: ProbeTarget, silent_ms: float) -> bool:
         return self._on_silence is not None and await self._on_silence(target, silent_ms)
 
-    async def _wait_silent(self, watch: _Watch, until: float) -> bool:
+    async def _wait_silent(self, watch: Watch, until: float) -> bool:
         """True if, at ``until`` (scheduler clock), the probe still has neither a first
         token nor an end. The wait is extended once by the loop lag seen then: a late
         wake-up is ours, not the engine's silence."""
@@ -609,7 +395,7 @@ class Scheduler:
                 await watch.wait(remaining)
                 if not watch.answered and deadline - self._clock() > TIMER_SLACK_S:
                     continue  # woke early (see _on_silent): wait out the rest
-            if watch.answered or await _settles(watch):
+            if watch.answered or await settles(watch):
                 return False
             lag_s = self._lag.current_ms / 1000 if self._lag is not None else 0.0
             if extended or lag_s <= 0:
@@ -645,10 +431,10 @@ class Scheduler:
             return None
         return _median(recent) / 1000
 
-    async def _probe_once(self, target: ProbeTarget, probe: ProbeFn) -> ProbeResult:
+    async def _probe_once(self, target: ProbeTarget, start: Starter) -> ProbeResult:
         self.in_flight[target.key] = self.in_flight.get(target.key, 0) + 1
         try:
-            return await probe(target)
+            return await await_started(partial(start, target))
         finally:
             if target.key in self.in_flight:
                 self.in_flight[target.key] -= 1

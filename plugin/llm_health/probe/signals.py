@@ -1,25 +1,19 @@
-"""Signals from a probe in flight to whoever started it.
+"""Signals from a probe in flight to whoever started it: the probe contract.
 
-A probe is started in one of two ways:
-
-- awaited (``await prober.probe(target)``): the first token is told to ``FIRST_TOKEN``'s
-  listener, set by the scheduler in the task that runs the probe. The micro-probe calls it
-  the moment it reads the first token (before it closes the stream and builds its result),
-  so a token that arrived a hair before the silence point is never mistaken for silence. A
-  context variable, not a parameter: probe functions keep their one-argument shape, and a
-  probe that does not know of it (a test's fake) simply ends, which the scheduler sees too.
-- started (``Starter``: ``start(target, receiver)``): no task of its own; the probe tells
-  its ``ProbeReceiver`` of the first token, its result, or a failure of the prober's own
-  (a bug, never the endpoint's doing), from the callbacks that drive it, and can be
-  cancelled through what ``start`` returned (docs/design.md §16.10). ``start_coroutine``
-  runs an awaited probe that way, in a task; ``await_started`` awaits a started one.
+A probe is started (``Starter``: ``start(target, receiver)``), with no task of its own:
+it tells its ``ProbeReceiver`` of the first token, then once its result, or a failure of
+the prober's own (a bug, never the endpoint's doing), from the callbacks that drive it,
+and can be cancelled through what ``start`` returned (docs/design.md §16.10). The
+micro-probe tells the first token the moment it reads it (before it closes the stream
+and builds its result), so a token that arrived a hair before the silence point is
+never mistaken for silence. ``await_started`` is the one adapter for a caller that
+awaits a probe (the CLI, probe-now, a confirming probe).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from contextvars import ContextVar
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -50,39 +44,15 @@ class Started(Protocol):
 
 
 Starter = Callable[["ProbeTarget", ProbeReceiver], Started]
-ProbeCall = Callable[["ProbeTarget"], Awaitable["ProbeResult"]]
-
-FIRST_TOKEN: ContextVar[TokenListener | None] = ContextVar("first_token", default=None)
 
 
-def first_token_seen() -> None:
-    """Tell the scheduler (if it is listening) that the first token has arrived."""
-    listener = FIRST_TOKEN.get()
-    if listener is not None:
-        listener.set()
-
-
-def start_coroutine(probe: ProbeCall, target: ProbeTarget, receiver: ProbeReceiver) -> Started:
-    """Run an awaited probe as a started one: in a task of its own, its first token told
-    through ``FIRST_TOKEN``."""
-    return asyncio.get_running_loop().create_task(_run(probe, target, receiver))
-
-
-async def _run(probe: ProbeCall, target: ProbeTarget, receiver: ProbeReceiver) -> None:
-    FIRST_TOKEN.set(receiver)  # the task's own context: no reset needed
-    try:
-        result = await probe(target)
-    except Exception as error:  # handed to the receiver, as the awaiter got it
-        receiver.failed(error)
-        return
-    receiver.done(result)
-
-
-async def await_started(start: Callable[[ProbeReceiver], Started]) -> ProbeResult:
+async def await_started(
+    start: Callable[[ProbeReceiver], Started], listener: TokenListener | None = None
+) -> ProbeResult:
     """Start a probe with ``start(receiver)`` and await its result; its first token is
-    told to the awaiting task's ``FIRST_TOKEN`` listener, and cancelling the wait ends it
-    (nothing once its result is out)."""
-    awaited = _Awaited(asyncio.get_running_loop().create_future(), FIRST_TOKEN.get())
+    told to ``listener``, and cancelling the wait ends it (nothing once its result is
+    out)."""
+    awaited = _Awaited(asyncio.get_running_loop().create_future(), listener)
     started = start(awaited)
     try:
         return await awaited.future
@@ -92,7 +62,7 @@ async def await_started(start: Callable[[ProbeReceiver], Started]) -> ProbeResul
 
 class _Awaited:
     """The receiver of an awaited probe: its result (or the prober's own failure) into
-    ``future``, its first token to the ``FIRST_TOKEN`` listener of the awaiting task."""
+    ``future``, its first token to the awaiting caller's ``listener``."""
 
     __slots__ = ("_listener", "future")
 

@@ -26,7 +26,7 @@ from llm_health.probe.client import Asked, MicroProbe, new_connections
 from llm_health.probe.lag import LoopLagMonitor
 from llm_health.probe.loop import WORKER_ENV
 from llm_health.probe.loop import run as run_loop
-from llm_health.probe.signals import FIRST_TOKEN
+from llm_health.probe.signals import Started
 from llm_health.probe.target import ProbeTarget
 from llm_health.probe.wire import Message, Outbox, open_pipes, read_messages
 
@@ -35,26 +35,45 @@ HEARTBEAT_S = 0.02  # as probe.pool.HEARTBEAT_S
 log = logging.getLogger("llm_health.worker")
 
 
-class _TokenNotice(asyncio.Event):
-    """The scheduler's first-token event, across the pipe: setting it tells the runtime."""
+class _Reply:
+    """A probe's receiver (``probe.signals.ProbeReceiver``) across the pipe: its first
+    token, then its result (or the prober's own failure), each one message."""
 
-    def __init__(self, outbox: Outbox, probe_id: int) -> None:
-        super().__init__()
-        self._outbox, self._id = outbox, probe_id
+    __slots__ = ("_id", "_worker", "token", "told")
+
+    def __init__(self, worker: Worker, probe_id: int) -> None:
+        self._worker, self._id = worker, probe_id
+        self.token = self.told = False
 
     def set(self) -> None:
-        if not self.is_set():
-            self._outbox.put(("token", self._id))
-        super().set()
+        if not self.token:
+            self.token = True
+            self._worker.outbox.put(("token", self._id))
+
+    def done(self, result: ProbeResult) -> None:
+        self.told = True
+        self._worker.finished(self._id, ("result", self._id, result, self._worker.resends))
+
+    def failed(self, error: Exception) -> None:
+        self.told = True
+        log.error("probe failed inside the worker", exc_info=error)
+        self._worker.finished(self._id, ("failed", self._id, type(error).__name__))
 
 
 class Worker:
+    """Runs the probes the runtime sends, each started (``MicroProbe.start_probe``) with
+    a ``_Reply`` that writes its news to the pipe; ``cancel`` ends one."""
+
     def __init__(self, prober: MicroProbe, outbox: Outbox, engines: dict[str, str]) -> None:
         self._prober = prober
-        self._outbox = outbox
+        self.outbox = outbox
         self._engines = engines
         self._targets: dict[str, ProbeTarget] = {}
-        self._running: dict[int, asyncio.Task[None]] = {}
+        self._running: dict[int, Started] = {}
+
+    @property
+    def resends(self) -> int:
+        return self._prober.stale_resends
 
     def handle(self, message: Message) -> None:
         kind = message[0]
@@ -64,32 +83,34 @@ class Worker:
             _, probe_id, key, engine, question = message
             if engine is not None:
                 self._engines[key] = engine
-            task = asyncio.ensure_future(self._probe(probe_id, self._targets[key], question))
-            self._running[probe_id] = task
+            self._start(probe_id, self._targets[key], question)
         elif kind == "cancel":
-            running = self._running.get(message[1])
+            running = self._running.pop(message[1], None)
             if running is not None:
                 running.cancel()
 
-    async def _probe(self, probe_id: int, target: ProbeTarget, question: Asked | None) -> None:
-        reset = FIRST_TOKEN.set(_TokenNotice(self._outbox, probe_id))
+    def finished(self, probe_id: int, message: Message) -> None:
+        """A probe's last message: to the runtime, the probe forgotten here."""
+        self._running.pop(probe_id, None)
+        self.outbox.put(message)
+
+    def _start(self, probe_id: int, target: ProbeTarget, question: Asked | None) -> None:
+        reply = _Reply(self, probe_id)
         try:
-            result: ProbeResult = await (
-                self._prober.verify(target, question)
-                if question is not None
-                else self._prober.probe(target)
-            )
-            self._outbox.put(("result", probe_id, result, self._prober.stale_resends))
+            if question is not None:
+                started = self._prober.start_verify(target, question, reply)
+            else:
+                started = self._prober.start_probe(target, reply)
         except Exception as exc:  # a bug here must not leave the runtime waiting
-            log.exception("probe failed inside the worker")
-            self._outbox.put(("failed", probe_id, type(exc).__name__))
-        finally:
-            FIRST_TOKEN.reset(reset)
-            self._running.pop(probe_id, None)
+            reply.failed(exc)
+            return
+        if not reply.told:  # not over at once (a URL that cannot be sent is)
+            self._running[probe_id] = started
 
     def cancel_all(self) -> None:
-        for task in self._running.values():
-            task.cancel()
+        running, self._running = self._running, {}
+        for started in running.values():
+            started.cancel()
 
 
 async def serve(read_fd: int, write_fd: int) -> None:

@@ -117,3 +117,17 @@ def test_llamacpp_completions_use_the_chat_entries_with_ids() -> None:
     answer = reader.answer(complete=reader.finished)
     assert answer.text == "ape" and answer.tokens == ("ape",) and answer.token_ids == (4085,)
     assert answer.first_top == ("ape", "x") and answer.complete
+
+
+def test_a_logprob_too_large_for_a_float_is_read_as_an_infinity() -> None:
+    """JSON holds integers of any size (the stdlib reads what orjson refuses): a log
+    probability beyond a float's range is the endpoint's garbage, read as an infinity
+    (which the checks catch), never an exception out of the probe."""
+    reader = AnswerReader("openai-completions")
+    event = {
+        "choices": [{"text": "a", "logprobs": {"tokens": ["a"], "token_logprobs": ["LOGPROB"]}}]
+    }
+    payload = json.dumps(event).replace('"LOGPROB"', "-" + "9" * 400)
+    assert not reader.feed_payloads([payload])
+    logprobs = reader.answer(complete=False).logprobs
+    assert len(logprobs) == 1 and math.isinf(logprobs[0])

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from functools import partial
 
 from llm_health.config import parse_config
 from llm_health.engines.component import EngineChecks
 from llm_health.model.board import Board
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.probe.client import Question
-from llm_health.probe.signals import ProbeReceiver, Started
+from llm_health.probe.signals import ProbeReceiver, Started, await_started
 from llm_health.probe.target import ProbeTarget
 from tests.fakes import Clock, FakeControl
 
@@ -27,12 +28,6 @@ class Answers:
 
     def __init__(self) -> None:
         self.asked: list[str] = []
-
-    async def probe(self, target: ProbeTarget) -> ProbeResult:
-        return ProbeResult(Outcome.FAST, time.time(), ttft_ms=5.0)
-
-    async def verify(self, target: ProbeTarget, question: Question) -> ProbeResult:
-        raise NotImplementedError
 
     def start_probe(self, target: ProbeTarget, receiver: ProbeReceiver) -> Started:
         raise NotImplementedError
@@ -68,9 +63,9 @@ clusters:
     targets = config.probe_targets()
     checks = EngineChecks(control, targets, config.engine_checks, clock)
     prober = Answers()
-    probe = checks.wrap(prober)
+    start = checks.starter(prober)
     for target in targets:  # the whole fleet's first probes, together
-        await probe(target)
+        await await_started(partial(start, target))
     assert len(prober.asked) == COUNT  # each first probe is a known-answer probe
     dues = [checks._endpoints[t.key].verify_due - clock() for t in targets]
     assert all(EVERY_S / 2 <= due < EVERY_S for due in dues)  # sooner, never later
@@ -80,5 +75,5 @@ clusters:
     # From the second on, every period: the places stay spread.
     target = targets[0]
     clock.now += dues[0]
-    await probe(target)
+    await await_started(partial(start, target))
     assert checks._endpoints[target.key].verify_due == clock() + EVERY_S

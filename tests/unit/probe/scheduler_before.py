@@ -14,22 +14,18 @@ from collections.abc import Callable, Sequence
 
 from llm_health.model.outcome import FAILURES, Outcome, ProbeResult
 from llm_health.probe.alarms import Alarms
+from llm_health.probe.slots import FIRST_ROUND_SPACING_S, tick_for as _tick_for
 from llm_health.probe.scheduler import (
-    FIRST_ROUND_SPACING_S,
     SETTLE_TURNS,
     SILENCE_MARGIN_S,
     TIMER_SLACK_S,
     RECENT_TTFTS,
     LagReader,
-    ProbeFn,
     SilenceFn,
-    _tick_for,
-    first_round,
-    next_slot,
-    on_tick,
-    phases,
 )
-from llm_health.probe.signals import FIRST_TOKEN
+from llm_health.probe.slots import first_round, next_slot, on_tick, phases
+from tests.started import TOKEN as FIRST_TOKEN
+from tests.started import FakeProbe as ProbeFn
 from llm_health.probe.target import ProbeTarget
 
 ResultFn = Callable[[ProbeTarget, ProbeResult], "asyncio.Future[None]"]

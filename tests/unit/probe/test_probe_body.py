@@ -68,11 +68,11 @@ def test_a_kept_request_is_the_request_made_whole_with_a_new_nonce(
     """The request is made once per endpoint and engine and only its nonce put in for
     each probe: byte for byte what building it whole with that nonce gives, the nonce
     new for every probe."""
-    from llm_health.probe.client import _Requests, probe_request
     from llm_health.probe.http1 import route_of
+    from llm_health.probe.request import Requests, probe_request
 
     probe = target(cache_bust=bust)
-    requests = _Requests()
+    requests = Requests()
     sent = [requests.get(probe, engine) for _ in range(3)]
     route = route_of(probe.url)
     busts = cache_bust_for(probe, engine) in ("prefix", "salt")
@@ -87,11 +87,11 @@ def test_a_kept_request_is_the_request_made_whole_with_a_new_nonce(
 def test_a_prompt_holding_the_nonce_mark_is_still_sent_right() -> None:
     """The mark standing for the nonce in a kept request, found in the prompt itself: the
     request is made whole each time, the prompt as written."""
-    from llm_health.probe.client import NONCE_MARK, _Requests
+    from llm_health.probe.request import NONCE_MARK, Requests
 
     settings = ProbeSettings(model="m", prompt=f"odd {NONCE_MARK} prompt", cache_bust="salt")
     probe = settings.to_target("c", "127.0.0.1:1")
-    body = _Requests().get(probe, "vllm").partition(b"\r\n\r\n")[2]
+    body = Requests().get(probe, "vllm").partition(b"\r\n\r\n")[2]
     decoded = json.loads(body)
     assert decoded["prompt"] == f"odd {NONCE_MARK} prompt"
     assert re.fullmatch("[0-9a-f]{12}", decoded["cache_salt"])

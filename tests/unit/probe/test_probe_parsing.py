@@ -404,7 +404,7 @@ def test_a_simple_event_is_what_the_decoder_reads_and_the_rest_reads_on_alike(
 ) -> None:
     """Events taken one by one with ``simple_event`` while they have the common shape, and
     whatever is left fed to a fresh decoder, give exactly the decoder's events for the
-    whole chunk, in order (the prober's skim: ``client._Exchange._skim``)."""
+    whole chunk, in order (the prober's skim: ``_exchange.Exchange._skim``)."""
     chunk = b"".join(pieces)
     whole = SseDecoder()
     expected = whole.feed(chunk)

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llm_health.probe.scheduler import (
+from llm_health.probe.slots import (
     MAX_START_TICK_S,
     STARTS_PER_TICK,
     next_slot,

@@ -18,9 +18,9 @@ import pytest
 from llm_health.config import ProbeSettings
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.probe.scheduler import Scheduler
-from llm_health.probe.signals import first_token_seen
 from llm_health.probe.target import ProbeTarget
 from tests.integration.test_scheduler_run import VirtualTimeLoop
+from tests.started import started, token_seen
 from tests.unit.probe.scheduler_before import SchedulerBefore
 
 RUN_S = 14.0
@@ -74,15 +74,16 @@ def run(kind: type[Any], seed: int) -> dict[str, list[tuple[Any, ...]]]:
             ttft = None
             if first is not None:
                 await asyncio.sleep(first)
-                first_token_seen()
+                token_seen()
                 ttft = first * 1000
             await asyncio.sleep(after)
             return ProbeResult(outcome, time.time(), ttft_ms=ttft)
 
-        async def on_result(target: ProbeTarget, result: ProbeResult) -> None:
+        def on_result(target: ProbeTarget, result: ProbeResult) -> None:
             note(target.key, "result", result.outcome.value)
-            if chance(target.key, "fold", len(seen[target.key])).random() < 0.2:
-                await asyncio.sleep(0.001)  # a fold that publishes: awaited
+
+        async def on_result_awaited(target: ProbeTarget, result: ProbeResult) -> None:
+            on_result(target, result)  # the scheduler before awaited every result
 
         async def on_silence(target: ProbeTarget, silent_ms: float) -> bool:
             note(target.key, "silent", round(silent_ms, 3))
@@ -100,13 +101,14 @@ def run(kind: type[Any], seed: int) -> dict[str, list[tuple[Any, ...]]]:
             current_ms = 0.0
 
         first = targets()
+        fake = started(probe) if kind is Scheduler else probe
         scheduler = kind(
             first,
-            probe,
-            on_result,
+            fake,
+            on_result if kind is Scheduler else on_result_awaited,
             clock,
             on_silence=on_silence,
-            confirm=probe,
+            confirm=fake,
             lag=NoLag(),
             skip=skip,
         )
