@@ -480,6 +480,14 @@ class _Guard(asyncio.Protocol):
             self.transport.close()
 
 
+def bound_port(runner: web.AppRunner) -> int | None:
+    """The TCP port a started HTTP server listens on (None: a Unix socket)."""
+    for address in runner.addresses:
+        if isinstance(address, tuple):
+            return int(address[1])
+    return None
+
+
 def _dumps(value: Any) -> str:
     import json
 
