@@ -172,7 +172,7 @@ async def test_bytes_that_are_not_http_are_a_read_error_of_one_line() -> None:
 
 async def test_a_connection_is_kept_only_when_asked() -> None:
     """The engine checks keep a side read's connection only while the endpoint's next
-    read comes before the idle sweep would close it (``EngineChecks._keeps``)."""
+    read comes before the idle sweep would close it (``SideReadQueue.keeps``)."""
     models = b'{"object": "list", "data": [{"id": "sim-model"}]}'
     script = Script([(sized(models), "keep")])  # each connection's first answer
     async with reading(script) as (server, reads, connections):

@@ -21,14 +21,14 @@ from collections.abc import Callable
 from llm_health.agent.component import AgentSurface
 from llm_health.app.heap import settle_heap
 from llm_health.app.keeper import BoardKeeper
-from llm_health.app.probing import ProbeSlots, bound_port, probe_scheduler
+from llm_health.app.probing import ProbeSlots, probe_scheduler
 from llm_health.config.agent import ENGINE_CLUSTER, AgentFile
 from llm_health.core.control import ProberStats
 from llm_health.engines.component import EngineChecks
 from llm_health.engines.side_reads import READ_ERRORS, SideReads, open_connections
 from llm_health.model.board import Board
 from llm_health.model.engine_load import EngineLoad
-from llm_health.ops.http_server import start_http
+from llm_health.ops.http_server import bound_port, start_http
 from llm_health.ops.secret_scrubbing import Secrets, scrubbed_logs
 from llm_health.probe.client import MicroProbe, new_connections
 from llm_health.probe.lag import LoopLagMonitor

@@ -26,7 +26,7 @@ from llm_health.core.hub import SnapshotHub
 from llm_health.core.problems import ProblemLog
 from llm_health.model.board import Board, HealthSnapshot
 from llm_health.model.machine import Transition, trusted
-from llm_health.model.outcome import FAILURES, Outcome, ProbeResult, round_ms
+from llm_health.model.outcome import FAILURES, Outcome, ProbeResult, timings
 from llm_health.model.policy import Policy
 from llm_health.model.states import EndpointHealth, State
 
@@ -218,18 +218,6 @@ class BoardKeeper:
         if not self.board.has_endpoint(cluster, address):
             return None
         return self.board.health(cluster, address), self.board.last_result(cluster, address)
-
-
-def timings(result: ProbeResult) -> dict[str, Any]:
-    """A probe result's log fields (milliseconds, rounded)."""
-    return {
-        "outcome": result.outcome.value,
-        "ttft_ms": round_ms(result.ttft_ms),
-        "connect_ms": round_ms(result.connect_ms),
-        "headers_ms": round_ms(result.headers_ms),
-        "loop_lag_ms": round_ms(result.loop_lag_ms),
-        "detail": result.detail,
-    }
 
 
 def _log_transition(

@@ -1,6 +1,6 @@
 """The prober's pieces that ``serve`` (``app.runtime``) and ``llm-health agent``
-(``app.agent``) share: the per-endpoint probe slots, the scheduler folding into the
-keeper's board, how late the prober runs, and the port an HTTP server bound."""
+(``app.agent``) share: the per-endpoint probe slots and the scheduler folding into the
+keeper's board."""
 
 from __future__ import annotations
 
@@ -8,10 +8,8 @@ import asyncio
 from collections.abc import Callable, Sequence
 from functools import partial
 
-from aiohttp import web
-
 from llm_health.app.keeper import BoardKeeper
-from llm_health.core.control import ProberStats
+from llm_health.core.control import ProberLag
 from llm_health.model.outcome import ProbeResult
 from llm_health.probe.scheduler import ResultFn, Scheduler, SilenceFn
 from llm_health.probe.signals import ProbeReceiver, Started, Starter, await_started
@@ -50,18 +48,6 @@ def probe_scheduler(
         lag=ProberLag(control.stats),
         skip=skip,
     )
-
-
-class ProberLag:
-    """How late the prober runs, for the scheduler's silence checks: the runtime's loop,
-    or a probe worker's (``ProberStats.lag_now_ms``)."""
-
-    def __init__(self, stats: ProberStats) -> None:
-        self._stats = stats
-
-    @property
-    def current_ms(self) -> float:
-        return self._stats.lag_now_ms()
 
 
 class ProbeSlots:
@@ -204,11 +190,3 @@ def _slot(slots: dict[str, _Slot], key: str) -> _Slot:
     if slot is None:
         slot = slots[key] = _Slot()
     return slot
-
-
-def bound_port(runner: web.AppRunner) -> int | None:
-    """The TCP port a started HTTP server listens on (None: a Unix socket)."""
-    for address in runner.addresses:
-        if isinstance(address, tuple):
-            return int(address[1])
-    return None

@@ -28,7 +28,7 @@ from llm_health.app.endpoints import EndpointCatalog
 from llm_health.app.heap import settle_heap
 from llm_health.app.keeper import BoardKeeper
 from llm_health.app.live import LiveConfig
-from llm_health.app.probing import ProbeSlots, bound_port, probe_scheduler
+from llm_health.app.probing import ProbeSlots, probe_scheduler
 from llm_health.config import Config
 from llm_health.config.apart import load_config_off_loop
 from llm_health.config.reading import fingerprint
@@ -37,7 +37,7 @@ from llm_health.core.control import ProberStats
 from llm_health.errors import ConfigError
 from llm_health.model.board import Board, Change
 from llm_health.model.outcome import ProbeResult
-from llm_health.ops.http_server import build_http_app, start_http
+from llm_health.ops.http_server import bound_port, build_http_app, start_http
 from llm_health.ops.metrics import RuntimeMetrics
 from llm_health.ops.secret_scrubbing import Secrets, scrubbed_logs
 from llm_health.ops.status_document import status_document

@@ -192,3 +192,15 @@ class ProberStats:
             "stale_connection_resends": stale_resends,
             "loop_lag_ms": round(self.lag.current_ms, 2),
         }
+
+
+class ProberLag:
+    """How late the prober runs, for the scheduler's silence checks: the runtime's loop,
+    or a probe worker's (``ProberStats.lag_now_ms``)."""
+
+    def __init__(self, stats: ProberStats) -> None:
+        self._stats = stats
+
+    @property
+    def current_ms(self) -> float:
+        return self._stats.lag_now_ms()

@@ -9,7 +9,14 @@ the model served, the engine's own load, and which engine it is.
     schedule       when each endpoint's side reads are due, within a budget       (pure)
     side_reads     the checks' own bounded HTTP client for those reads
     verdicts       the board's "verify", "model" signals and "engine" limit       (pure)
-    component      ``EngineChecks``: the probe wrapper, the board's verdicts, /status
+    book           what the checks know per endpoint, and the checks in force
+    board_signal   a signal set on the board, its transitions reported
+    known_answer   known-answer probes: when due, judged into the "verify" signal
+    load_reads     /metrics reads: saturation ("engine" limit), admission evidence
+    model_check    the served-model check and engine detection, as side reads
+    read_queue     when side reads start: the due queue, the pending bound, a runner
+    report         /status and the Prometheus families
+    component      ``EngineChecks``: composes the above for the runtime
 
 What stays in ``probe`` as the probe's own concern: the request body per engine and the
 reading of a known-answer stream (``probe.client``, ``probe.answer``), done inside the

@@ -58,3 +58,15 @@ class ProbeResult:
     answer: Answer | None = None  # a known-answer probe's answer (docs/design.md §14)
     interim: int = 0
     excused: bool = False
+
+
+def timings(result: ProbeResult) -> dict[str, object]:
+    """A probe result's log fields (milliseconds, rounded)."""
+    return {
+        "outcome": result.outcome.value,
+        "ttft_ms": round_ms(result.ttft_ms),
+        "connect_ms": round_ms(result.connect_ms),
+        "headers_ms": round_ms(result.headers_ms),
+        "loop_lag_ms": round_ms(result.loop_lag_ms),
+        "detail": result.detail,
+    }

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
@@ -20,6 +19,7 @@ from aiohttp.typedefs import Handler, Middleware
 
 from llm_health.core.addresses import split_address
 from llm_health.core.problems import ProblemLog
+from llm_health.ops.head_scan import HeadScan
 from llm_health.ops.logging_setup import install_peer_input_filter
 from llm_health.ops.status_page import status_page
 
@@ -399,52 +399,6 @@ async def _readable(sock: socket.socket) -> None:
         loop.remove_reader(sock.fileno())
 
 
-class HeadScan:
-    """Where a connection's bytes stand against its request heads (RFC 9112 §2.1: a
-    request line, header lines, an empty line). Only the bytes are read, never parsed:
-    a head ends at the first ``\r\n\r\n`` after its request line has begun, which
-    aiohttp's parser (llhttp) needs too, as it answers a bare LF in a head 400.
-
-    Empty lines before a request line begin no head (RFC 9112 §2.2: a server ignores
-    them, and llhttp skips any run of CR and LF there): a client that sends only
-    ``\r\n\r\n``, at once or one line at a time, or after an answered request, has
-    sent no request, so it stays idle and its header timer runs on."""
-
-    def __init__(self) -> None:
-        self.owed = True  # a head is owed: the connection opened, or bytes followed a head
-        self._begun = False  # the owed head's request line has begun
-        self._tail = b""  # its last bytes so far (a "\r\n\r\n" split across reads)
-
-    def feed(self, data: bytes) -> tuple[int, bool]:
-        """(heads completed in ``data``, whether the head owed now began in it)."""
-        completed, began = 0, False
-        buffer, at = self._tail + data, 0
-        while at < len(buffer):
-            if not self.owed:  # any byte after a head begins the next (or is a body)
-                self.owed, self._begun, began = True, False, True
-            if not self._begun:
-                at = _past_empty_lines(buffer, at)
-                if at == len(buffer):
-                    break
-                self._begun = True
-            end = buffer.find(b"\r\n\r\n", at)
-            if end < 0:
-                break
-            completed, self.owed, at = completed + 1, False, end + 4
-        self._tail = buffer[max(at, len(buffer) - 3) :] if self.owed and self._begun else b""
-        return completed, began and self.owed
-
-
-_EMPTY_LINES = re.compile(rb"[\r\n]+")
-
-
-def _past_empty_lines(buffer: bytes, at: int) -> int:
-    """Where the first byte other than CR and LF from ``at`` is (a scan in C: a read of
-    64 KiB of empty lines costs no Python loop)."""
-    match = _EMPTY_LINES.match(buffer, at)
-    return match.end() if match else at
-
-
 class _Guard(asyncio.Protocol):
     """In front of aiohttp's ``RequestHandler``, made only at the connection's first
     byte (an idle connection costs no handler, task or timer of aiohttp's), every call
@@ -524,6 +478,14 @@ class _Guard(asyncio.Protocol):
         if self.transport is not None and self._heads.owed:
             _LOG.debug("HTTP connection closed: no complete request head in time")
             self.transport.close()
+
+
+def bound_port(runner: web.AppRunner) -> int | None:
+    """The TCP port a started HTTP server listens on (None: a Unix socket)."""
+    for address in runner.addresses:
+        if isinstance(address, tuple):
+            return int(address[1])
+    return None
 
 
 def _dumps(value: Any) -> str:

@@ -111,7 +111,7 @@ async def test_a_pass_is_told_at_once_after_one_question() -> None:
     result = prober.asked[0].answer(PARIS)
     assert receiver.results == [result] and receiver.tokens == 1
     await asyncio.sleep(CONFIRM_S * 3)
-    assert len(prober.asked) == 1 and checks._counters.passes_total == 1
+    assert len(prober.asked) == 1 and checks.status()["passes_total"] == 1
 
 
 async def test_a_miss_is_asked_again_after_confirm_delay_then_held_out() -> None:
@@ -127,7 +127,7 @@ async def test_a_miss_is_asked_again_after_confirm_delay_then_held_out() -> None
     assert time.monotonic() - asked_at >= CONFIRM_S * 0.9
     last = prober.asked[1].answer(LYON)
     assert receiver.results == [last] and receiver.tokens == 2  # every answer's first token
-    assert checks._counters.misses_total == 2
+    assert checks.status()["misses_total"] == 2
     assert control.board.signal("c", "127.0.0.1:9000", VERIFY_SIGNAL) is not None  # held out
     assert len(control.published_snapshots) > 1  # and published before the result was told
 

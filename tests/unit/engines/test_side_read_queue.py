@@ -1,5 +1,5 @@
 """The engine checks' side reads are started from a queue of each endpoint's soonest
-read (``engines.component._Queue``), not by looking at every endpoint every tick: an
+read (``engines.read_queue.DueQueue``), not by looking at every endpoint every tick: an
 oracle against the loop over every endpoint it replaced, through reloads, target
 changes, engine detection and read outcomes."""
 
@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Coroutine
 from typing import Any
 
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from llm_health.config import parse_config
 from llm_health.engines.component import MAX_PENDING_READS, EngineChecks
 from llm_health.engines.metrics import Reading
+from llm_health.engines.read_queue import Job, SideRead
 from llm_health.engines.schedule import MAX_TICK_S, MODELS_EVERY_S
 from llm_health.engines.settings import NO_CHECKS
 from llm_health.model.board import Board
@@ -41,25 +41,47 @@ RELOADED = CONFIG.replace("interval: 2s", "interval: 5s").replace(
 )
 
 
-def old_tick(checks: EngineChecks, reads: Any) -> None:
+def old_tick(checks: EngineChecks, runner: Recorder, now: float) -> None:
     """The tick before: every endpoint looked at (kept here as the oracle)."""
-    now = checks._clock()
-    for target in checks._targets:
-        state, key = checks._endpoint(target.key), target.key
-        verify, metrics = checks._checks.get(target.cluster, NO_CHECKS)
-        if metrics is not None and checks._schedule.metrics_due(key, metrics.interval, now):
-            checks._spawn(checks._read_metrics(reads, target, metrics))
+    book, schedule = checks.book, checks.schedule
+    for target in book.targets:
+        state, key = book.endpoint(target.key), target.key
+        verify, metrics = book.checks.get(target.cluster, NO_CHECKS)
+        if metrics is not None and schedule.metrics_due(key, metrics.interval, now):
+            runner.started.append(SideRead("metrics", key))
         if target.model and target.models_path:
             every = verify.every if verify is not None else MODELS_EVERY_S
-            if checks._schedule.models_due(key, every, now):
-                checks._spawn(checks._check_model(reads, target))
+            if schedule.models_due(key, every, now):
+                runner.started.append(SideRead("models", key))
         unknown = target.engine == "auto" and key not in checks.engines
         if (
             unknown
-            and checks._schedule.detect_due(key, now)
+            and schedule.detect_due(key, now)
             and (metrics is None or state.reading.failures or state.reading.load)
         ):
-            checks._spawn(checks._detect(reads, target))
+            runner.started.append(SideRead("detect", key))
+
+
+class Recorder:
+    """A runner that writes down the reads started and never runs them; ``held``: those
+    started and not done, as the test says."""
+
+    def __init__(self) -> None:
+        self.started: list[SideRead] = []
+        self.held: set[object] = set()
+        self.hold = False
+
+    def start(self, read: SideRead, job: Job) -> None:
+        self.started.append(read)
+        job.close()
+        if self.hold:
+            self.held.add(object())  # started, never done until the test says so
+
+    def __len__(self) -> int:
+        return len(self.held)
+
+    def cancel(self) -> None:
+        return None
 
 
 class Recorded:
@@ -67,24 +89,26 @@ class Recorded:
 
     def __init__(self, clock: Clock, configs: dict[str, Any]) -> None:
         self.configs = configs
+        self.clock = clock
         targets = configs["now"].probe_targets()
         config = configs["now"]
         control = FakeControl(Board(config.cluster_specs(), clock(), 0.0), clock)
-        self.checks = EngineChecks(control, targets, lambda: configs["now"].engine_checks(), clock)
-        self.started: list[tuple[str, str]] = []
-        self.checks._spawn = self._record  # type: ignore[method-assign]
-
-    def _record(self, job: Coroutine[Any, Any, None]) -> None:
-        self.started.append((job.cr_code.co_name, job.cr_frame.f_locals["target"].key))
-        job.close()
+        self.runner = Recorder()
+        self.checks = EngineChecks(
+            control,
+            targets,
+            lambda: configs["now"].engine_checks(),
+            clock,
+            runner=self.runner,
+        )
 
     def tick(self, *, old: bool) -> Counter[tuple[str, str]]:
-        self.started = []
+        self.runner.started = []
         if old:
-            old_tick(self.checks, None)
+            old_tick(self.checks, self.runner, self.clock())
         else:
-            self.checks._tick(None)  # type: ignore[arg-type]
-        return Counter(self.started)
+            self.checks.side_reads.tick(None)  # type: ignore[arg-type]
+        return Counter((read.kind, read.key) for read in self.runner.started)
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -120,7 +144,7 @@ def test_the_same_reads_start_on_the_same_ticks_as_looking_at_every_endpoint(see
             key = chance.choice(every).key
             reading = Reading(EngineLoad("vllm")) if chance.random() < 0.5 else Reading(None, 1)
             for side in (new, old):
-                side.checks._endpoint(key).reading = reading
+                side.checks.book.endpoint(key).reading = reading
         found, expected = new.tick(old=False), old.tick(old=True)
         assert found == expected, f"step {step}"
         started += sum(expected.values())
@@ -133,8 +157,8 @@ def test_a_tick_looks_only_at_the_endpoints_due() -> None:
     side = Recorded(clock, configs)
     side.tick(old=False)  # every endpoint's first placement
     looked: list[str] = []
-    check = side.checks._check
-    side.checks._check = lambda reads, target, now: (
+    check = side.checks.side_reads.check
+    side.checks.side_reads.check = lambda reads, target, now: (
         looked.append(target.key),
         check(reads, target, now),
     )  # type: ignore[method-assign,func-returns-value]
@@ -154,22 +178,15 @@ def test_reads_that_do_not_keep_up_hold_back_the_next_ones_instead_of_piling_up(
     clock = Clock()
     side = Recorded(clock, configs)
     checks = side.checks
-    waiting: set[Any] = set()
-    checks._reads = waiting  # type: ignore[assignment]
-    record = side._record
-
-    def start_and_hold(job: Coroutine[Any, Any, None]) -> None:
-        record(job)
-        waiting.add(object())  # started, never done until the test says so
-
-    checks._spawn = start_and_hold  # type: ignore[method-assign]
+    waiting = side.runner.held
+    side.runner.hold = True
     read: set[tuple[str, str]] = set()  # (read, endpoint)
     for _ in range(3):
         read |= set(side.tick(old=False))
         assert len(waiting) <= MAX_PENDING_READS + 2  # one endpoint starts up to three
         clock.now += MAX_TICK_S
-    assert checks._counters.side_reads_deferred_total == 3
-    models = {key for name, key in read if name == "_check_model"}
+    assert checks.status()["side_reads_deferred_total"] == 3
+    models = {key for name, key in read if name == "models"}
     assert 0 < len(models) < len(addresses)  # the first tick only; the next two waited
     for _ in range(100):  # the reads end; the endpoints left come in turn
         waiting.clear()
@@ -177,7 +194,7 @@ def test_reads_that_do_not_keep_up_hold_back_the_next_ones_instead_of_piling_up(
         assert not read & set(started)  # none of them started twice meanwhile
         read |= set(started)
         clock.now += 0.001
-        models = {key for name, key in read if name == "_check_model"}
+        models = {key for name, key in read if name == "models"}
         if len(models) == len(addresses):
             break
     assert len(models) == len(addresses)
@@ -199,4 +216,4 @@ def test_side_reads_keep_a_connection_only_for_a_read_due_before_the_idle_sweep(
     )
     configs = {"now": parse_config(text, "test.yaml", {})}
     checks = Recorded(Clock(), configs).checks
-    assert {checks._keeps(t) for t in configs["now"].probe_targets()} == {kept}
+    assert {checks.side_reads.keeps(t) for t in configs["now"].probe_targets()} == {kept}

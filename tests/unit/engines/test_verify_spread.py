@@ -67,7 +67,7 @@ clusters:
     for target in targets:  # the whole fleet's first probes, together
         await await_started(partial(start, target))
     assert len(prober.asked) == COUNT  # each first probe is a known-answer probe
-    dues = [checks._endpoints[t.key].verify_due - clock() for t in targets]
+    dues = [checks.book.endpoint(t.key).verify_due - clock() for t in targets]
     assert all(EVERY_S / 2 <= due < EVERY_S for due in dues)  # sooner, never later
     per_second = Counter(int(due) for due in dues)
     even = COUNT / (EVERY_S / 2)
@@ -76,4 +76,4 @@ clusters:
     target = targets[0]
     clock.now += dues[0]
     await await_started(partial(start, target))
-    assert checks._endpoints[target.key].verify_due == clock() + EVERY_S
+    assert checks.book.endpoint(target.key).verify_due == clock() + EVERY_S

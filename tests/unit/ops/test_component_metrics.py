@@ -272,8 +272,8 @@ def test_traffic_quality_per_endpoint_and_cluster() -> None:
 
 def test_engines_load_per_endpoint() -> None:
     checks = component(runtime(), "engines")
-    checks._counters.passes_total, checks._counters.metrics_reads_total = 3, 8
-    state = checks._endpoint(f"llama/{A}")
+    checks.book.counters.passes_total, checks.book.counters.metrics_reads_total = 3, 8
+    state = checks.book.endpoint(f"llama/{A}")
     state.reading = Reading().read(EngineLoad("vllm", waiting=3.0, running=2.0, kv_cache=0.5))
     state.limit = "queue 3 >= 2"
     checks.engines[f"llama/{A}"] = "vllm"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llm_health.ops.http_server import HeadScan
+from llm_health.ops.head_scan import HeadScan
 
 HEAD = b"GET /livez HTTP/1.1\r\nHost: pod\r\n\r\n"
 
