@@ -2,8 +2,8 @@
 
 Only the lines of the series read here are parsed, by a small parser of Prometheus text
 samples (``_samples``: linear in the line, bounded by ``MAX_DOCUMENT``), into
-``model.engine_load.EngineLoad``. prometheus-client's own parser took 470 µs for the 35
-lines a vLLM document yields, every second per endpoint: more than a probe. The
+``model.engine_load.EngineLoad``. prometheus-client's own parser costs more than a
+probe for the few lines read, every second per endpoint (docs/benchmarks.md). The
 engine is recognised by its metric names (``engines.detect``; docs/engines.md):
 
 | engine    | waiting requests             | KV cache used (fraction)                     |
@@ -312,8 +312,8 @@ def _samples(lines: list[str]) -> Iterator[tuple[str, dict[str, str], float]]:
     """(name, labels, value) of each sample line (comments and blank lines skipped), as
     the text exposition format writes them: ``name{label="value",...} value [timestamp]``.
     ValueError for a line that is not one. Each line is read left to right once, most in
-    a single match (``_PLAIN``: the simulator document's 27 read lines in 44 µs, against
-    72 µs by the general reading alone). MetricsOverrun past ``MAX_LABELS`` labels and
+    a single match (``_PLAIN``, cheaper than the general reading, which handles the rest).
+    MetricsOverrun past ``MAX_LABELS`` labels and
     escapes, each a step of the matchers, counted by ``str.count`` before a line is read
     (escapes only where they are read: ``_PLAIN`` takes none)."""
     labels = 0

@@ -3,9 +3,8 @@
 
 - /metrics every ``engine_metrics.interval``, stretched so that all endpoints' reads
   together stay within MAX_METRICS_READS_PER_S. Reading and parsing one engine's document
-  costs about 1-2 ms of the loop that also times the probes (prometheus-client's parser,
-  ~60 µs a line); at 1 s per endpoint that alone would take a whole core at 1,000
-  endpoints. An endpoint's first read is placed within the stretched interval by a stable
+  costs the loop that also times the probes (docs/benchmarks.md); at 1 s per endpoint and
+  thousands of endpoints that alone would take a core. An endpoint's first read is placed within the stretched interval by a stable
   hash of its key (a spread, not a burst each second); the TTFT histogram (most of the
   lines) is parsed on every TTFT_HISTOGRAM_EVERY-th read only.
 - /v1/models at start and every ``verify.every`` (MODELS_EVERY_S when verify is off).

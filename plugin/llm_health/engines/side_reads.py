@@ -114,9 +114,9 @@ class SideReads:
             return answer
 
     def _request(self, target: ProbeTarget, path: str) -> tuple[Route, bytes]:
-        """The GET of ``path`` with the probe's headers (its auth). Made for each read
-        (2 µs, beside a read's ~200): kept per endpoint and path, as it was, they held
-        ~0.5 KiB for each (metrics, models, four detection paths) of every endpoint."""
+        """The GET of ``path`` with the probe's headers (its auth). Made for each read, a
+        small part of the read's cost: kept per endpoint and path, they would hold memory
+        for each (metrics, models, four detection paths) of every endpoint."""
         route = route_of(target.base_url + path)
         return route, request_head(route, {**target.headers, PROBE_HEADER: "true"}, None)
 
