@@ -11,11 +11,17 @@ checks: ``with Load(...) as load: ...``), and every thread is joined before it r
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 MAX_REQUESTS = 100_000  # a hard bound on top of the time bound
 
@@ -149,3 +155,58 @@ def run_load(port: int, *, users: int, seconds: float, model: str, **options: ob
     load.start()
     time.sleep(seconds)
     return load.stop()
+
+
+class LoadProcess:
+    """A :class:`Load` in a process of its own: the users' threads then share no
+    interpreter lock with the test that samples ``serve``, the agent and Envoy beside
+    them. ``stop`` (SIGTERM) ends it early; :attr:`result` once stopped."""
+
+    def __init__(
+        self, port: int, *, users: int, seconds: float, model: str, max_tokens: int = 16
+    ) -> None:
+        self.args = [str(port), str(users), str(seconds), model, str(max_tokens)]
+        self.seconds = seconds
+        self.result = LoadResult()
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> LoadProcess:
+        root = Path(__file__).resolve().parents[2]
+        command = [sys.executable, "-m", "tests.engine.load", *self.args]
+        # The users stand for clients on other machines: at a lower priority their threads
+        # do not take the CPU that serve, the agent and Envoy need on this shared machine.
+        self._process = subprocess.Popen(
+            command, cwd=root, stdout=subprocess.PIPE, preexec_fn=lambda: os.nice(10)
+        )
+        return self
+
+    def stop(self) -> LoadResult:
+        process = self._process
+        assert process is not None
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+        out, _ = process.communicate(timeout=self.seconds + 60.0)
+        self.result = LoadResult(**json.loads(out))
+        return self.result
+
+    def __enter__(self) -> LoadProcess:
+        return self.start()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+
+def main(argv: list[str]) -> None:
+    port, users, seconds, model, max_tokens = argv
+    load = Load(int(port), users=int(users), seconds=float(seconds), model=model,
+                max_tokens=int(max_tokens))  # fmt: skip
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    load.start()
+    done.wait(float(seconds))
+    result = load.stop()
+    print(json.dumps(dataclasses.asdict(result)), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -103,6 +103,7 @@ class VllmServer:
         block_size: int = 32,
         max_model_len: int = 512,
         extra: tuple[str, ...] = (),
+        cpus: str = "0",
     ) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.workdir = workdir
@@ -127,7 +128,7 @@ class VllmServer:
             "--enable-log-requests",  # "Request ... aborted." lines (docs/engines/vllm.md)
             *extra,
         ]  # fmt: skip
-        self.env = self._environment(state)
+        self.env = {**self._environment(state), "VLLM_CPU_OMP_THREADS_BIND": cpus}
         self.process: subprocess.Popen[bytes] | None = None
         self.frozen: int | None = None  # the EngineCore pid while SIGSTOPped
         self.started_at: float | None = None
@@ -151,6 +152,10 @@ class VllmServer:
         env.update({k: str(v) for k, v in dirs.items()})
         env.update(
             VLLM_CPU_KVCACHE_SPACE="1",
+            # The model's threads on one core (``cpus``: the first unless told), sleeping
+            # when idle (libgomp spins by default): the plugin, the agent, Envoy and the
+            # test share this machine's two cores with it and must answer in their bounds.
+            OMP_WAIT_POLICY="PASSIVE",
             VLLM_HOST_IP="127.0.0.1",  # its processes talk over loopback only
             VLLM_NO_USAGE_STATS="1",
             DO_NOT_TRACK="1",
