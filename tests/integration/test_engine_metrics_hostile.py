@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +19,7 @@ from llm_health.engines.metrics import MAX_LINES
 from llm_health.model.states import State
 from tests.configs import plugin_yaml
 from tests.polling import wait_until_async
-from tests.processes import SimProcess, running_sims
+from tests.processes import SimProcess
 from tests.runtime import Running, runtime_from
 
 # alone: the hung endpoint must be out within interval + timeout + 1.3 s.
@@ -39,12 +37,6 @@ REFUSED = f"over {MAX_LINES} lines of the series read"
 LOGGED = "engine /metrics past a read's bounds, ignored"
 
 
-@pytest.fixture
-def sims(tmp_path: Path) -> Iterator[list[SimProcess]]:
-    with running_sims(tmp_path, "hostile-metrics", 2, "--ttft", "30ms") as started:
-        yield started
-
-
 def state(runtime: Runtime, sim: SimProcess) -> State:
     (found,) = [
         e.state
@@ -59,6 +51,7 @@ def checks(runtime: Runtime) -> dict[str, Any]:
     return found
 
 
+@pytest.mark.sims(2, "--ttft", "30ms", prefix="hostile-metrics")
 async def test_a_hung_backend_is_out_in_time_beside_a_hostile_metrics_document(
     sims: list[SimProcess], caplog: pytest.LogCaptureFixture
 ) -> None:
