@@ -99,9 +99,10 @@ class LoadReads:
         what makes a slow or timed-out probe of a busy engine OVERLOADED, the same for
         ``serve`` and ``llm-health agent`` (both read /metrics here)."""
         counter, window = admission_counter(load.engine), metrics.window(self._schedule.stretch)
+        in_flight = in_engine(load)
 
         def update(admission: Admission, now: float) -> Admission:
-            return after_read(admission, counter, load.admitted, now, window)
+            return after_read(admission, counter, load.admitted, now, window, in_flight)
 
         self._control.update_now(note_admission(target.cluster, target.address, update))
 
@@ -125,3 +126,11 @@ class LoadReads:
             self._control.notify(cluster, address, transition, None)
         fields = {"cluster": cluster, "endpoint": address, "reason": reason or "normal again"}
         log.info("engine saturated" if reason else "engine load normal", extra=fields)
+
+
+def in_engine(load: EngineLoad) -> float | None:
+    """Requests running and waiting in the engine as the read shows them (None: it
+    exports neither): below ``admission.BUSY`` no advance excuses a wait."""
+    if load.running is None and load.waiting is None:
+        return None
+    return (load.running or 0.0) + (load.waiting or 0.0)

@@ -22,7 +22,12 @@ What is not evidence, on purpose:
   probe's wait (a counter that stopped being read is not moving);
 - an advance our own probes may explain: one of them got its first token while the
   counter moved (it was admitted then). On an idle engine every advance is a probe's, and
-  a hang that begins right after a fast probe must be judged as it always was.
+  a hang that begins right after a fast probe must be judged as it always was;
+- any advance while the engine's last good read showed fewer than ``BUSY`` requests in
+  it (running and waiting): nothing queues there, so a probe that waits is not waiting
+  behind load. Other probers (``serve`` beside the agent, another gateway) are admitted
+  like users, and an engine that froze right after one of their probes must still be out
+  within the idle bound. Gauges only ever withhold evidence here, never give it.
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.model.value import value
 
 EXCUSABLE = frozenset({Outcome.SLOW, Outcome.TIMEOUT})
+# Requests in the engine (running plus waiting) at the last read for a wait to be load:
+# more than the one probe that waits.
+BUSY = 2.0
 
 
 @value
@@ -43,7 +51,9 @@ class Admission:
     exported; a failed read changes nothing, what good reads saw ages out of the window);
     ``advanced_at``: the read that last saw it grow,
     by ``advanced_by`` over ``advanced_over_s`` seconds since the read before;
-    ``first_token_at``: when a real request last got its first token (access logs).
+    ``first_token_at``: when a real request last got its first token (access logs);
+    ``in_flight``: requests running and waiting at the last good read (None: the engine
+    does not export them; below ``BUSY``: no evidence counts).
     ``window_s``: how far before a probe's wait evidence still counts
     (``probe.engine_metrics.admission_window``; docs/design.md §3.5)."""
 
@@ -54,6 +64,7 @@ class Admission:
     advanced_by: float = 0.0
     advanced_over_s: float = 0.0
     first_token_at: float | None = None
+    in_flight: float | None = None
     window_s: float = 2.0
     probe_from: float | None = None  # the last probe that got a first token: its span
     probe_to: float | None = None
@@ -63,16 +74,36 @@ NO_ADMISSION = Admission()
 
 
 def after_read(
-    admission: Admission, counter: str, count: float | None, now: float, window_s: float
+    admission: Admission,
+    counter: str,
+    count: float | None,
+    now: float,
+    window_s: float,
+    in_flight: float | None = None,
 ) -> Admission:
-    """A good /metrics read. The first value (or one more than ``window_s`` after the
-    last good read, or a counter that went back: a new process) is a baseline, not
-    progress; a larger value than the last is an advance seen ``now``, unless one of our
-    own probes may have made it (``after_probe_token``)."""
+    """A good /metrics read (``in_flight``: its requests running and waiting). The first
+    value (or one more than ``window_s`` after the last good read, or a counter that went
+    back: a new process) is a baseline, not progress; a larger value than the last is an
+    advance seen ``now``, unless one of our own probes may have made it
+    (``after_probe_token``)."""
     if count is None:
-        return replace(admission, counter=counter, count=None, read_at=now, window_s=window_s)
+        return replace(
+            admission,
+            counter=counter,
+            count=None,
+            read_at=now,
+            window_s=window_s,
+            in_flight=in_flight,
+        )
     before, read_before = admission.count, admission.read_at
-    fresh = replace(admission, counter=counter, count=count, read_at=now, window_s=window_s)
+    fresh = replace(
+        admission,
+        counter=counter,
+        count=count,
+        read_at=now,
+        window_s=window_s,
+        in_flight=in_flight,
+    )
     if before is None or read_before is None or count <= before or counter != admission.counter:
         return fresh
     if now - read_before > window_s or _ours(admission, read_before, now):
@@ -115,7 +146,7 @@ def evidence(result: ProbeResult, admission: Admission, now: float) -> str | Non
     """Why ``result`` (SLOW or TIMEOUT, folded at ``now``) is a verdict about load: the
     admission seen in its wait, or up to ``window_s`` before it began; None: no such
     evidence (then it is judged as it is)."""
-    if result.outcome not in EXCUSABLE:
+    if result.outcome not in EXCUSABLE or idle(admission):
         return None
     since = now - result.total_ms / 1000 - admission.window_s
     advanced = admission.advanced_at
@@ -128,6 +159,12 @@ def evidence(result: ProbeResult, admission: Admission, now: float) -> str | Non
     if token is not None and since <= token <= now:
         return f"a real request's first token {now - token:.1f} s ago"
     return None
+
+
+def idle(admission: Admission) -> bool:
+    """The last good read showed fewer than ``BUSY`` requests in the engine: whatever it
+    admitted before, nothing queues there now."""
+    return admission.in_flight is not None and admission.in_flight < BUSY
 
 
 def excused(result: ProbeResult, admission: Admission, now: float) -> ProbeResult:

@@ -38,13 +38,14 @@ def slow() -> ProbeResult:
     return ProbeResult(Outcome.SLOW, started_at=0.0, ttft_ms=450.0, total_ms=450.0)
 
 
-def reads(*points: tuple[float, float | None]) -> Admission:
-    """The admission after reads (time, value); a value of None: a failed read, which
-    changes nothing (the engine checks call nothing for it)."""
+def reads(*points: tuple[float, float | None], in_flight: float | None = None) -> Admission:
+    """The admission after reads (time, value), each showing ``in_flight`` requests in
+    the engine (None: not exported); a value of None: a failed read, which changes nothing
+    (the engine checks call nothing for it)."""
     admission = NO_ADMISSION
     for at, count in points:
         if count is not None:
-            admission = after_read(admission, COUNTER, count, at, WINDOW)
+            admission = after_read(admission, COUNTER, count, at, WINDOW, in_flight)
     return admission
 
 
@@ -71,6 +72,30 @@ ROWS = [
     Row(
         "never advanced: stale busy engine",
         reads((T0 + 8, 7), (T0 + 9, 7), (T0 + 9.9, 7)),
+        timeout(),
+        False,
+    ),
+    Row(
+        "advanced during the wait, a queue in the engine",
+        reads((T0 + 9.0, 100), (T0 + 9.5, 5220), in_flight=24),
+        timeout(),
+        True,
+    ),
+    Row(  # serve beside the agent: the engine admitted its probe, then froze idle
+        "advanced during the wait, the engine idle: another prober",
+        reads((T0 + 9.0, 100), (T0 + 9.5, 141), in_flight=0),
+        timeout(),
+        False,
+    ),
+    Row(
+        "advanced, one request in the engine: nothing to queue behind",
+        reads((T0 + 9.0, 100), (T0 + 9.5, 141), in_flight=1),
+        slow(),
+        False,
+    ),
+    Row(
+        "a real first token, the engine idle",
+        after_first_token(reads((T0 + 9, 5), (T0 + 9.5, 5), in_flight=0), T0 + 9.6),
         timeout(),
         False,
     ),
