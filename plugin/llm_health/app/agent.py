@@ -21,7 +21,7 @@ from collections.abc import Callable
 from llm_health.agent.component import AgentSurface
 from llm_health.app.heap import settle_heap
 from llm_health.app.keeper import BoardKeeper
-from llm_health.app.probing import ProbeSlots, probe_scheduler
+from llm_health.app.probing import probe_scheduler
 from llm_health.config.agent import ENGINE_CLUSTER, AgentFile
 from llm_health.core.control import ProberStats
 from llm_health.engines.component import EngineChecks
@@ -31,6 +31,7 @@ from llm_health.model.engine_load import EngineLoad
 from llm_health.ops.http_server import bound_port, start_http
 from llm_health.ops.secret_scrubbing import Secrets, scrubbed_logs
 from llm_health.probe.client import MicroProbe, new_connections
+from llm_health.probe.inflight import ProbeSlots
 from llm_health.probe.lag import LoopLagMonitor
 from llm_health.probe.scheduler import Scheduler
 from llm_health.probe.target import ProbeTarget

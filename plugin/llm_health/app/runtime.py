@@ -28,7 +28,7 @@ from llm_health.app.endpoints import EndpointCatalog
 from llm_health.app.heap import settle_heap
 from llm_health.app.keeper import BoardKeeper
 from llm_health.app.live import LiveConfig
-from llm_health.app.probing import ProbeSlots, probe_scheduler
+from llm_health.app.probing import probe_scheduler
 from llm_health.config import Config
 from llm_health.config.apart import load_config_off_loop
 from llm_health.config.reading import fingerprint
@@ -43,6 +43,7 @@ from llm_health.ops.secret_scrubbing import Secrets, scrubbed_logs
 from llm_health.ops.status_document import status_document
 from llm_health.probe.client import MicroProbe, Prober, ProbeWrapper, new_connections
 from llm_health.probe.http1 import Connections
+from llm_health.probe.inflight import ProbeSlots
 from llm_health.probe.lag import LoopLagMonitor
 from llm_health.probe.pool import WorkerPool
 from llm_health.probe.scheduler import Scheduler
