@@ -90,12 +90,11 @@ def test_startup_then_a_freeze_is_not_ready_but_alive_and_a_thaw_is_ready(
 
     server.pause()
     try:
-        took = within(
+        within(
             lambda: code(agent, "/readyz") == 503,
             INTERVAL_S + TIMEOUT_S + 0.5 + 2.0,  # + scheduling slack on a loaded CI machine
             "/readyz 503 after SIGSTOP",
         )
-        print(f"/readyz 503 {took:.2f} s after SIGSTOP (bound {INTERVAL_S + TIMEOUT_S + 0.5} s)")
         _, body = agent.get("/readyz")
         assert body.startswith(("unhealthy", "degraded")), body
         # Frozen, not gone: the startup signal holds, and liveness only after restart_after.
@@ -119,8 +118,7 @@ def test_a_frozen_engine_is_restarted_and_the_new_process_clears_it(
         RESTART_AFTER_S + 15.0,
         "/livez 503 after restart_after of a frozen engine",
     )
-    print(f"/livez 503 {took:.2f} s after SIGSTOP (restart_after {RESTART_AFTER_S} s)")
-    assert took >= RESTART_AFTER_S, "never before restart_after"
+    assert took >= RESTART_AFTER_S, f"/livez 503 {took:.2f} s after SIGSTOP: before restart_after"
     # What the kubelet does on /livez 503: the container is restarted (a new process).
     port = server.port
     server.stop()

@@ -211,21 +211,20 @@ async def test_livez_answers_while_idle_connections_flood_the_port(
 
     latencies = sorted(latency for _, latency in polls)
     answered = sum(1 for ok, _ in polls if ok)
-    print(
+    seen = (
         f"{answered}/{len(polls)} polls answered; median "
-        f"{statistics.median(latencies) * 1000:.1f} ms, 99th percentile "
-        f"{latencies[int(len(latencies) * 0.99)] * 1000:.0f} ms, slowest "
+        f"{statistics.median(latencies) * 1000:.1f} ms, slowest "
         f"{latencies[-1] * 1000:.0f} ms; server connections at most {max(held)} "
         f"(cap {MAX_CONNECTIONS}); attacker: {stats}; logged {logged} bytes; "
         f"states {sorted(s.value for s in states)}"
     )
-    assert len(polls) == POLLS and stats["connects"] > 2 * IDLE_CLIENTS  # it did churn
-    assert answered == len(polls), f"{len(polls) - answered} polls unanswered"
-    assert latencies[-1] < ANSWER_WITHIN_S, f"slowest /livez {latencies[-1] * 1000:.0f} ms"
+    assert len(polls) == POLLS and stats["connects"] > 2 * IDLE_CLIENTS, seen  # it did churn
+    assert answered == len(polls), seen
+    assert latencies[-1] < ANSWER_WITHIN_S, seen
     # The count is of every socket the process holds beyond the baseline: the plugin's own
     # outbound connections (a probe, an engine-metrics or known-answer read) come and go
     # beside the server's. The overshoot this guards against was over 100 (362 of 256).
-    assert max(held) <= MAX_CONNECTIONS + OWN_SOCKETS
-    assert states == {State.HEALTHY}
-    assert logged <= LOG_BYTES_MAX
+    assert max(held) <= MAX_CONNECTIONS + OWN_SOCKETS, seen
+    assert states == {State.HEALTHY}, seen
+    assert logged <= LOG_BYTES_MAX, seen
     assert SECRET not in everything
