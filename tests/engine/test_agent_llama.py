@@ -10,13 +10,14 @@ freeze; ``/livez`` stays 200 unless the engine has been UNHEALTHY for ``restart_
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from tests.engine.llama import StartServer
+from tests.polling import seconds_until
 from tests.ports import free_port
 from tests.processes import AgentProcess
 
@@ -36,18 +37,8 @@ SETTINGS = {
 }
 
 
-def within(check: Callable[[], bool], seconds: float, what: str) -> float:
-    """Seconds until ``check()`` held (polled every 20 ms); AssertionError after ``seconds``."""
-    started = time.monotonic()
-    while True:
-        try:
-            if check():
-                return time.monotonic() - started
-        except OSError:
-            pass
-        if time.monotonic() - started > seconds:
-            raise AssertionError(f"not within {seconds:.1f} s: {what}")
-        time.sleep(0.02)
+# Seconds until ``check()`` held (polled every 20 ms); a refused connection is "not yet".
+within = partial(seconds_until, interval=0.02, ignore=(OSError,))
 
 
 def code(agent: AgentProcess, path: str) -> int:

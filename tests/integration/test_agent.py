@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from tests.polling import seconds_until
 from tests.ports import free_port
 from tests.processes import ROOT, AgentProcess, SimProcess, _env, http_json, running_sims
 
@@ -64,16 +65,8 @@ def settings(api: str = "openai-chat", model: str | None = "sim-model") -> dict[
     return {"probe": probe, "agent": {"restart_after": "2s"}}
 
 
-def wait_for(check: Callable[[], bool], within: float, what: str, every: float = 0.02) -> float:
-    """Seconds until ``check()`` held; AssertionError after ``within``."""
-    started = time.monotonic()
-    while True:
-        with contextlib.suppress(OSError):
-            if check():
-                return time.monotonic() - started
-        if time.monotonic() - started > within:
-            raise AssertionError(f"not within {within:.1f} s: {what}")
-        time.sleep(every)
+# Seconds until ``check()`` held (polled every 20 ms); a refused connection is "not yet".
+wait_for = partial(seconds_until, interval=0.02, ignore=(OSError,))
 
 
 def status_of(agent: AgentProcess, path: str) -> int:
