@@ -84,6 +84,7 @@ async def main():
     await asyncio.wait_for(opened.wait(), 20)
     print("opened", flush=True)
     await asyncio.gather(*tasks)
+    stats["cpu_s"] = round(time.process_time(), 2)
     print(json.dumps(stats), flush=True)
 
 asyncio.run(main())
@@ -136,6 +137,13 @@ class Attack:
     budget: int
 
 
+async def start_attack(attack: Attack) -> asyncio.subprocess.Process:
+    """The attacker's process: it prints ``opened`` once every client has connected, then
+    its counts ({"connects", "failed", "cpu_s"}) as JSON when the attack is over."""
+    kinds = [f"{kind}:{count}" for kind, count in attack.clients.items()]
+    return await script(ATTACKER, attack.port, attack.seconds, attack.budget, *kinds)
+
+
 async def script(code: str, *args: object) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable, "-c", code, *map(str, args), stdout=asyncio.subprocess.PIPE
@@ -154,8 +162,7 @@ async def attacked(
     """The kubelet's answers ({path: [status or None]}) while ``attack`` runs (its first
     poll ``settle_s`` after the attacker has opened all its connections), and the
     attacker's counts."""
-    kinds = [f"{kind}:{count}" for kind, count in attack.clients.items()]
-    attacker = await script(ATTACKER, attack.port, attack.seconds, attack.budget, *kinds)
+    attacker = await start_attack(attack)
     kubelet = None
     assert attacker.stdout is not None
     try:

@@ -12,7 +12,11 @@ accepts an async predicate. Both have the same semantics:
   covers them (e.g. "the process died": waiting longer cannot help).
 - After ``timeout`` seconds (the predicate is tried once more at the deadline) it raises
   :class:`WaitTimeout`, an ``AssertionError``, naming ``what`` and the last value and
-  last exception seen; the last exception is chained.
+  last exception seen; the last exception is chained. ``what`` may be a function: it is
+  asked then, to say what the processes say at that moment.
+
+:func:`seconds_until` is :func:`wait_until` returning the seconds the wait took, for a
+test whose bound is on that time.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any, TypeVar, overload
 
 T = TypeVar("T")
 Errors = tuple[type[BaseException], ...]
+What = str | Callable[[], str]  # what is awaited, or a function saying it at the timeout
 
 INTERVAL_S = 0.05  # between two calls of the predicate (sync)
 ASYNC_INTERVAL_S = 0.02  # async: usually in-process state, cheap to look at
@@ -50,7 +55,9 @@ class _Last:
         self.value: Any = _NOTHING
         self.error: BaseException | None = None
 
-    def timeout(self, what: str, timeout: float) -> WaitTimeout:
+    def timeout(self, what: What, timeout: float) -> WaitTimeout:
+        if callable(what):
+            what = what()
         seen = []
         if self.value is not _NOTHING:
             seen.append(f"last value {self.value!r}")
@@ -63,7 +70,7 @@ class _Last:
 def wait_until(
     predicate: Callable[[], T],
     timeout: float,
-    what: str,
+    what: What,
     *,
     interval: float = INTERVAL_S,
     ignore: Errors = (Exception,),
@@ -89,11 +96,26 @@ def wait_until(
         time.sleep(interval)
 
 
+def seconds_until(
+    predicate: Callable[[], object],
+    timeout: float,
+    what: What,
+    *,
+    interval: float = INTERVAL_S,
+    ignore: Errors = (Exception,),
+    fatal: Errors = (),
+) -> float:
+    """Block until ``predicate()`` is truthy, as :func:`wait_until`; the seconds it took."""
+    started = time.monotonic()
+    wait_until(predicate, timeout, what, interval=interval, ignore=ignore, fatal=fatal)
+    return time.monotonic() - started
+
+
 @overload
 async def wait_until_async(
     predicate: Callable[[], Awaitable[T]],
     timeout: float,  # noqa: ASYNC109 - a polling deadline, not a cancellation scope
-    what: str,
+    what: What,
     *,
     interval: float = ...,
     ignore: Errors = ...,
@@ -105,7 +127,7 @@ async def wait_until_async(
 async def wait_until_async(
     predicate: Callable[[], T],
     timeout: float,  # noqa: ASYNC109
-    what: str,
+    what: What,
     *,
     interval: float = ...,
     ignore: Errors = ...,
@@ -116,7 +138,7 @@ async def wait_until_async(
 async def wait_until_async(
     predicate: Callable[[], Any],
     timeout: float,  # noqa: ASYNC109 - a polling deadline, not a cancellation scope
-    what: str,
+    what: What,
     *,
     interval: float = ASYNC_INTERVAL_S,
     ignore: Errors = (Exception,),

@@ -57,7 +57,9 @@ class Running:
     async def __aexit__(self, *_exc: object) -> None:
         """Stop and wait; a runtime that does not end within STOP_WITHIN_S is cancelled
         and the test fails with every task's stack, never waits on without bound (a
-        cancellation the runtime does not finish would hang ``asyncio.wait_for``)."""
+        cancellation the runtime does not finish would hang ``asyncio.wait_for``). The
+        runtime's own bounds (``app.stopping``, together below STOP_WITHIN_S) come first:
+        its error names the server or the tasks that did not stop."""
         self.stop.set()
         assert self.task is not None
         done, _ = await asyncio.wait({self.task}, timeout=STOP_WITHIN_S)

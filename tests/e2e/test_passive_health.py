@@ -53,14 +53,12 @@ def test_five_percent_errors_degrade_by_quality_and_clear(stack: Any) -> None:  
     everyone = {s.address: ("HEALTHY", 100) for s in (failing, fine_a, fine_b)}
     wait_until(lambda: envoy_view(envoy) == everyone, 15, "Envoy routing to all three")
     failing.set_fault(fault="http_500", fault_rate=0.05, affects="users")
-    started = time.monotonic()
     with Load(envoy.url, 20, 20 * 90):
 
         def degraded() -> bool:
             return endpoint_status(plugin, failing.address)["cause"] == "quality"
 
         wait_until(degraded, 45, "the failing backend DEGRADED by quality")
-        detected_after = time.monotonic() - started
         found = endpoint_status(plugin, failing.address)
         assert found["state"] == "degraded" and found["reason"].startswith("error rate ")
         assert "over 20 s (" in found["reason"], found["reason"]
@@ -71,20 +69,15 @@ def test_five_percent_errors_degrade_by_quality_and_clear(stack: Any) -> None:  
         for sim in (fine_a, fine_b):
             assert endpoint_status(plugin, sim.address)["state"] == "healthy"
         failing.set_fault(fault="none")
-        healed = time.monotonic()
         wait_until(
             lambda: endpoint_status(plugin, failing.address)["state"] == "healthy",
             20 + 10,
             "healthy again once the window cleared",
         )
-        cleared_after = time.monotonic() - healed
     window = window_of(plugin, fine_a.address)
     assert window["requests"] > 0 and window["errors"] == 0
     traffic = plugin.status()["traffic"]
     assert traffic["counted_total"] > 100 and traffic["unknown_endpoint_total"] == 0
-    print(
-        f"\n5 % errors: DEGRADED after {detected_after:.1f} s; healthy {cleared_after:.1f} s after the heal"
-    )
 
 
 @pytest.mark.envoy
@@ -107,14 +100,11 @@ def test_slow_real_traffic_with_fast_probes_degrades_by_ttft(stack: Any) -> None
     wait_until(lambda: envoy_view(envoy) == everyone, 15, "Envoy routing to all three")
     slow.set_fault(fault="slow_under_load", load_ttft_per_request="150ms", affects="users")
     with Load(envoy.url, 20, 20 * 60, timeout=10):
-        try:
-            wait_until(
-                lambda: endpoint_status(plugin, slow.address)["cause"] == "quality",
-                40,
-                "the slow backend DEGRADED by quality (p95 TTFT)",
-            )
-        finally:
-            print("\nslow backend:", window_of(plugin, slow.address))
+        wait_until(
+            lambda: endpoint_status(plugin, slow.address)["cause"] == "quality",
+            40,
+            lambda: f"DEGRADED by quality (p95 TTFT): {window_of(plugin, slow.address)}",
+        )
     found = endpoint_status(plugin, slow.address)
     assert found["reason"].startswith("p95 TTFT "), found["reason"]
     assert found["last_probe"]["outcome"] == "fast"  # the probes never saw it
@@ -185,7 +175,9 @@ def test_a_flooding_or_broken_stream_never_stops_probing_or_pushes(stack: Any) -
     wait_until(lambda: plugin.status()["traffic"]["streams_open"] == 0, 5, "the stream closed")
     status = plugin.status()
     probes = status["prober"]["probes_total"] - probes_before
-    assert probes >= 2 * 4, f"{probes} probes while flooded"  # 2 endpoints, ~1/s each
+    worst = max(lags, default=0.0)
+    # 2 endpoints, ~1/s each
+    assert probes >= 2 * 4, f"{probes} probes while flooded; loop lag max {worst} ms"
     assert status["prober"]["probes_ignored_loop_lag"] == 0
     traffic = status["traffic"]
     assert traffic["entries_total"] >= sent * 0.9
@@ -193,5 +185,3 @@ def test_a_flooding_or_broken_stream_never_stops_probing_or_pushes(stack: Any) -
     # A push still goes through at once: drain an endpoint, Envoy sees it.
     sims[1].set_fault(fault="cuda_error")
     wait_until(lambda: envoy_view(envoy)[sims[1].address][0] == "UNHEALTHY", 5, "pushed")
-    worst = max(lags, default=0.0)
-    print(f"\nflood: {sent} entries in 5 s; {probes} probes meanwhile; loop lag max {worst} ms")

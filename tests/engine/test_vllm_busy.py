@@ -19,7 +19,8 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from subprocess import PIPE
 from typing import Any
@@ -30,6 +31,7 @@ from tests.configs import plugin_settings
 from tests.engine.load import LoadProcess
 from tests.engine.vllm import SERVED_NAME, StartVllm, VllmServer
 from tests.hostile_http import KUBELET, KUBELET_TIMEOUT_S
+from tests.polling import seconds_until
 from tests.processes import AgentProcess, PluginProcess, stop_all
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,16 +89,9 @@ def both_healthy(plugin: PluginProcess, agent: AgentProcess) -> bool:
     return endpoint_of(plugin)["state"] == "healthy" and agent_state(agent) == "healthy"
 
 
-def wait_for(check: Callable[[], bool], seconds: float, what: str | Callable[[], str]) -> float:
-    """Seconds until ``check()``; fails after ``seconds`` saying ``what`` (a callable is
-    asked then: what the processes say at that moment)."""
-    started = time.monotonic()
-    while not check():
-        if time.monotonic() - started >= seconds:
-            said = what() if callable(what) else what
-            raise AssertionError(f"not within {seconds:.1f} s: {said}")
-        time.sleep(0.1)
-    return time.monotonic() - started
+# Seconds until ``check()``; ``what`` may be a function (what the processes say then).
+# Every error of ``check()`` ends the wait at once.
+wait_for = partial(seconds_until, interval=0.1, ignore=())
 
 
 def kubelet(agent: AgentProcess, seconds: float) -> subprocess.Popen[bytes]:

@@ -23,6 +23,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from tests.configs import plugin_settings
 from tests.engine.llama import http_get
 from tests.engine.vllm import SERVED_NAME, StartVllm, VllmServer
 from tests.envoy_harness import EnvoyProcess, render_config
+from tests.polling import seconds_until
 from tests.ports import free_port
 from tests.processes import AgentProcess, PluginProcess, stop_all
 
@@ -307,18 +309,8 @@ def test_a_stream_left_after_its_first_token_is_aborted(server: VllmServer) -> N
     assert 1 <= generated < 400, generated
 
 
-def wait_for(check: Callable[[], bool], seconds: float, what: str) -> float:
-    """Seconds until ``check()`` held (polled every 50 ms); AssertionError after."""
-    started = time.monotonic()
-    while True:
-        try:
-            if check():
-                return time.monotonic() - started
-        except OSError:
-            pass
-        if time.monotonic() - started > seconds:
-            raise AssertionError(f"not within {seconds:.1f} s: {what}")
-        time.sleep(0.05)
+# Seconds until ``check()`` held (polled every 50 ms); a refused connection is "not yet".
+wait_for = partial(seconds_until, interval=0.05, ignore=(OSError,))
 
 
 def test_a_frozen_engine_core_is_taken_out_while_health_says_200_and_a_kill_too(

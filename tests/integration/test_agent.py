@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from tests.polling import seconds_until
 from tests.ports import free_port
 from tests.processes import ROOT, AgentProcess, SimProcess, _env, http_json, running_sims
 
@@ -64,16 +65,8 @@ def settings(api: str = "openai-chat", model: str | None = "sim-model") -> dict[
     return {"probe": probe, "agent": {"restart_after": "2s"}}
 
 
-def wait_for(check: Callable[[], bool], within: float, what: str, every: float = 0.02) -> float:
-    """Seconds until ``check()`` held; AssertionError after ``within``."""
-    started = time.monotonic()
-    while True:
-        with contextlib.suppress(OSError):
-            if check():
-                return time.monotonic() - started
-        if time.monotonic() - started > within:
-            raise AssertionError(f"not within {within:.1f} s: {what}")
-        time.sleep(every)
+# Seconds until ``check()`` held (polled every 20 ms); a refused connection is "not yet".
+wait_for = partial(seconds_until, interval=0.02, ignore=(OSError,))
 
 
 def status_of(agent: AgentProcess, path: str) -> int:
@@ -169,7 +162,6 @@ def hang_or_fatal_error(fault: str, sim: SimProcess, agent: AgentProcess) -> Non
     sim.set_fault(fault=fault)
     out_s = wait_for(lambda: status_of(agent, "/readyz") == 503, 10.0, f"{fault}: /readyz 503")
     ready_body = agent.get("/readyz")[1]
-    print(f"{fault}: /readyz 503 after {out_s:.2f} s ({ready_body.strip()})")
     bound = (0.5 if fault == "cuda_error" else HANG_BOUND_S) + INTERVAL_S + SLACK_S
     assert out_s <= bound, f"{fault}: out after {out_s:.2f} s, bound {bound:.2f} s"
     cause = "fatal engine error" if fault == "cuda_error" else "consecutive timeouts"
@@ -182,7 +174,6 @@ def hang_or_fatal_error(fault: str, sim: SimProcess, agent: AgentProcess) -> Non
         lambda: status_of(agent, "/livez") == 503, RESTART_AFTER_S + 6.0, f"{fault}: /livez 503"
     )
     live_body = agent.get("/livez")[1]
-    print(f"{fault}: /livez 503 {restart_s:.2f} s after /readyz ({live_body.strip()})")
     assert restart_s >= RESTART_AFTER_S - 0.5 - INTERVAL_S, "restarted before restart_after"
     assert live_body.startswith("restart: unhealthy")
     metrics = agent.get("/metrics")[1]
@@ -235,7 +226,6 @@ def no_restart(
         return code == ready and body.startswith(says)
 
     took = wait_for(settled, 10.0, f"{knobs}: /readyz {ready} {says!r}")
-    print(f"{knobs}: /readyz {ready} after {took:.2f} s ({agent.get('/readyz')[1].strip()})")
     assert took <= within + SLACK_S, f"{knobs}: after {took:.2f} s, bound {within:.2f} s"
     signalled = agent.status()["agent"]["restarts_signalled"]
     # Held well past restart_after: the kubelet is never asked to restart this engine.
@@ -295,15 +285,13 @@ def test_every_answer_comes_from_memory_while_the_engine_hangs(
             code, _body = agent.get(path, timeout=2.0)
             times[path].append((time.perf_counter() - started) * 1000)
             assert code in (200, 503)
-    for path, ms in times.items():
-        print(
-            f"{path}: {len(ms)} requests while hung, p50 {statistics.median(ms):.2f} ms, "
-            f"max {max(ms):.2f} ms"
-        )
     every = [m for ms in times.values() for m in ms]
-    assert statistics.median(every) < 10.0
-    assert sum(m > 50.0 for m in every) <= len(every) // 100, "answers waited on the engine"
-    assert max(every) < 500.0
+    seen = {path: (len(ms), statistics.median(ms), max(ms)) for path, ms in times.items()}
+    assert statistics.median(every) < 10.0, f"(requests, p50 ms, max ms) while hung: {seen}"
+    assert sum(m > 50.0 for m in every) <= len(every) // 100, (
+        f"answers waited on the engine: {seen}"
+    )
+    assert max(every) < 500.0, f"(requests, p50 ms, max ms) while hung: {seen}"
     healthy(sim, agent)
 
 
@@ -321,14 +309,12 @@ def test_startup_follows_the_engine_process(tmp_path: Path) -> None:
         agent.start().wait_up()
         hold(agent, 1.5, {"/startupz": 503, "/readyz": 503, "/livez": 200, "/healthz": 200})
         sims.append(SimProcess(tmp_path, "first", "--ttft", "20ms", port=port).wait_up())
-        up_s = wait_for(lambda: status_of(agent, "/startupz") == 200, 10.0, "/startupz 200")
+        wait_for(lambda: status_of(agent, "/startupz") == 200, 10.0, "/startupz 200")
         wait_for(lambda: status_of(agent, "/readyz") == 200, 10.0, "/readyz 200")
         assert agent.status()["agent"]["model"] == "sim-model"  # found in /v1/models
-        print(f"engine up: /startupz 200 after {up_s:.2f} s")
         sims[0].kill()
         gone_s = wait_for(lambda: status_of(agent, "/startupz") == 503, 5.0, "/startupz 503")
-        print(f"engine killed: /startupz 503 after {gone_s:.2f} s")
-        assert gone_s <= INTERVAL_S + SLACK_S
+        assert gone_s <= INTERVAL_S + SLACK_S, f"/startupz 503 after {gone_s:.2f} s"
         hold(agent, 1.0, {"/startupz": 503, "/readyz": 503, "/livez": 200})
         sims.append(SimProcess(tmp_path, "second", "--model", "other-model", port=port).wait_up())
         wait_for(lambda: status_of(agent, "/startupz") == 200, 10.0, "/startupz 200 again")
@@ -482,8 +468,7 @@ def test_idle_connections_do_not_starve_the_kubelet(lone_agent: AgentProcess) ->
             except OSError as exc:
                 failed.append(repr(exc))
             time.sleep(0.05)
-        print(f"/readyz beside 300 idle connections: {answered} answered, {len(failed)} failed")
-        assert not failed, failed[:3]
+        assert not failed, f"{len(failed)} failed, {answered} answered: {failed[:3]}"
     finally:
         for sock in idle:
             sock.close()

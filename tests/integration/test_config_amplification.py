@@ -83,7 +83,6 @@ def test_validate_of_a_4_mib_file_of_unknown_keys_is_bounded(tmp_path: Path) -> 
     cpu_seconds = float(lines[-2].split()[-1])
     growth_mb = int(lines[-1].split()[-1]) / 1024
     problems = lines[:-2]
-    print(f"validate: {cpu_seconds:.1f} CPU s, RSS growth {growth_mb:.0f} MB")
     assert done.returncode == 2, done.stderr[-2000:]
     assert len(problems) == MAX_MESSAGES + 1
     assert problems[0] == "big.yaml:2 unknown_key_0000000: unknown key"
@@ -166,9 +165,6 @@ def test_a_4_mib_reload_of_unknown_keys_is_refused_without_stalling(tmp_path: Pa
             time.sleep(0.5)
         rss_after = vm_rss_mb(plugin.process.pid)
         kept = rss_after - rss_before
-        print(
-            f"reload: /livez max {poller.slowest_ms:.0f} ms over {poller.polls} polls, kept {kept:.0f} MB"
-        )
 
         assert plugin.process.poll() is None, plugin.log_tail()
         assert plugin.status()["reloads"]["applied"] == 0

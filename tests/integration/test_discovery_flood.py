@@ -104,15 +104,13 @@ def test_a_dns_flood_at_the_fastest_refresh_is_bounded(tmp_path: Path) -> None:
             seconds = time.monotonic() - started
             a_per_s = (dns.queries_of("A") - a_before) / seconds
             cpu = (cpu_seconds(plugin.process.pid) - cpu_before) / seconds
-            print(
-                f"DNS flood: {a_per_s:.0f} A queries/s, plugin CPU {100 * cpu:.0f} %, "
-                f"/livez max {poller.slowest_ms:.0f} ms over {poller.polls} polls"
-            )
             status = plugin.status()
             assert plugin.process.poll() is None, plugin.log_tail()
             assert not poller.failures, poller.failures[:5]
             assert poller.polls >= ATTACK_S / 0.1
-            assert poller.slowest_ms < LIVEZ_MS, f"/livez took {poller.slowest_ms:.0f} ms"
+            assert poller.slowest_ms < LIVEZ_MS, (
+                f"/livez took {poller.slowest_ms:.0f} ms (plugin CPU {100 * cpu:.0f} %)"
+            )
             assert a_per_s <= MAX_A_PER_S, f"{a_per_s:.0f} A queries per second"
             clusters = status["discovery"]["clusters"]
             assert clusters["a"]["endpoints"] == A_RECORDS // 250 + 1

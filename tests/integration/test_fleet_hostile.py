@@ -166,11 +166,7 @@ async def replica(
                 await asyncio.gather(watcher, return_exceptions=True)
                 await attacker.aclose()
         logged = len(caplog.text) - logged_before
-    print(
-        f"/livez worst {here.worst_livez * 1000:.1f} ms over {here.livez_answers} answers; "
-        f"{logged} bytes logged"
-    )
-    assert here.livez_answers > 10
+    assert here.livez_answers > 10, here.livez_answers
     assert here.worst_livez <= MAX_LIVEZ_S, here.worst_livez
     assert logged <= MAX_LOG_BYTES, logged
     assert SECRET not in caplog.text and SECRET not in status
@@ -244,15 +240,11 @@ async def test_a_member_beating_in_the_far_future_is_evicted_within_the_ttl(
             return await attacker.zscore(MEMBERS, ghost) is None
 
         await wait_until_async(evicted, MEMBER_TTL_S, "the ghost evicted within member_ttl")
-        evicted_after = time.monotonic() - written
         hung_at = await hang(hung)
-        out_after = await wait_out(here, hung, hung_at, OUT_WITHIN_S)
+        await wait_out(here, hung, hung_at, OUT_WITHIN_S)
         before = await probes(sims)
         await asyncio.sleep(2 * INTERVAL_S)
         after = await probes(sims)
-        print(
-            f"ghost evicted after {evicted_after:.3f} s; hung backend out after {out_after:.2f} s"
-        )
 
     late = [o for t, o in here.owners if t > written + MEMBER_TTL_S]
     assert late and all(ghost not in owners.values() for owners in late)
@@ -285,7 +277,6 @@ async def test_a_member_that_beats_but_never_refreshes_its_verdicts_is_gone(
             await wait_until_async(
                 lambda: set(here.fleet.members) == {"real", zombie_id}, 2, "the zombie a member"
             )
-            joined = time.monotonic()
             hung_at = await hang(hung)
 
             def taken_over() -> bool:
@@ -294,9 +285,7 @@ async def test_a_member_that_beats_but_never_refreshes_its_verdicts_is_gone(
             await wait_until_async(
                 taken_over, FRESH_S + SLACK_S, "the zombie's endpoints taken over"
             )
-            gone_after = time.monotonic() - joined
-            out_after = await wait_out(here, hung, hung_at, FRESH_S + OUT_WITHIN_S)
-            print(f"zombie gone after {gone_after:.2f} s; hung backend out after {out_after:.2f} s")
+            await wait_out(here, hung, hung_at, FRESH_S + OUT_WITHIN_S)
             assert here.fleet.counters["takeovers_total"] >= 2
         finally:
             beating.cancel()
@@ -385,8 +374,7 @@ async def test_forged_verdicts_of_live_looking_members_stay_within_the_ejection_
             beating.cancel()
             await asyncio.gather(beating, return_exceptions=True)
         states = here.states()
-        print(f"forged members: {len(ghosts)}; most UNHEALTHY at once {most_out}; now {states}")
-        assert most_out <= 2, states  # max(1, 4 x 50 %)
+        assert most_out <= 2, (most_out, states)  # max(1, 4 x 50 %)
         held = [e for e in map(here.endpoint, states) if e.state is not State.UNHEALTHY]
         assert all(e.reason.startswith("held: 2 of 4 endpoints already out") for e in held), [
             e.reason for e in held

@@ -188,7 +188,6 @@ async def test_sotw_request_naming_300000_unknown_clusters(
                 discovery_pb2.DiscoveryResponse.FromString,
                 server.stats.ads_sotw,
             )
-    print(f"sotw: log {len(caplog.text)} bytes, /livez worst {livez.worst * 1000:.1f} ms")
     assert [r.resources[0].type_url for r in responses[-1:]] == [TYPE_URL]
     assert len(caplog.text) < MAX_LOG_BYTES, caplog.text[:2000]
     assert f"unknown clusters ignored: {UNKNOWN}" in caplog.text
@@ -216,7 +215,6 @@ async def test_delta_request_subscribing_300000_unknown_clusters(
                 discovery_pb2.DeltaDiscoveryResponse.FromString,
                 server.stats.ads_delta,
             )
-    print(f"delta: log {len(caplog.text)} bytes, /livez worst {livez.worst * 1000:.1f} ms")
     assert [r.name for r in responses[-1].resources] == ["a"]
     assert len(caplog.text) < MAX_LOG_BYTES, caplog.text[:2000]
     # the first MAX_UNKNOWN_NAMES are kept (a reload may add them) and reported by the

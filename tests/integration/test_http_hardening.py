@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
@@ -64,13 +63,10 @@ async def test_slowloris_connections_are_closed_and_livez_answers(server: int) -
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(b"GET /livez HTTP/1.1\r\nHost: x\r\nX-Slow: ")  # never finished
             connections.append((reader, writer))
-        started = time.monotonic()
         assert await livez(port) == 200  # answered while 400 half-open connections hang
         async with asyncio.timeout(HEADER_TIMEOUT_S * 10):
             results = await asyncio.gather(*(closed_by_server(r) for r, _ in connections))
-        elapsed = time.monotonic() - started
         assert all(results) and len(results) == SLOW_CLIENTS
-        print(f"{SLOW_CLIENTS} slow connections closed within {elapsed:.2f} s")
         assert await livez(port) == 200
     finally:
         for _, writer in connections:

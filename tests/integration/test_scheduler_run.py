@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
-from llm_health.app.probing import ProbeSlots
 from llm_health.config import ProbeSettings
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.probe.client import MicroProbe, new_connections
+from llm_health.probe.inflight import ProbeSlots
 from llm_health.probe.scheduler import Scheduler
 from llm_health.probe.slots import STARTS_PER_TICK, start_tick
 from llm_health.probe.target import ProbeTarget

@@ -105,13 +105,18 @@ def running(lowest: Lowest, name: str, *args: str) -> Iterator[None]:
         )
         try:
             yield
-        except BaseException:
-            print(log_path.read_text(errors="replace")[-3000:])
+        except BaseException as failed:  # pytest's outcomes too (pytest.fail is one)
+            failed.add_note(f"{name}'s log, its end:\n{log_tail(log_path)}")
             raise
         finally:
             process.terminate()
             code = process.wait(10)
-    assert code == 0, f"{name}: exit {code} on SIGTERM\n{log_path.read_text()[-3000:]}"
+    assert code == 0, f"{name}: exit {code} on SIGTERM\n{log_tail(log_path)}"
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    """The last ``lines`` lines of a process's log: enough to see why, bounded."""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
 @pytest.fixture

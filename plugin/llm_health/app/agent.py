@@ -21,7 +21,8 @@ from collections.abc import Callable
 from llm_health.agent.component import AgentSurface
 from llm_health.app.heap import settle_heap
 from llm_health.app.keeper import BoardKeeper
-from llm_health.app.probing import ProbeSlots, probe_scheduler
+from llm_health.app.probing import probe_scheduler
+from llm_health.app.stopping import cancel_within, stop_within
 from llm_health.config.agent import ENGINE_CLUSTER, AgentFile
 from llm_health.core.control import ProberStats
 from llm_health.engines.component import EngineChecks
@@ -31,6 +32,7 @@ from llm_health.model.engine_load import EngineLoad
 from llm_health.ops.http_server import bound_port, start_http
 from llm_health.ops.secret_scrubbing import Secrets, scrubbed_logs
 from llm_health.probe.client import MicroProbe, new_connections
+from llm_health.probe.inflight import ProbeSlots
 from llm_health.probe.lag import LoopLagMonitor
 from llm_health.probe.scheduler import Scheduler
 from llm_health.probe.target import ProbeTarget
@@ -41,6 +43,8 @@ MODELS_PATH = "/v1/models"  # where the model is found when probe.models_path is
 # the agent's one probe a second does not need that, and each wake-up costs the agent CPU
 # (20 ms: ~0.5 % of a core more, docs/agent.md "Footprint").
 LAG_TICK_S = 0.05
+TASKS_STOP_S = 2.0  # bounds on the stop (app.stopping)
+HTTP_STOP_S = 2.0  # the agent's answers are from memory: none is in flight for long
 log = logging.getLogger("llm_health")
 
 
@@ -98,7 +102,7 @@ class Agent:
             try:
                 await self._supervise(self.scheduler, stop)
             finally:
-                await http.cleanup()
+                await stop_within(HTTP_STOP_S, "the HTTP server", http.cleanup())
 
     async def _supervise(self, scheduler: Scheduler, stop: asyncio.Event) -> None:
         async with asyncio.TaskGroup() as group:
@@ -108,8 +112,7 @@ class Agent:
                 tasks.append(group.create_task(self._find_model(), name="model"))
             await stop.wait()
             log.info("shutting down")
-            for task in tasks:
-                task.cancel()
+            await cancel_within(tasks, TASKS_STOP_S)
 
     async def _find_model(self) -> None:
         """The model to name in the probe: the first id of the engine's model list, found

@@ -28,7 +28,8 @@ from llm_health.app.endpoints import EndpointCatalog
 from llm_health.app.heap import settle_heap
 from llm_health.app.keeper import BoardKeeper
 from llm_health.app.live import LiveConfig
-from llm_health.app.probing import ProbeSlots, probe_scheduler
+from llm_health.app.probing import probe_scheduler
+from llm_health.app.stopping import cancel_within, stop_within
 from llm_health.config import Config
 from llm_health.config.apart import load_config_off_loop
 from llm_health.config.reading import fingerprint
@@ -43,7 +44,9 @@ from llm_health.ops.secret_scrubbing import Secrets, scrubbed_logs
 from llm_health.ops.status_document import status_document
 from llm_health.probe.client import MicroProbe, Prober, ProbeWrapper, new_connections
 from llm_health.probe.http1 import Connections
+from llm_health.probe.inflight import ProbeSlots
 from llm_health.probe.lag import LoopLagMonitor
+from llm_health.probe.pool import STOP_GRACE_S as WORKER_STOP_GRACE_S
 from llm_health.probe.pool import WorkerPool
 from llm_health.probe.scheduler import Scheduler
 from llm_health.probe.signals import Starter
@@ -55,6 +58,12 @@ from llm_health.xds.nodes import OpenNodes
 from llm_health.xds.stream import XdsStats
 
 GRPC_STOP_GRACE_S = 0.5
+# Bounds on the stop (app.stopping), each well past what the step takes when nothing
+# hangs (milliseconds) and all together below tests/runtime.py's STOP_WITHIN_S.
+TASKS_STOP_S = 2.0
+GRPC_STOP_S = GRPC_STOP_GRACE_S + 1.5
+HTTP_STOP_S = 5.0  # aiohttp lets in-flight handlers finish (a probe-now: a probe timeout)
+WORKERS_STOP_S = WORKER_STOP_GRACE_S + 1.0
 PREPARE_BUDGET_S = 2.0  # per component, before probing and xDS start
 EXPIRY_TICK_S = 1.0
 RELOAD_POLL_S = 2.0
@@ -149,10 +158,12 @@ class Runtime:
                     await self._supervise(scheduler, stop)
                 finally:
                     self.grpc_serving = False
-                    await server.stop(GRPC_STOP_GRACE_S)
+                    await stop_within(
+                        GRPC_STOP_S, "the gRPC server", server.stop(GRPC_STOP_GRACE_S)
+                    )
             finally:
                 self.control.attach_prober(None)
-                await http.cleanup()
+                await stop_within(HTTP_STOP_S, "the HTTP server", http.cleanup())
 
     @contextlib.asynccontextmanager
     async def _prober(self, connections: Connections) -> AsyncIterator[Starter]:
@@ -175,7 +186,7 @@ class Runtime:
         finally:
             if self.workers is not None:
                 self.stats.worker_lag_ms = None
-                await self.workers.close()
+                await stop_within(WORKERS_STOP_S, "the probe workers", self.workers.close())
 
     def on_result(self, target: ProbeTarget, result: ProbeResult) -> None:
         """The scheduler's callback: fold the result into the board (a change is
@@ -248,8 +259,7 @@ class Runtime:
                     tasks.append(group.create_task(job(), name=f"{component.name}-{index}"))
             await stop.wait()
             log.info("shutting down")
-            for task in tasks:
-                task.cancel()
+            await cancel_within(tasks, TASKS_STOP_S)
 
     # --- reload ---------------------------------------------------------------------------
 
