@@ -32,7 +32,7 @@ ATTACKS = {
     "mix": {"crlf": 100, "slow_crlf": 70, "after_get": 70, "idle": 38, "partial": 38},
 }
 SETTLE_S = 5.0  # the attack fills the port before the kubelet's first poll
-ATTACK_S = 18.0  # covers the polls with room to spare
+ATTACK_S = 13.0  # the polls (settle + 6 s), and a third round of header timeouts (5 s)
 MAX_CONNECTS = 60_000  # the attacker's whole budget of connection attempts
 POLLS, POLL_EVERY_S = 24, 0.25  # 6 s of polls, each of /readyz and /livez
 PATHS = ["/readyz", "/livez"]
