@@ -194,4 +194,12 @@ def test_a_frozen_engine_under_load_is_out_within_seconds(
         finally:
             server.thaw_engine()
     assert out + not_ready <= FROZEN_OUT_WITHIN_S
-    wait_for(lambda: both_healthy(plugin, agent), 60.0, "both HEALTHY after the thaw")
+    # Back in rotation after the thaw. serve may stay DEGRADED for its quality window: the
+    # users' first tokens waited out the freeze, and their p95 TTFT (the engine's own
+    # histogram) is over the limit for a minute (design §15.3): less traffic, not none.
+    wait_for(lambda: in_rotation(plugin, agent), 60.0, "back in rotation after the thaw")
+
+
+def in_rotation(plugin: PluginProcess, agent: AgentProcess) -> bool:
+    state = endpoint_of(plugin)["state"]
+    return state in ("healthy", "degraded") and ready_code(agent) == 200
