@@ -103,7 +103,7 @@ def test_grpc_auth() -> None:
 
 def test_admin() -> None:
     admin = component(runtime(), "admin")
-    admin._auth.calls, admin._auth.rejected = 5, 2
+    admin.stats.calls, admin.stats.rejected = 5, 2
     kinds, found = read(admin)
     assert kinds == {
         "llm_health_admin_calls_total": "counter",
@@ -300,7 +300,7 @@ def test_fleet() -> None:
     assert value(found, "llm_health_fleet_takeovers_total") == 2
     assert value(found, "llm_health_fleet_verdicts_published_total") == 7
     assert "llm_health_fleet_epoch" not in kinds and "llm_health_fleet_owned_endpoints" not in kinds
-    roster = fleet._roster
+    roster = fleet.roster
     roster.mode, roster.epoch, roster.owned = "sharing", 4, frozenset({f"llama/{A}"})
     kinds, found = read(fleet)
     assert value(found, "llm_health_fleet_fallback") == 0
