@@ -31,7 +31,7 @@ fleet: {{redis: "redis://127.0.0.1:1/0", name: unit}}
 remediation:
   - when: {{state: unhealthy, for: 1h}}
     run: ["/bin/true"]
-probe: {{quality: {{}}}}
+probe: {{quality: {{min_requests: 4}}}}
 clusters:
   - name: llama
     endpoints: [{{address: "{A}"}}, {{address: "{B}"}}]
@@ -242,13 +242,13 @@ def request(address: str, status: int, duration_s: float) -> Request:
     return Request("llama", address, status, status >= 500, duration_s, 0.01, 1, ())
 
 
-def test_traffic_quality_per_endpoint_and_cluster() -> None:
+async def test_traffic_quality_per_endpoint_and_cluster() -> None:
     traffic = component(runtime(), "traffic")
     for status in (200, 200, 200, 503):
         traffic.record(request(A, status, 0.2), NOW)
     traffic.record(request("10.9.9.9:1", 200, 0.2), NOW)  # not on the board
     traffic.streams.stats.entries_total, traffic.streams.stats.streams_open = 6, 1
-    traffic._endpoints[("llama", B)].limit = "error rate 50% over 10%"
+    await traffic.judge()  # A: 25 % errors over max_error_rate: limited; B: no traffic
     kinds, found = read(traffic)
     assert kinds["llm_health_traffic_entries_total"] == "counter"
     assert kinds["llm_health_traffic_streams_open"] == "gauge"
@@ -260,8 +260,8 @@ def test_traffic_quality_per_endpoint_and_cluster() -> None:
     assert value(found, "llm_health_quality_requests", **a) == 4
     assert value(found, "llm_health_quality_error_rate", **a) == 0.25
     assert value(found, "llm_health_quality_requests", **b) == 0
-    assert value(found, "llm_health_quality_limited", **a) == 0
-    assert value(found, "llm_health_quality_limited", **b) == 1
+    assert value(found, "llm_health_quality_limited", **a) == 1
+    assert value(found, "llm_health_quality_limited", **b) == 0
     assert value(found, "llm_health_quality_ttft_p50_seconds", **a) is None  # no TTFT yet
     assert value(found, "llm_health_cluster_quality_requests", cluster="llama") == 4
     assert value(found, "llm_health_cluster_quality_error_rate", cluster="llama") == 0.25
