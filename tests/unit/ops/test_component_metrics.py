@@ -20,6 +20,8 @@ from llm_health.discovery.component import DiscoveryComponent
 from llm_health.discovery.settings import DiscoveryConfig
 from llm_health.discovery.watcher import Watcher
 from llm_health.engines.metrics import Reading
+from llm_health.hds.fleet import ReportEntry
+from llm_health.hds.ledger import Said
 from llm_health.model.engine_load import EngineLoad
 from llm_health.traffic.entries import Request
 
@@ -160,12 +162,24 @@ def test_authz_decisions_are_labelled_and_problems_show_once_counted() -> None:
     assert value(found, "llm_health_authz_view_rebuilds") == 3
 
 
-def test_hds() -> None:
+async def hold_one_down_verdict(hds: Any) -> None:
+    """Two Envoys say both endpoints are down (each has seen them up first: past the
+    first-check grace); unauthenticated, the cap holds one of the two down verdicts."""
+    fleet = hds.service.fleet
+    for stream, node in enumerate(("envoy-1", "envoy-2")):
+        fleet.open_stream(stream, node, [hds.service.settings.protocol], NOW)
+        for said in (Said.HEALTHY, Said.UNHEALTHY):
+            entries = [ReportEntry("llama", "127.0.0.1", port, said) for port in (8001, 8002)]
+            fleet.report(stream, entries, NOW)
+    await hds.sync()
+
+
+async def test_hds() -> None:
     hds = component(runtime("hds: {quorum: 2}\n"), "hds")
+    await hold_one_down_verdict(hds)
     stats = hds.service.stats
     stats.streams_total, stats.streams_open, stats.reports = 3, 1, 7
     stats.entries.counted, stats.entries.first_check = 5, 2
-    hds._held = {("llama", A)}
     kinds, found = read(hds)
     assert kinds["llm_health_hds_stats_streams_total"] == "counter"
     assert kinds["llm_health_hds_stats_reports"] == "gauge"
