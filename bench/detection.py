@@ -856,12 +856,12 @@ def analyse(stack: Stack, sc: Scenario, end: float) -> dict[str, Any]:
     }
     window = [r for r in stack.requests if t0 <= r.sent < t1]
     to_faulty = sorted(hit[r.rid] for r in window if r.rid in hit)
-    removed_at, readmitted = _removal(stack, t0, t1)
-    isolated_at = _isolation(to_faulty, t0, removed_at)
+    removed_at, readmitted = removal(stack, t0, t1)
+    isolated_at = isolation(to_faulty, t0, removed_at)
     # Every request of the run counts: those in flight at the fault instant can be hurt
     # too (a crash resets them); the lead phase before it is healthy.
     latencies = sorted(r.latency_s for r in window if r.latency_s is not None and r.outcome == "ok")
-    out, full = _envoy_timeline(stack, t0, t1)
+    out, full = envoy_timeline(stack, t0, t1)
     failed = sum(r.outcome == "failed" for r in stack.requests)
     stalled = sum(r.outcome == "stalled" for r in stack.requests)
     served = served_hurt(window, hit) if sc.served_hurts else 0
@@ -884,8 +884,8 @@ def analyse(stack: Stack, sc: Scenario, end: float) -> dict[str, Any]:
         "logged": len(routed),
         "envoy_out_s": None if out is None else out - t0,
         "heal_full_s": None if full is None else full - t1,
-        "changes": _changes(stack.views),
-        "changes_faulty": _changes(stack.views, only=stack.faulty),
+        "changes": view_changes(stack.views),
+        "changes_faulty": view_changes(stack.views, only=stack.faulty),
         "own_changes": stack.own_changes,
         "als_counted": stack.als_counted,
         "series": _share_series(stack, hit, end),
@@ -898,7 +898,7 @@ def served_hurt(window: list[Request], hit: dict[str, float]) -> int:
     return sum(1 for r in window if r.outcome == "ok" and r.rid in hit)
 
 
-def _removal(stack: Stack, t0: float, t1: float) -> tuple[float | None, bool]:
+def removal(stack: Stack, t0: float, t1: float) -> tuple[float | None, bool]:
     """(when Envoy first took the faulty backend out of load balancing while it was
     faulty, whether Envoy put it back before the heal: outlier ejection time running out)."""
     out = None
@@ -913,7 +913,7 @@ def _removal(stack: Stack, t0: float, t1: float) -> tuple[float | None, bool]:
     return out, False
 
 
-def _isolation(routed: list[float], t0: float, removed_at: float | None) -> float | None:
+def isolation(routed: list[float], t0: float, removed_at: float | None) -> float | None:
     """When the last user request was routed to the faulty backend before Envoy took it
     out (``t0`` if none was); None if Envoy never took it out. Requests logged within one
     poll after the removal was seen still count (it happened between two polls)."""
@@ -922,7 +922,7 @@ def _isolation(routed: list[float], t0: float, removed_at: float | None) -> floa
     return max([t0, *(at for at in routed if at <= removed_at + POLL_S)])
 
 
-def _envoy_timeline(stack: Stack, t0: float, t1: float) -> tuple[float | None, float | None]:
+def envoy_timeline(stack: Stack, t0: float, t1: float) -> tuple[float | None, float | None]:
     """When Envoy first took the faulty backend out of full traffic (routable at full
     weight) after the fault, and when it was back at full traffic after the heal."""
     before = [v[stack.faulty] for t, v in stack.views if t < t0 and stack.faulty in v]
@@ -940,9 +940,10 @@ def _envoy_timeline(stack: Stack, t0: float, t1: float) -> tuple[float | None, f
     return out, full
 
 
-def _changes(
+def view_changes(
     views: list[tuple[float, dict[str, tuple[bool, int]]]], only: str | None = None
 ) -> int:
+    """How often a backend's (routable, weight) in Envoy's view changed (``only``: one's)."""
     changes, last = 0, dict[str, tuple[bool, int]]()
     for _at, view in views:
         for address, state in view.items():

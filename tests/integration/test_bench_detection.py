@@ -221,7 +221,7 @@ def test_new_scenarios_and_heal() -> None:
     ],
 )
 def test_isolation(routed: list[float], removed_at: float | None, want: float | None) -> None:
-    assert detection._isolation(routed, 100.0, removed_at) == want
+    assert detection.isolation(routed, 100.0, removed_at) == want
 
 
 def test_removal_and_readmission() -> None:
@@ -229,9 +229,9 @@ def test_removal_and_readmission() -> None:
     stack = detection.Stack("outlier", [], Path())
     stack.sims = [type("S", (), {"address": a})()]  # type: ignore[list-item]
     stack.views = [(t, {a: (t < 3 or t > 5, 1)}) for t in (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0)]
-    assert detection._removal(stack, 1.5, 7.0) == (3.0, True)
-    assert detection._removal(stack, 1.5, 5.5) == (3.0, False)
-    assert detection._removal(stack, 6.0, 9.0) == (None, False)
+    assert detection.removal(stack, 1.5, 7.0) == (3.0, True)
+    assert detection.removal(stack, 1.5, 5.5) == (3.0, False)
+    assert detection.removal(stack, 6.0, 9.0) == (None, False)
 
 
 def test_view_changes_and_timeline() -> None:
@@ -243,12 +243,12 @@ def test_view_changes_and_timeline() -> None:
         (4.0, {a: (False, 100), b: (True, 100)}),
         (5.0, {a: (True, 100), b: (True, 100)}),
     ]
-    assert detection._changes(views) == 3
-    assert detection._changes(views, only=b) == 0
+    assert detection.view_changes(views) == 3
+    assert detection.view_changes(views, only=b) == 0
     stack = detection.Stack("llm-health", [], Path())
     stack.views = views
     stack.sims = [type("S", (), {"address": a})()]  # type: ignore[list-item]
-    assert detection._envoy_timeline(stack, 1.5, 4.5) == (2.0, 5.0)
+    assert detection.envoy_timeline(stack, 1.5, 4.5) == (2.0, 5.0)
 
 
 def test_access_log_and_host_view(tmp_path: Path) -> None:

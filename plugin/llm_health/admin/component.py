@@ -76,7 +76,7 @@ class AdminComponent:
         self._shared_authenticated = shared_authenticated
         self._bind = settings.grpc
         self._token = settings.token.get_secret_value() if settings.token else None
-        self._auth = AuthStats()
+        self.stats = AuthStats()  # calls to the API and those refused (status, metrics)
         self._own: grpc.aio.Server | None = None
         self.listen: str | None = None  # where the API is served; None: not served
         self.port: int | None = None  # bound TCP port of its own server (0: Unix socket)
@@ -88,7 +88,7 @@ class AdminComponent:
         if self._bind is not None:
             self._own = create_grpc_server()
             self.port = bind_grpc(self._own, self._bind)
-            add_admin_service(self._own, servicer, self._token, self._auth)
+            add_admin_service(self._own, servicer, self._token, self.stats)
             self.listen = self._bind
             return
         shared = self._shared
@@ -100,7 +100,7 @@ class AdminComponent:
                 extra={"grpc": shared},
             )
             return
-        add_admin_service(server, servicer, self._token, self._auth)
+        add_admin_service(server, servicer, self._token, self.stats)
         self.listen = shared
 
     def tasks(self) -> list[Job]:
@@ -110,16 +110,16 @@ class AdminComponent:
         return {
             "grpc": self.listen,
             "auth": "bearer token" if self._token else "none",
-            "calls_total": self._auth.calls,
-            "unauthenticated_total": self._auth.rejected,
+            "calls_total": self.stats.calls,
+            "unauthenticated_total": self.stats.rejected,
         }
 
     def metrics(self) -> Iterator[Metric]:
-        yield counter("llm_health_admin_calls_total", "Admin API calls.", self._auth.calls)
+        yield counter("llm_health_admin_calls_total", "Admin API calls.", self.stats.calls)
         yield counter(
             "llm_health_admin_unauthenticated_total",
             "Admin API calls refused: no or wrong admin.token.",
-            self._auth.rejected,
+            self.stats.rejected,
         )
 
     async def _serve_own(self) -> None:

@@ -137,6 +137,12 @@ class FleetComponent:
         routing.on_targets(self._targets_changed)
 
     @property
+    def roster(self) -> Roster:
+        """Membership and ownership as this replica sees them (what ``mode``, ``epoch``,
+        ``members`` and ``probes_here`` read)."""
+        return self._roster
+
+    @property
     def mode(self) -> Mode:
         return self._roster.mode
 

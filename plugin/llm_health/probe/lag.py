@@ -39,10 +39,15 @@ class LoopLagMonitor:
     def _tick(self, loop: asyncio.AbstractEventLoop, asked: float) -> None:
         """How much later than asked the timer fired; the next tick set."""
         woke = loop.time()
-        self.current_ms = max(0.0, (woke - asked - self._tick_s) * 1000)
-        self._last_tick = time.perf_counter()
-        self._samples.append((self._last_tick, self.current_ms))
+        self.record(time.perf_counter(), max(0.0, (woke - asked - self._tick_s) * 1000))
         self._handle = loop.call_later(self._tick_s, self._tick, loop, woke)
+
+    def record(self, at: float, lag_ms: float) -> None:
+        """A tick that woke at ``at`` (a perf_counter time) ``lag_ms`` late: what each tick
+        records, and how a test replays a history of stalls."""
+        self.current_ms = lag_ms
+        self._last_tick = at
+        self._samples.append((at, lag_ms))
 
     def max_since(self, start: float) -> float:
         """Worst lag (ms) since ``start`` (a perf_counter time), including right now.

@@ -191,7 +191,7 @@ class WorkerPool:
     def _start(
         self, target: ProbeTarget, question: Asked | None, receiver: ProbeReceiver
     ) -> Started:
-        worker = self._workers[_shard(target.key, len(self._workers))]
+        worker = self._workers[shard(target.key, len(self._workers))]
         if worker.broken or worker.outbox is None:
             return self._in_process(target, question, receiver)
         self._ids += 1
@@ -339,7 +339,8 @@ class WorkerPool:
                 await worker.reader
 
 
-def _shard(key: str, count: int) -> int:
+def shard(key: str, count: int) -> int:
+    """The worker of ``count`` an endpoint's probes go to: always the same for its key."""
     digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") % count
 

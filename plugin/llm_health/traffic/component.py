@@ -32,6 +32,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Coroutine, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import grpc
@@ -169,6 +170,11 @@ class TrafficComponent:
 
     def set_probed(self, targets: list[ProbeTarget]) -> None:
         self._probed = {(t.cluster, t.address) for t in targets}
+
+    @property
+    def probed(self) -> AbstractSet[tuple[str, str]]:
+        """The (cluster, address) this replica probes: the only ones ``judge`` limits."""
+        return self._probed
 
     def _quality(self, cluster: str) -> QualityConfig | None:
         return self._cached.get(cluster, (None, None))[0]

@@ -109,7 +109,7 @@ def test_no_secret_shows_in_what_is_logged_of_the_init() -> None:
 
 
 async def test_the_runtime_sends_a_view_only_for_new_facts_or_new_settings() -> None:
-    """``AdmissionProcess._send_view`` (the runtime's side, no process started): a poll
+    """``AdmissionProcess.send_view`` (the runtime's side, no process started): a poll
     that finds the same snapshot and settings sends nothing; new settings (a reload) or
     new facts do; a new revision with the same facts does not."""
     hub = SnapshotHub(snapshot(cluster(H), revision=1))
@@ -124,11 +124,11 @@ async def test_the_runtime_sends_a_view_only_for_new_facts_or_new_settings() -> 
         sent.clear()
         return [(m[1], m[3].enabled) for m in found if m[0] == "view"]
 
-    assert process._send_view(pipe) == 1 and views() == [(1, True)]
-    assert process._send_view(pipe) == 1 and views() == []  # nothing new
+    assert process.send_view(pipe) == 1 and views() == [(1, True)]
+    assert process.send_view(pipe) == 1 and views() == []  # nothing new
     live["settings"] = DEFAULT.model_copy(update={"enabled": False})  # a reload
-    assert process._send_view(pipe) == 1 and views() == [(1, False)]
+    assert process.send_view(pipe) == 1 and views() == [(1, False)]
     hub.put(snapshot(cluster(H), revision=2))  # same facts
-    assert process._send_view(pipe) == 2 and views() == []
+    assert process.send_view(pipe) == 2 and views() == []
     hub.put(snapshot(cluster(U), revision=3))
-    assert process._send_view(pipe) == 3 and views() == [(3, False)]
+    assert process.send_view(pipe) == 3 and views() == [(3, False)]

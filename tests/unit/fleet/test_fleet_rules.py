@@ -302,14 +302,15 @@ async def test_a_found_endpoint_owned_here_is_probed_by_every_reader_of_the_filt
     runtime = build_runtime(parse_config(FLEET, "t.yaml", {}))
     fleet = next(c for c in runtime.components if isinstance(c, FleetComponent))
     traffic = next(c for c in runtime.components if isinstance(c, TrafficComponent))
-    fleet._roster.joined(1)  # alone in the fleet: every endpoint is ours
-    fleet._roster.start_sharing()
-    fleet._roster.set_members(Membership(0, {"me": Member(1, 0)}), fleet._keys(), 0.0)
-    assert fleet.mode == "sharing" and len(fleet._roster.owned) == 1
+    fleet.roster.joined(1)  # alone in the fleet: every endpoint is ours
+    fleet.roster.start_sharing()
+    keys = [endpoint_key("c", "127.0.0.1:8000")]  # the configured endpoint
+    fleet.roster.set_members(Membership(0, {"me": Member(1, 0)}), keys, 0.0)
+    assert fleet.mode == "sharing" and len(fleet.roster.owned) == 1
     new = EndpointSpec("10.0.0.9:8000", "10.0.0.9", 8000)
     await runtime.catalog.set_discovered("c", (new,))
     assert fleet.probes_here("c", "10.0.0.9:8000")
-    assert ("c", "10.0.0.9:8000") in traffic._probed
+    assert ("c", "10.0.0.9:8000") in traffic.probed
 
 
 def test_the_probe_filter_cannot_change_after_it_was_read() -> None:

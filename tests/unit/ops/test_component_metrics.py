@@ -20,6 +20,8 @@ from llm_health.discovery.component import DiscoveryComponent
 from llm_health.discovery.settings import DiscoveryConfig
 from llm_health.discovery.watcher import Watcher
 from llm_health.engines.metrics import Reading
+from llm_health.hds.fleet import ReportEntry
+from llm_health.hds.ledger import Said
 from llm_health.model.engine_load import EngineLoad
 from llm_health.traffic.entries import Request
 
@@ -31,7 +33,7 @@ fleet: {{redis: "redis://127.0.0.1:1/0", name: unit}}
 remediation:
   - when: {{state: unhealthy, for: 1h}}
     run: ["/bin/true"]
-probe: {{quality: {{}}}}
+probe: {{quality: {{min_requests: 4}}}}
 clusters:
   - name: llama
     endpoints: [{{address: "{A}"}}, {{address: "{B}"}}]
@@ -103,7 +105,7 @@ def test_grpc_auth() -> None:
 
 def test_admin() -> None:
     admin = component(runtime(), "admin")
-    admin._auth.calls, admin._auth.rejected = 5, 2
+    admin.stats.calls, admin.stats.rejected = 5, 2
     kinds, found = read(admin)
     assert kinds == {
         "llm_health_admin_calls_total": "counter",
@@ -160,12 +162,24 @@ def test_authz_decisions_are_labelled_and_problems_show_once_counted() -> None:
     assert value(found, "llm_health_authz_view_rebuilds") == 3
 
 
-def test_hds() -> None:
+async def hold_one_down_verdict(hds: Any) -> None:
+    """Two Envoys say both endpoints are down (each has seen them up first: past the
+    first-check grace); unauthenticated, the cap holds one of the two down verdicts."""
+    fleet = hds.service.fleet
+    for stream, node in enumerate(("envoy-1", "envoy-2")):
+        fleet.open_stream(stream, node, [hds.service.settings.protocol], NOW)
+        for said in (Said.HEALTHY, Said.UNHEALTHY):
+            entries = [ReportEntry("llama", "127.0.0.1", port, said) for port in (8001, 8002)]
+            fleet.report(stream, entries, NOW)
+    await hds.sync()
+
+
+async def test_hds() -> None:
     hds = component(runtime("hds: {quorum: 2}\n"), "hds")
+    await hold_one_down_verdict(hds)
     stats = hds.service.stats
     stats.streams_total, stats.streams_open, stats.reports = 3, 1, 7
     stats.entries.counted, stats.entries.first_check = 5, 2
-    hds._held = {("llama", A)}
     kinds, found = read(hds)
     assert kinds["llm_health_hds_stats_streams_total"] == "counter"
     assert kinds["llm_health_hds_stats_reports"] == "gauge"
@@ -242,13 +256,13 @@ def request(address: str, status: int, duration_s: float) -> Request:
     return Request("llama", address, status, status >= 500, duration_s, 0.01, 1, ())
 
 
-def test_traffic_quality_per_endpoint_and_cluster() -> None:
+async def test_traffic_quality_per_endpoint_and_cluster() -> None:
     traffic = component(runtime(), "traffic")
     for status in (200, 200, 200, 503):
         traffic.record(request(A, status, 0.2), NOW)
     traffic.record(request("10.9.9.9:1", 200, 0.2), NOW)  # not on the board
     traffic.streams.stats.entries_total, traffic.streams.stats.streams_open = 6, 1
-    traffic._endpoints[("llama", B)].limit = "error rate 50% over 10%"
+    await traffic.judge()  # A: 25 % errors over max_error_rate: limited; B: no traffic
     kinds, found = read(traffic)
     assert kinds["llm_health_traffic_entries_total"] == "counter"
     assert kinds["llm_health_traffic_streams_open"] == "gauge"
@@ -260,8 +274,8 @@ def test_traffic_quality_per_endpoint_and_cluster() -> None:
     assert value(found, "llm_health_quality_requests", **a) == 4
     assert value(found, "llm_health_quality_error_rate", **a) == 0.25
     assert value(found, "llm_health_quality_requests", **b) == 0
-    assert value(found, "llm_health_quality_limited", **a) == 0
-    assert value(found, "llm_health_quality_limited", **b) == 1
+    assert value(found, "llm_health_quality_limited", **a) == 1
+    assert value(found, "llm_health_quality_limited", **b) == 0
     assert value(found, "llm_health_quality_ttft_p50_seconds", **a) is None  # no TTFT yet
     assert value(found, "llm_health_cluster_quality_requests", cluster="llama") == 4
     assert value(found, "llm_health_cluster_quality_error_rate", cluster="llama") == 0.25
@@ -300,7 +314,7 @@ def test_fleet() -> None:
     assert value(found, "llm_health_fleet_takeovers_total") == 2
     assert value(found, "llm_health_fleet_verdicts_published_total") == 7
     assert "llm_health_fleet_epoch" not in kinds and "llm_health_fleet_owned_endpoints" not in kinds
-    roster = fleet._roster
+    roster = fleet.roster
     roster.mode, roster.epoch, roster.owned = "sharing", 4, frozenset({f"llama/{A}"})
     kinds, found = read(fleet)
     assert value(found, "llm_health_fleet_fallback") == 0

@@ -31,11 +31,12 @@ from llm_health.probe.target import ProbeTarget
 ResultFn = Callable[[ProbeTarget, ProbeResult], "asyncio.Future[None]"]
 
 
-async def _sleep_until(alarms: Alarms, when: float) -> None:
+async def _sleep_until(alarms: Alarms, clock: Callable[[], float], when: float) -> None:
     """``Alarms.sleep_until`` as it was (the scheduler below slept on it; no probe sleeps
-    on an alarm any more): until ``when``, one loop turn if it is past."""
+    on an alarm any more): until ``when`` by ``clock`` (the alarms'), one loop turn if it
+    is past."""
     loop = alarms.loop()
-    if when <= alarms._clock():
+    if when <= clock():
         await asyncio.sleep(0)
         return
     future = loop.create_future()
@@ -215,7 +216,7 @@ class SchedulerBefore:
             if not spaced:
                 due = on_tick(due, self._origin, self._tick)
             spaced = False
-            await _sleep_until(self._alarms, due)
+            await _sleep_until(self._alarms, self._clock, due)
             target = self._targets[key]  # settings may have been reloaded
             if failures == 0 and self._skip is not None and self._skip(target):
                 # Real traffic proves this endpoint (backoff_when_busy): this slot is left

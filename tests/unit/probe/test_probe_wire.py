@@ -9,7 +9,7 @@ import pickle
 import pytest
 
 from llm_health.model.outcome import Outcome, ProbeResult
-from llm_health.probe.pool import _shard
+from llm_health.probe.pool import shard
 from llm_health.probe.wire import HEADER, MAX_FRAME, FrameError, FrameReader, Outbox, frame
 
 
@@ -60,7 +60,7 @@ async def test_the_outbox_writes_one_frame_per_loop_turn() -> None:
 
 def test_an_endpoint_always_goes_to_the_same_worker_and_all_are_used() -> None:
     keys = [f"c/10.0.{i // 250}.{i % 250}:8000" for i in range(1000)]
-    first = [_shard(k, 4) for k in keys]
-    assert first == [_shard(k, 4) for k in keys]
+    first = [shard(k, 4) for k in keys]
+    assert first == [shard(k, 4) for k in keys]
     counts = [first.count(w) for w in range(4)]
     assert min(counts) > 200, counts  # about a quarter each

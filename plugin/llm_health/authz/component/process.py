@@ -186,14 +186,15 @@ class AdmissionProcess:
     # --- the pipe -------------------------------------------------------------------------
 
     async def _feed(self, pipe: Outbox) -> None:
-        revision = self._send_view(pipe)
+        revision = self.send_view(pipe)
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._published.wait_newer(revision), SETTINGS_POLL_S)
-            revision = self._send_view(pipe)
+            revision = self.send_view(pipe)
 
-    def _send_view(self, pipe: Outbox) -> int:
-        """Send the view when its facts or the settings changed; the revision seen. The
+    def send_view(self, pipe: Outbox) -> int:
+        """Send the view when its facts or the settings changed; the revision seen (what
+        the pipe's feeder does on every publish and poll, ``take``'s other half). The
         facts are worked out only for a new snapshot or settings (the poll that looks for
         a reload mostly finds neither)."""
         snapshot, settings = self._published.current(), self._settings()
