@@ -6,16 +6,21 @@ token: ``max_tokens`` 1 ends the stream at once). Then, at the same time:
 
 - ``llm-health serve`` (a process of its own, as shipped: the config's defaults but for
   ``interval: 1s``; ``--workers`` sets ``server.probe_workers``) probes every port;
-- Envoy (``--concurrency 1``) health-checks every port of a static cluster: HTTP
-  ``POST /v1/completions`` with the same kind of body (streamed, one token), every
-  1 s, connection reused (Envoy's default), ``no_traffic_interval`` 1 s so the idle
-  cluster is checked at the interval too.
+- two Envoys (``--concurrency 1``, each in a process of its own so that each checker's
+  CPU is read from its own process) health-check every port of a static cluster: HTTP
+  ``POST /v1/completions`` every 1 s, connection reused (Envoy's default),
+  ``no_traffic_interval`` 1 s so the idle cluster is checked at the interval too. The two
+  are configured alike but for the body. One asks for a streamed one-token completion:
+  the like-for-like of the plugin's probe. The other asks for the plain one-token
+  completion a user would configure (no ``stream``: Envoy reads one small JSON body), the
+  cheaper check an operator would compare against.
 
 After a warm-up it reads, over ``--duration`` seconds: the CPU of each (``/proc``: the
-plugin with its worker processes, Envoy's whole process), the probes the plugin completed
-(``llm_health_probes_completed_total``) and the checks Envoy made
-(``cluster.hc.health_check.attempt``), and prints CPU per probe, per check and the ratio.
-The simulators' CPU is shared and counted for neither.
+plugin with its worker processes, each Envoy's whole process), the probes the plugin
+completed (``llm_health_probes_completed_total``) and the checks each Envoy made
+(``cluster.hc.health_check.attempt``), and prints CPU per probe, per check of each kind,
+and the ratio of the plugin's cost to each. The simulators' CPU is shared and counted for
+none.
 
     .venv/bin/python bench/probe_vs_envoy.py --endpoints 200 1000 --duration 30
 """
@@ -47,11 +52,19 @@ from tests.processes import PluginProcess  # noqa: E402
 
 PORTS_PER_SIM = 250
 CHECK_BODY = {"model": "sim-model", "prompt": "hi", "max_tokens": 1, "stream": True}
+PLAIN_BODY = {"model": "sim-model", "prompt": "hi", "max_tokens": 1}
+# One Envoy checker per body, in the table's order: the like-for-like of the plugin's
+# streamed probe, then the plain POST a user would configure.
+CHECK_BODIES: dict[str, dict[str, Any]] = {"streamed": CHECK_BODY, "plain": PLAIN_BODY}
 TIMEOUT = aiohttp.ClientTimeout(total=10)
 
+# An Envoy's readings: (user CPU s, system CPU s, check attempts, check failures).
+EnvoyReading = tuple[float, float, int, int]
 
-def envoy_config(ports: list[int]) -> dict[str, Any]:
-    """A static cluster of every port, health-checked as the plugin probes (interval 1 s)."""
+
+def envoy_config(ports: list[int], body: dict[str, Any] = CHECK_BODY) -> dict[str, Any]:
+    """A static cluster of every port, health-checked as the plugin probes (interval 1 s),
+    each check POSTing ``body``."""
     endpoints = [
         {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": p}}}}
         for p in ports
@@ -66,7 +79,7 @@ def envoy_config(ports: list[int]) -> dict[str, Any]:
         "http_health_check": {
             "path": "/v1/completions",
             "method": "POST",
-            "send": {"text": json.dumps(CHECK_BODY).encode().hex()},
+            "send": {"text": json.dumps(body).encode().hex()},
             "request_headers_to_add": [
                 {"header": {"key": "content-type", "value": "application/json"}}
             ],
@@ -97,6 +110,16 @@ def plugin_settings(ports: list[int], workers: int | str | None) -> dict[str, An
     }
 
 
+def envoy_processes(ports: list[int], work: Path) -> dict[str, EnvoyProcess]:
+    """One Envoy per check body, configured alike but for the body (not started yet)."""
+    envoys = {}
+    for name, body in CHECK_BODIES.items():
+        config = work / f"envoy-{name}-{len(ports)}.yaml"
+        config.write_text(yaml.safe_dump(envoy_config(ports, body)))
+        envoys[name] = EnvoyProcess(config, workdir=work / f"envoy-{name}-{len(ports)}")
+    return envoys
+
+
 async def probes_completed(session: aiohttp.ClientSession, plugin: PluginProcess) -> float:
     async with session.get(f"http://127.0.0.1:{plugin.http_port}/metrics") as response:
         text = await response.text()
@@ -115,6 +138,52 @@ def envoy_checks(envoy: EnvoyProcess) -> tuple[int, int]:
     )
 
 
+def envoy_reading(envoy: EnvoyProcess) -> EnvoyReading:
+    """The CPU of Envoy's whole process and its health checker's counters so far."""
+    assert envoy.pid is not None
+    return (*cpu_split(envoy.pid), *envoy_checks(envoy))
+
+
+def envoy_row(then: EnvoyReading, now: EnvoyReading) -> dict[str, Any]:
+    """One checker's figures over the window. Its all-in CPU is its split's sum (one
+    reading)."""
+    split = now[0] - then[0], now[1] - then[1]
+    return {
+        "cpu": sum(split),
+        "split": split,
+        "checks": now[2] - then[2],
+        "failures": now[3] - then[3],
+    }
+
+
+async def measure_window(
+    session: aiohttp.ClientSession,
+    plugin: PluginProcess,
+    envoys: dict[str, EnvoyProcess],
+    duration: float,
+) -> dict[str, Any]:
+    """The plugin's and each Envoy's CPU and work over ``duration`` seconds."""
+    assert plugin.process is not None
+    pid = plugin.process.pid
+    probes0 = await probes_completed(session, plugin)
+    envoys0 = {name: envoy_reading(e) for name, e in envoys.items()}
+    cpu0, split0 = process_tree_cpu(pid), cpu_split(pid)
+    wall0 = time.monotonic()
+    await asyncio.sleep(duration)
+    wall = time.monotonic() - wall0
+    # The plugin's all-in takes in its probe workers too, which the split of its main
+    # process does not.
+    cpu, split = process_tree_cpu(pid) - cpu0, _since(cpu_split(pid), split0)
+    envoys1 = {name: envoy_reading(e) for name, e in envoys.items()}
+    return {
+        "wall": wall,
+        "plugin_cpu": cpu,
+        "plugin_split": split,  # (user, system) of the main process alone
+        "probes": await probes_completed(session, plugin) - probes0,
+        "envoy": {name: envoy_row(envoys0[name], envoys1[name]) for name in envoys},
+    }
+
+
 async def measure(count: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     base = port_block(count)
     ports = list(range(base, base + count))
@@ -123,7 +192,7 @@ async def measure(count: int, args: argparse.Namespace, work: Path) -> dict[str,
         Sim(base + i, min(PORTS_PER_SIM, count - i), timing) for i in range(0, count, PORTS_PER_SIM)
     ]
     plugin: PluginProcess | None = None
-    envoy: EnvoyProcess | None = None
+    envoys = envoy_processes(ports, work)
     for sim in sims:
         sim.spawn()
     try:
@@ -131,49 +200,21 @@ async def measure(count: int, args: argparse.Namespace, work: Path) -> dict[str,
         plugin = PluginProcess(work / f"plugin-{count}", plugin_settings(ports, args.workers))
         (work / f"plugin-{count}").mkdir(exist_ok=True)
         await asyncio.to_thread(plugin.start().wait_ready, 30 + count / 50)
-        config = work / f"envoy-{count}.yaml"
-        config.write_text(yaml.safe_dump(envoy_config(ports)))
-        envoy = EnvoyProcess(config, workdir=work / f"envoy-{count}")
-        await envoy.astart()
-        assert plugin.process is not None and envoy.pid is not None
+        for envoy in envoys.values():
+            await envoy.astart()
         async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
             await asyncio.sleep(args.warmup)
-            probes0, checks0 = await probes_completed(session, plugin), envoy_checks(envoy)
-            cpu0 = process_tree_cpu(plugin.process.pid)
-            split0 = cpu_split(plugin.process.pid), cpu_split(envoy.pid)
-            wall0 = time.monotonic()
-            await asyncio.sleep(args.duration)
-            wall = time.monotonic() - wall0
-            split = (
-                _since(cpu_split(plugin.process.pid), split0[0]),
-                _since(cpu_split(envoy.pid), split0[1]),
-            )
-            # Envoy's all-in is its split's sum (one reading); the plugin's takes in its
-            # probe workers too, which the split of its main process does not.
-            cpu = process_tree_cpu(plugin.process.pid) - cpu0, sum(split[1])
-            probes = await probes_completed(session, plugin) - probes0
-            checks = envoy_checks(envoy)
+            row = await measure_window(session, plugin, envoys, args.duration)
         states = plugin.states()
     finally:
-        if envoy is not None:
+        for envoy in envoys.values():
             await envoy.astop()
         if plugin is not None:
             plugin.stop()
         for sim in sims:
             sim.stop()
-    attempts, failures = checks[0] - checks0[0], checks[1] - checks0[1]
-    return {
-        "endpoints": count,
-        "wall": wall,
-        "plugin_cpu": cpu[0],
-        "envoy_cpu": cpu[1],
-        "plugin_split": split[0],  # (user, system) of the main process alone
-        "envoy_split": split[1],
-        "probes": probes,
-        "checks": attempts,
-        "check_failures": failures,
-        "healthy": sum(1 for s in states.values() if s == "healthy"),
-    }
+    healthy = sum(1 for s in states.values() if s == "healthy")
+    return {"endpoints": count, "healthy": healthy, **row}
 
 
 def _since(now: tuple[float, float], then: tuple[float, float]) -> tuple[float, float]:
@@ -185,26 +226,50 @@ def _split_per(split: tuple[float, float], count: float) -> str:
     return f"{split[0] / max(count, 1) * 1e6:.0f} + {split[1] / max(count, 1) * 1e6:.0f} µs"
 
 
-def render(rows: list[dict[str, Any]]) -> list[str]:
-    lines = [
-        "| endpoints | plugin probes/s | Envoy checks/s | plugin CPU | Envoy CPU"
-        " | CPU per probe | CPU per check | ratio | user + system per probe (main process)"
-        " | user + system per check | plugin HEALTHY | Envoy check failures |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+def _each(values: list[str]) -> str:
+    """One cell with a figure per checker, in CHECK_BODIES' order."""
+    return " / ".join(values)
+
+
+def render_row(r: dict[str, Any]) -> str:
+    wall, per_probe = r["wall"], r["plugin_cpu"] / max(r["probes"], 1)
+    checkers = [r["envoy"][name] for name in CHECK_BODIES]
+    per_check = [c["cpu"] / max(c["checks"], 1) for c in checkers]
+    cells = [
+        str(r["endpoints"]),
+        f"{r['probes'] / wall:.0f}",
+        _each([f"{c['checks'] / wall:.0f}" for c in checkers]),
+        f"{r['plugin_cpu'] / wall:.1%}",
+        _each([f"{c['cpu'] / wall:.1%}" for c in checkers]),
+        f"{per_probe * 1e6:.0f} µs",
+        *(f"{p * 1e6:.0f} µs" for p in per_check),
+        *(f"{per_probe / p:.2f}×" for p in per_check),
+        _split_per(r["plugin_split"], r["probes"]),
+        *(_split_per(c["split"], c["checks"]) for c in checkers),
+        f"{r['healthy']} / {r['endpoints']}",
+        *(str(c["failures"]) for c in checkers),
     ]
-    for r in rows:
-        per_probe = r["plugin_cpu"] / max(r["probes"], 1)
-        per_check = r["envoy_cpu"] / max(r["checks"], 1)
-        lines.append(
-            f"| {r['endpoints']} | {r['probes'] / r['wall']:.0f} | {r['checks'] / r['wall']:.0f}"
-            f" | {r['plugin_cpu'] / r['wall']:.1%} | {r['envoy_cpu'] / r['wall']:.1%}"
-            f" | {per_probe * 1e6:.0f} µs | {per_check * 1e6:.0f} µs"
-            f" | {per_probe / per_check:.2f}× | {_split_per(r['plugin_split'], r['probes'])}"
-            f" | {_split_per(r['envoy_split'], r['checks'])}"
-            f" | {r['healthy']} / {r['endpoints']}"
-            f" | {r['check_failures']} |"
-        )
-    return lines
+    return "| " + " | ".join(cells) + " |"
+
+
+def render(rows: list[dict[str, Any]]) -> list[str]:
+    names = list(CHECK_BODIES)
+    columns = [
+        "endpoints",
+        "plugin probes/s",
+        f"Envoy checks/s ({_each(names)})",
+        "plugin CPU",
+        f"Envoy CPU ({_each(names)})",
+        "CPU per probe",
+        *(f"CPU per {name} check" for name in names),
+        *(f"ratio to {name}" for name in names),
+        "user + system per probe (main process)",
+        *(f"user + system per {name} check" for name in names),
+        "plugin HEALTHY",
+        *(f"{name} check failures" for name in names),
+    ]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return lines + [render_row(r) for r in rows]
 
 
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -230,9 +295,10 @@ def main() -> int:
     print("\n".join(lines))
     workers = "the config's default" if args.workers is None else str(args.workers)
     intro = (
-        f"Both at once on the same simulators (TTFT {args.ttft}, the stream ends right after"
-        f" its one token), interval 1 s, {args.warmup:g} s warm-up, {args.duration:g} s"
-        f" measured; server.probe_workers: {workers}; Envoy --concurrency 1."
+        f"All three at once on the same simulators (TTFT {args.ttft}, the stream ends right"
+        f" after its one token), interval 1 s, {args.warmup:g} s warm-up, {args.duration:g} s"
+        f" measured; server.probe_workers: {workers}; two Envoys, --concurrency 1 each, one"
+        " POSTing a streamed one-token completion, the other the same without stream."
         f" Load average before: {load}. {time.monotonic() - started:.0f} s in all. {warning}"
     )
     command = "python bench/probe_vs_envoy.py " + " ".join(sys.argv[1:])
