@@ -316,9 +316,9 @@ def health_check(http: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def post_check(chat: bool) -> dict[str, Any]:
+def post_check(chat: bool, model: str = "sim-model") -> dict[str, Any]:
     """POST a 1-token completion (``send.text`` is hex-encoded, Envoy >= 1.36)."""
-    body: dict[str, Any] = {"model": "sim-model", "max_tokens": 1, "temperature": 0}
+    body: dict[str, Any] = {"model": model, "max_tokens": 1, "temperature": 0}
     if chat:
         body["messages"] = [{"role": "user", "content": "hi"}]
     else:
@@ -333,10 +333,16 @@ def post_check(chat: bool) -> dict[str, Any]:
 
 
 def make_static(
-    config: dict[str, Any], ports: list[int], method: str, chat: bool, judge_port: int = 0
+    config: dict[str, Any],
+    ports: list[int],
+    method: str,
+    chat: bool,
+    judge_port: int = 0,
+    model: str = "sim-model",
 ) -> None:
     """Turn the shipped EDS bootstrap into a static cluster checked by Envoy itself
-    (``metrics-only``: checked against the picker's judge on ``judge_port``)."""
+    (``metrics-only``: checked against the picker's judge on ``judge_port``; ``hc-post``
+    asks for ``model``)."""
     config.pop("dynamic_resources", None)
     resources = config["static_resources"]
     resources["clusters"] = [c for c in resources["clusters"] if c["name"] != XDS_CLUSTER]
@@ -351,7 +357,7 @@ def make_static(
     if method == "hc-get":
         cluster["health_checks"] = [health_check({"path": "/health"})]
     elif method == "hc-post":
-        cluster["health_checks"] = [health_check(post_check(chat))]
+        cluster["health_checks"] = [health_check(post_check(chat, model))]
     elif method == "metrics-only":
         if not judge_port:
             raise ValueError("metrics-only needs the picker's judge port")
