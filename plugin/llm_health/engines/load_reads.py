@@ -102,7 +102,9 @@ class LoadReads:
         in_flight = in_engine(load)
 
         def update(admission: Admission, now: float) -> Admission:
-            return after_read(admission, counter, load.admitted, now, window, in_flight)
+            return after_read(
+                admission, counter, load.admitted, now, window, in_flight, load.waiting
+            )
 
         self._control.update_now(note_admission(target.cluster, target.address, update))
 
