@@ -45,7 +45,6 @@ class Counters:
     passes_total: int = 0
     metrics_reads_total: int = 0
     metrics_failures_total: int = 0
-    metrics_confirm_reads_total: int = 0
     metrics_overruns_total: int = 0
     model_checks_total: int = 0
     model_failures_total: int = 0

@@ -102,9 +102,7 @@ class LoadReads:
         in_flight = in_engine(load)
 
         def update(admission: Admission, now: float) -> Admission:
-            return after_read(
-                admission, counter, load.admitted, now, window, in_flight, load.waiting
-            )
+            return after_read(admission, counter, load.admitted, now, window, in_flight)
 
         self._control.update_now(note_admission(target.cluster, target.address, update))
 

@@ -129,7 +129,6 @@ class SideReadQueue:
         self._clock = clock
         self._runner = runner
         self._due = DueQueue()
-        self._reads: SideReads | None = None  # while ``run`` runs
 
     def reset(self, targets: list[ProbeTarget]) -> None:
         self._due.reset(targets)
@@ -139,33 +138,13 @@ class SideReadQueue:
 
     async def run(self) -> None:
         async with open_connections() as connections:
-            reads = self._reads = SideReads(connections)
+            reads = SideReads(connections)
             try:
                 while True:
                     self.tick(reads)
                     await asyncio.sleep(MAX_TICK_S)
             finally:
-                self._reads = None
                 self._runner.cancel()
-
-    def read_now(self, target: ProbeTarget, then: Callable[[], None]) -> bool:
-        """Start a /metrics read of ``target`` now, out of its schedule (the confirming
-        read, ``engines.confirm_read``), ``then`` called once it is over; False, and
-        nothing started, while the reads are not running, the endpoint's /metrics is not
-        read or MAX_PENDING_READS are already under way."""
-        metrics, reads = self._book.metrics(target), self._reads
-        if reads is None or metrics is None or len(self._runner) >= MAX_PENDING_READS:
-            return False
-        self._book.counters.metrics_confirm_reads_total += 1
-
-        async def read_then() -> None:
-            try:
-                await self._load.read(reads, target, metrics, self.keeps)
-            finally:
-                then()
-
-        self.start(SideRead("metrics", target.key), read_then())
-        return True
 
     def tick(self, reads: SideReads) -> None:
         """Start the reads now due: only the endpoints whose soonest read is due are

@@ -72,12 +72,6 @@ def metrics(book: Book, stretch: float) -> Iterator[Metric]:
         counters.metrics_reads_total,
     )
     yield counter(
-        "llm_health_engines_metrics_confirm_reads_total",
-        "Reads of an engine's /metrics taken when a probe timed out, before the timeout "
-        "was judged (the confirming read: docs/design.md §3.5); also counted as reads.",
-        counters.metrics_confirm_reads_total,
-    )
-    yield counter(
         "llm_health_engines_metrics_failures_total",
         "Engine /metrics reads that failed or did not parse (no verdict).",
         counters.metrics_failures_total,

@@ -50,9 +50,7 @@ class Admission:
     ``count``: its value at the last good read (None: no baseline: never read, or not
     exported; a failed read changes nothing, what good reads saw ages out of the window);
     ``advanced_at``: the read that last saw it grow,
-    by ``advanced_by`` over ``advanced_over_s`` seconds since the read before, the engine
-    then showing requests waiting (``advanced_queued``; True where it exports no such
-    gauge);
+    by ``advanced_by`` over ``advanced_over_s`` seconds since the read before;
     ``first_token_at``: when a real request last got its first token (access logs);
     ``in_flight``: requests running and waiting at the last good read (None: the engine
     does not export them; below ``BUSY``: no evidence counts).
@@ -65,7 +63,6 @@ class Admission:
     advanced_at: float | None = None
     advanced_by: float = 0.0
     advanced_over_s: float = 0.0
-    advanced_queued: bool = True  # the advance's read showed requests waiting (or no gauge)
     first_token_at: float | None = None
     in_flight: float | None = None
     window_s: float = 2.0
@@ -83,7 +80,6 @@ def after_read(
     now: float,
     window_s: float,
     in_flight: float | None = None,
-    waiting: float | None = None,
 ) -> Admission:
     """A good /metrics read (``in_flight``: its requests running and waiting). The first
     value (or one more than ``window_s`` after the last good read, or a counter that went
@@ -113,11 +109,7 @@ def after_read(
     if now - read_before > window_s or _ours(admission, read_before, now):
         return fresh
     return replace(
-        fresh,
-        advanced_at=now,
-        advanced_by=count - before,
-        advanced_over_s=now - read_before,
-        advanced_queued=waiting is None or waiting > 0,
+        fresh, advanced_at=now, advanced_by=count - before, advanced_over_s=now - read_before
     )
 
 
@@ -156,10 +148,9 @@ def evidence(result: ProbeResult, admission: Admission, now: float) -> str | Non
     evidence (then it is judged as it is)."""
     if result.outcome not in EXCUSABLE or idle(admission):
         return None
-    began = now - result.total_ms / 1000
-    since = began - admission.window_s
+    since = now - result.total_ms / 1000 - admission.window_s
     advanced = admission.advanced_at
-    if advanced is not None and since <= advanced <= now and _admitted_for(admission, began):
+    if advanced is not None and since <= advanced <= now:
         return (
             f"{admission.counter} +{admission.advanced_by:g} in "
             f"{admission.advanced_over_s:.1f} s, {now - advanced:.1f} s ago"
@@ -168,17 +159,6 @@ def evidence(result: ProbeResult, admission: Admission, now: float) -> str | Non
     if token is not None and since <= token <= now:
         return f"a real request's first token {now - token:.1f} s ago"
     return None
-
-
-def _admitted_for(admission: Admission, began: float) -> bool:
-    """The advance speaks for a wait that began at ``began``: seen wholly within it, or,
-    from before it (the window), on an engine with requests waiting. The window covers
-    the gaps between admissions when every slot is taken; an engine with free slots
-    admits at once, and what it admitted before a wait says nothing about the wait (a
-    hang that begins under light traffic is judged as on an idle engine)."""
-    assert admission.advanced_at is not None
-    within = admission.advanced_at - admission.advanced_over_s >= began
-    return within or admission.advanced_queued
 
 
 def idle(admission: Admission) -> bool:

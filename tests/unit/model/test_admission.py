@@ -38,18 +38,14 @@ def slow() -> ProbeResult:
     return ProbeResult(Outcome.SLOW, started_at=0.0, ttft_ms=450.0, total_ms=450.0)
 
 
-def reads(
-    *points: tuple[float, float | None],
-    in_flight: float | None = None,
-    waiting: float | None = None,
-) -> Admission:
+def reads(*points: tuple[float, float | None], in_flight: float | None = None) -> Admission:
     """The admission after reads (time, value), each showing ``in_flight`` requests in
-    the engine, ``waiting`` of them queued (None: not exported); a value of None: a failed
-    read, which changes nothing (the engine checks call nothing for it)."""
+    the engine (None: not exported); a value of None: a failed read, which changes nothing
+    (the engine checks call nothing for it)."""
     admission = NO_ADMISSION
     for at, count in points:
         if count is not None:
-            admission = after_read(admission, COUNTER, count, at, WINDOW, in_flight, waiting)
+            admission = after_read(admission, COUNTER, count, at, WINDOW, in_flight)
     return admission
 
 
@@ -102,24 +98,6 @@ ROWS = [
         after_first_token(reads((T0 + 9, 5), (T0 + 9.5, 5), in_flight=0), T0 + 9.6),
         timeout(),
         False,
-    ),
-    Row(  # a hang under light traffic: users admitted at once until it began
-        "advanced before the wait, nothing waiting: free slots",
-        reads((T0 + 8.0, 100), (T0 + 9.0, 180), in_flight=6, waiting=0),
-        timeout(),
-        False,
-    ),
-    Row(
-        "advanced before the wait, requests waiting: the slots were full",
-        reads((T0 + 8.0, 100), (T0 + 9.0, 180), in_flight=24, waiting=20),
-        timeout(),
-        True,
-    ),
-    Row(
-        "advanced within the wait, nothing waiting",
-        reads((T0 + 9.3, 100), (T0 + 9.9, 180), in_flight=6, waiting=0),
-        timeout(),
-        True,
     ),
     Row("one read: a baseline only", reads((T0 + 9.5, 100)), timeout(), False),
     Row(  # what good reads saw stays, and ages out
