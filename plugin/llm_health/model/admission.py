@@ -86,15 +86,6 @@ def after_read(
     back: a new process) is a baseline, not progress; a larger value than the last is an
     advance seen ``now``, unless one of our own probes may have made it
     (``after_probe_token``)."""
-    if count is None:
-        return replace(
-            admission,
-            counter=counter,
-            count=None,
-            read_at=now,
-            window_s=window_s,
-            in_flight=in_flight,
-        )
     before, read_before = admission.count, admission.read_at
     fresh = replace(
         admission,
@@ -104,7 +95,13 @@ def after_read(
         window_s=window_s,
         in_flight=in_flight,
     )
-    if before is None or read_before is None or count <= before or counter != admission.counter:
+    if (
+        count is None
+        or before is None
+        or read_before is None
+        or count <= before
+        or counter != admission.counter
+    ):
         return fresh
     if now - read_before > window_s or _ours(admission, read_before, now):
         return fresh
