@@ -3,14 +3,14 @@ with ``--max-num-seqs 4`` and 24 streamed users forms a queue of about 20; a pro
 it past its timeout while vLLM admits and completes every user request. With the product's
 probe defaults (interval 1 s, timeout 800 ms, /metrics every 1 s):
 
-- saturated: ``serve``'s weight never drops below the degraded share, every user request
-  is served, and ``serve`` UNHEALTHY or the agent's ``/readyz`` (polled as the kubelet
-  does, from a process of its own, with its 1 s timeout) 503 in at most BROKEN_MAX of
-  the samples (never is the target; without the rule, about half);
+- saturated: ``serve`` never UNHEALTHY and its weight never below the degraded share,
+  every user request served, and the agent's ``/readyz`` (polled as the kubelet does,
+  from a process of its own, with its 1 s timeout) 200 in at least READY_MIN of its
+  answers (without the rule, about half were 503);
 - load over: ``serve`` and the agent agree on HEALTHY within 10 s;
 - frozen while saturated (the EngineCore stopped: vLLM's ``/metrics`` go on answering,
-  its admission counter stands still): UNHEALTHY and ``/readyz`` 503 within the bound of
-  design §3.5 for a hang that begins under load;
+  its admission counter stands still): UNHEALTHY and ``/readyz`` 503 within 5 s, a hang's
+  bound on an idle engine (design §3.5);
 """
 
 from __future__ import annotations
@@ -41,12 +41,12 @@ PEAK_S = 30.0
 SAMPLE_EVERY_S = 0.25
 DEGRADED_SHARE = 30  # of the base weight 100 (probe.degraded_weight 0.3)
 ANSWER_MISSES_MAX = 0.1
-BROKEN_MAX = 0.15  # of the samples: UNHEALTHY, or /readyz 503 (see the saturated test)
+READY_MIN = 0.99  # of the agent's answers under saturation: 200
 AGREE_WITHIN_S = 10.0
-# A hang that begins under load is judged from the last admission seen (design §3.5):
-# engine_metrics.interval + admission_window (2 reads) + 2 x interval + timeout, and the
+# A hang that begins under load is judged as one on an idle engine (design §3.5): two
+# timeouts an interval apart, the second read of the last wait (at most 0.5 s), and the
 # slack of the one-engine tests (tests/engine/test_vllm_engine.py) for a loaded machine.
-FROZEN_OUT_WITHIN_S = 1.0 + 2.0 + 2 * 1.0 + 0.8 + 1.3
+FROZEN_OUT_WITHIN_S = 2 * 1.0 + 0.8 + 0.5 + 1.3
 # The product's probe defaults but for the known-answer check: random weights have no
 # known answer (docs/engines/vllm.md).
 PROBE = {"api": "openai-chat", "model": SERVED_NAME, "verify": {"enabled": False}}
@@ -142,7 +142,7 @@ def queue_formed(server: VllmServer) -> bool:
     return waiting(server) >= USERS - 2 * SLOTS
 
 
-def test_a_saturated_engine_stays_in_and_the_agent_ready_but_for_rare_spells(
+def test_a_saturated_engine_stays_in_and_the_agent_ready(
     watched: tuple[VllmServer, PluginProcess, AgentProcess],
 ) -> None:
     server, plugin, agent = watched
@@ -154,12 +154,9 @@ def test_a_saturated_engine_stays_in_and_the_agent_ready_but_for_rare_spells(
     result = load.result
     assert result.completed > 0 and result.errors == 0, result
     # Without the overload rule about half the samples were UNHEALTHY and /readyz 503
-    # (docs/engines/vllm.md). With it, on these two cores, a run now and then still sees
-    # two timeouts in a row with no admission read between them (design §3.5's gaps:
-    # the onset; an advance our own probe may explain): one spell of ~3 s. At most
-    # BROKEN_MAX of the samples, then; never is the target (docs/engines/vllm.md).
+    # (docs/engines/vllm.md): timeouts behind the queue while vLLM admitted.
     broken = [s for s in states if s[0] == "unhealthy"]
-    assert len(broken) <= BROKEN_MAX * len(states), (
+    assert not broken, (
         f"UNHEALTHY in {len(broken)} of {len(states)} samples while vLLM served "
         f"{result.completed}: {broken[:3]}"
     )
@@ -167,11 +164,11 @@ def test_a_saturated_engine_stays_in_and_the_agent_ready_but_for_rare_spells(
     assert not light, light[:3]
     loaded = [s for s in states if s[0] != "healthy"]
     assert loaded, "the probes never waited behind the queue: no saturation to judge"
-    # The verdict: Ready in the answers the agent gave, but for such a spell. How many
-    # answers came within the kubelet's 1 s is this machine's (two cores shared by vLLM,
-    # the users, serve and the agent): at most ANSWER_MISSES_MAX unanswered in time.
+    # The verdict: Ready in the answers the agent gave. How many answers came within the
+    # kubelet's 1 s is this machine's (two cores shared by vLLM, the users, serve and the
+    # agent): at most ANSWER_MISSES_MAX unanswered in time.
     answered_codes = [code for code in codes if code is not None]
-    assert answered_codes.count(503) <= BROKEN_MAX * len(answered_codes), codes
+    assert answered_codes.count(200) >= READY_MIN * len(answered_codes), codes
     answered = sum(code is not None for code in codes) / len(codes)
     assert answered >= 1 - ANSWER_MISSES_MAX, (answered, codes.count(None), len(codes))
     # When the load ends both sides come back, and together.

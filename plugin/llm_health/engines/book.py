@@ -44,6 +44,7 @@ class Counters:
     misses_total: int = 0
     passes_total: int = 0
     metrics_reads_total: int = 0
+    metrics_bracket_reads_total: int = 0
     metrics_failures_total: int = 0
     metrics_overruns_total: int = 0
     model_checks_total: int = 0

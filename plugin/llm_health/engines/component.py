@@ -38,6 +38,7 @@ from prometheus_client.metrics_core import Metric
 from llm_health.core.control import BoardControl
 from llm_health.engines import report
 from llm_health.engines.book import Book, Checks
+from llm_health.engines.bracket import bracketing
 from llm_health.engines.known_answer import KnownAnswers
 from llm_health.engines.load_reads import LoadReads, OnLoad
 from llm_health.engines.read_queue import (
@@ -133,8 +134,12 @@ class EngineChecks:
 
     def starter(self, prober: Prober) -> Starter:
         """The scheduler's probe, started (``probe.signals``): a known-answer probe when
-        one is due, else the plain probe; in no task of its own."""
-        return self._known.starter(prober)
+        one is due, else the plain probe; in no task of its own. A slow probe's wait is
+        bracketed by two /metrics reads (``engines.bracket``: the overload rule)."""
+        return bracketing(self._known.starter(prober), self.side_reads.read_now, self._reads)
+
+    def _reads(self, target: ProbeTarget) -> bool:
+        return self.book.metrics(target) is not None
 
     # --- the side reads (``engines.read_queue``) and what they show ---------------------
 

@@ -52,10 +52,12 @@ class LoadReads:
         target: ProbeTarget,
         metrics: EngineMetricsConfig,
         keeps: Callable[[ProbeTarget], bool],
-    ) -> None:
+    ) -> EngineLoad | None:
+        """One read; its load (None: it failed or did not parse)."""
         assert metrics.path is not None  # in force (settings.in_force)
         state = self._book.endpoint(target.key)
         self._book.counters.metrics_reads_total += 1
+        load: EngineLoad | None = None
         try:
             keep = keeps(target)
             document = await reads.metrics(target, metrics.path, metrics.interval, keep=keep)
@@ -73,7 +75,9 @@ class LoadReads:
             state.reading = state.reading.failed(read_error(exc, target))
             if isinstance(exc, MetricsOverrun):
                 self._overrun(target, state)
+            load = None
         await self._apply_load(target, metrics, state)
+        return load
 
     def _overrun(self, target: ProbeTarget, state: EndpointState) -> None:
         """A document past a read's bounds (docs/engines.md): ignored for this read like
@@ -98,7 +102,7 @@ class LoadReads:
         """The read's admission counter into the board's evidence (docs/design.md §3.5):
         what makes a slow or timed-out probe of a busy engine OVERLOADED, the same for
         ``serve`` and ``llm-health agent`` (both read /metrics here)."""
-        counter, window = admission_counter(load.engine), metrics.window(self._schedule.stretch)
+        counter, window = admission_counter(load.engine), metrics.window
         in_flight = in_engine(load)
 
         def update(admission: Admission, now: float) -> Admission:

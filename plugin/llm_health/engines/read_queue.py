@@ -22,6 +22,7 @@ from llm_health.engines.side_reads import (
     SideReads,
     open_connections,
 )
+from llm_health.model.engine_load import EngineLoad
 from llm_health.probe.http1 import IDLE_TIMEOUT_S
 from llm_health.probe.target import ProbeTarget
 
@@ -29,7 +30,7 @@ from llm_health.probe.target import ProbeTarget
 # MAX_CONCURRENT_READS slots) at most; due reads beyond wait in the queue for a later tick.
 MAX_PENDING_READS = 4 * MAX_CONCURRENT_READS
 
-Job = Coroutine[Any, Any, None]
+Job = Coroutine[Any, Any, object]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +58,7 @@ class TaskRunner:
     ``cancel``)."""
 
     def __init__(self) -> None:
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[object]] = set()
 
     def start(self, read: SideRead, job: Job) -> None:
         task = asyncio.get_running_loop().create_task(job)
@@ -129,6 +130,7 @@ class SideReadQueue:
         self._clock = clock
         self._runner = runner
         self._due = DueQueue()
+        self._reads: SideReads | None = None  # while ``run`` runs
 
     def reset(self, targets: list[ProbeTarget]) -> None:
         self._due.reset(targets)
@@ -138,13 +140,34 @@ class SideReadQueue:
 
     async def run(self) -> None:
         async with open_connections() as connections:
-            reads = SideReads(connections)
+            reads = self._reads = SideReads(connections)
             try:
                 while True:
                     self.tick(reads)
                     await asyncio.sleep(MAX_TICK_S)
             finally:
+                self._reads = None
                 self._runner.cancel()
+
+    def read_now(self, target: ProbeTarget, then: Callable[[EngineLoad | None], None]) -> bool:
+        """Start a /metrics read of ``target`` now, out of its schedule (a probe's wait
+        bracketed: ``engines.bracket``), ``then`` told its load once it is over; False, and
+        nothing started, while the reads are not running, the endpoint's /metrics is not
+        read or MAX_PENDING_READS are already under way."""
+        metrics, reads = self._book.metrics(target), self._reads
+        if reads is None or metrics is None or len(self._runner) >= MAX_PENDING_READS:
+            return False
+        self._book.counters.metrics_bracket_reads_total += 1
+
+        async def read_then() -> None:
+            load = None
+            try:
+                load = await self._load.read(reads, target, metrics, self.keeps)
+            finally:
+                then(load)
+
+        self.start(SideRead("metrics", target.key), read_then())
+        return True
 
     def tick(self, reads: SideReads) -> None:
         """Start the reads now due: only the endpoints whose soonest read is due are

@@ -72,6 +72,13 @@ def metrics(book: Book, stretch: float) -> Iterator[Metric]:
         counters.metrics_reads_total,
     )
     yield counter(
+        "llm_health_engines_metrics_bracket_reads_total",
+        "Reads of an engine's /metrics that bracket a slow probe's wait, a quarter of its "
+        "timeout in and at its timeout (the overload rule: docs/design.md §3.5); also "
+        "counted as reads.",
+        counters.metrics_bracket_reads_total,
+    )
+    yield counter(
         "llm_health_engines_metrics_failures_total",
         "Engine /metrics reads that failed or did not parse (no verdict).",
         counters.metrics_failures_total,

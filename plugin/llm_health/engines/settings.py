@@ -36,8 +36,9 @@ class VerifyConfig(Frozen):
 class EngineMetricsConfig(Frozen):
     """``probe.engine_metrics``: saturation from the engine's own /metrics (§14.3);
     ``path: null`` disables it. ``admission_window``: how long before a probe's wait an
-    advance of the engine's admission counter still makes a slow or timed-out probe
-    OVERLOADED (docs/design.md §3.5); null: twice the interval the /metrics are read at."""
+    advance of the engine's admission counter (or a real request's first token) still
+    makes a slow or timed-out probe OVERLOADED (docs/design.md §3.5); null: only the
+    admission during the wait counts (``engines.bracket``)."""
 
     path: UrlPath | None = "/metrics"
     interval: Duration = Field(1.0, ge=0.1, le=3600.0)
@@ -45,13 +46,10 @@ class EngineMetricsConfig(Frozen):
     kv_cache_threshold: Number = Field(0.8, gt=0, le=1)
     admission_window: Duration | None = Field(None, ge=0.1, le=600.0)
 
-    def window(self, read_every: float) -> float:
-        """``admission_window``, or twice ``read_every`` (the interval, stretched to the
-        read budget): one read may find no admission in a queue that admits a request
-        only when one finishes; two in a row that find none are no evidence."""
-        if self.admission_window is not None:
-            return self.admission_window
-        return 2 * max(self.interval, read_every)
+    @property
+    def window(self) -> float:
+        """``admission_window`` in seconds; 0 when null (only during the wait)."""
+        return self.admission_window or 0.0
 
 
 # One cluster's checks: (probe.verify, probe.engine_metrics), None where off.

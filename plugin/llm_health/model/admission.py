@@ -2,32 +2,34 @@
 (pure, no I/O, the clock passed in; docs/design.md §3.5, the overload rule).
 
 A probe that waits behind a queue of real requests times out on a saturated engine as on
-a hung one. What tells them apart is whether the engine still *admits* new requests:
-prefills them (its prompt-token counter grows: ``engines.metrics``, docs/engines.md) or
-gives real users their first token (the access-log stream: ``traffic``). While it does, a
-SLOW or TIMEOUT probe is OVERLOADED (``excused``): the endpoint is DEGRADED at most, never
-UNHEALTHY, and the kubelet keeps it Ready (docs/agent.md). Without that evidence the rule
-of docs/design.md §3 stands.
+a hung one. What tells them apart is whether the engine still *admits* new requests
+while the probe waits: prefills them (its prompt-token counter grows: ``engines.metrics``,
+docs/engines.md) or gives real users their first token (the access-log stream:
+``traffic``). While it does, a SLOW or TIMEOUT probe is OVERLOADED (``excused``): the
+endpoint is DEGRADED at most, never UNHEALTHY, and the kubelet keeps it Ready
+(docs/agent.md). Without that evidence the rule of docs/design.md §3 stands.
+
+The evidence is the admission *during the wait*: two reads of the counter taken after the
+probe was sent (``ProbeResult.admission``, from ``engines.bracket``). Admission before the
+wait proves nothing: users admitted, then a hang, is the zombie this service exists to
+catch, and it must be out within the idle bound. ``admission_window`` (``window_s``, off
+by default) lets what the scheduled reads saw up to that long before the wait count too,
+for engines that admit seldom even when they serve (long generations, small batches), at
+the price of a hang right after an admission being judged that much later.
 
 What is not evidence, on purpose:
 - gauges (requests waiting or running, KV cache): a frozen engine core leaves them at
   their busy values, and vLLM's /metrics, served by its API process, keeps answering;
 - decode or completion counters: in a scheduler deadlock (KV blocks leaked, no slot for a
   new request) running requests keep decoding and finishing while new ones never start;
-- a failed /metrics read: it changes nothing (there is no ``after_read`` for it), so an
-  advance two good reads saw ages out of the window as before, and a busy engine's
-  /metrics missing one read under load does not turn the load into timeouts again;
-- an advance between two good reads further apart than the window (it may have happened
-  before the engine froze), and an advance seen longer ago than the window before the
-  probe's wait (a counter that stopped being read is not moving);
+- a failed /metrics read: it changes nothing (there is no ``after_read`` for it);
+- a scheduled read's advance whose span (since the read before) began before the window:
+  a read does not say when in its span the counter grew;
 - an advance our own probes may explain: one of them got its first token while the
-  counter moved (it was admitted then). On an idle engine every advance is a probe's, and
-  a hang that begins right after a fast probe must be judged as it always was;
+  counter moved (it was admitted then);
 - any advance while the engine's last good read showed fewer than ``BUSY`` requests in
   it (running and waiting): nothing queues there, so a probe that waits is not waiting
-  behind load. Other probers (``serve`` beside the agent, another gateway) are admitted
-  like users, and an engine that froze right after one of their probes must still be out
-  within the idle bound. Gauges only ever withhold evidence here, never give it.
+  behind load. Gauges only ever withhold evidence here, never give it.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ class Admission:
     ``in_flight``: requests running and waiting at the last good read (None: the engine
     does not export them; below ``BUSY``: no evidence counts).
     ``window_s``: how far before a probe's wait evidence still counts
-    (``probe.engine_metrics.admission_window``; docs/design.md §3.5)."""
+    (``probe.engine_metrics.admission_window``; 0, the default: only during the wait;
+    docs/design.md §3.5)."""
 
     counter: str = ""
     count: float | None = None
@@ -65,7 +68,7 @@ class Admission:
     advanced_over_s: float = 0.0
     first_token_at: float | None = None
     in_flight: float | None = None
-    window_s: float = 2.0
+    window_s: float = 0.0
     probe_from: float | None = None  # the last probe that got a first token: its span
     probe_to: float | None = None
 
@@ -82,8 +85,7 @@ def after_read(
     in_flight: float | None = None,
 ) -> Admission:
     """A good /metrics read (``in_flight``: its requests running and waiting). The first
-    value (or one more than ``window_s`` after the last good read, or a counter that went
-    back: a new process) is a baseline, not progress; a larger value than the last is an
+    value (or a counter that went back: a new process) is a baseline, not progress; a larger value than the last is an
     advance seen ``now``, unless one of our own probes may have made it
     (``after_probe_token``)."""
     before, read_before = admission.count, admission.read_at
@@ -103,7 +105,7 @@ def after_read(
         or counter != admission.counter
     ):
         return fresh
-    if now - read_before > window_s or _ours(admission, read_before, now):
+    if _ours(admission, read_before, now):
         return fresh
     return replace(
         fresh, advanced_at=now, advanced_by=count - before, advanced_over_s=now - read_before
@@ -141,13 +143,20 @@ def after_first_token(admission: Admission, at: float) -> Admission:
 
 def evidence(result: ProbeResult, admission: Admission, now: float) -> str | None:
     """Why ``result`` (SLOW or TIMEOUT, folded at ``now``) is a verdict about load: the
-    admission seen in its wait, or up to ``window_s`` before it began; None: no such
-    evidence (then it is judged as it is)."""
+    admission seen during its wait (``result.admission``: reads taken after it was sent,
+    ``engines.bracket``), else a real request's first token in its wait; with a window
+    (``window_s`` > 0), also an advance or a first token up to ``window_s`` before it. None:
+    no such evidence (then it is judged as it is)."""
     if result.outcome not in EXCUSABLE or idle(admission):
         return None
+    if result.admission:
+        return result.admission
     since = now - result.total_ms / 1000 - admission.window_s
     advanced = admission.advanced_at
-    if advanced is not None and since <= advanced <= now:
+    # The whole span the advance happened in lies after ``since``: a read that finds an
+    # advance does not say when in its span it came, and one that began before the wait
+    # may show users admitted just before a hang.
+    if advanced is not None and since <= advanced - admission.advanced_over_s and advanced <= now:
         return (
             f"{admission.counter} +{admission.advanced_by:g} in "
             f"{admission.advanced_over_s:.1f} s, {now - advanced:.1f} s ago"

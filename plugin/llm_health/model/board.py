@@ -122,7 +122,7 @@ class Board:
         entry_cluster = self._clusters[cluster]
         entry = entry_cluster.entries[address]
         policy = entry_cluster.spec.policy
-        if entry.admission is not NO_ADMISSION:
+        if entry.admission is not NO_ADMISSION or result.admission:
             admission = entry.admission
             if result.ttft_ms is not None:  # admitted: its own prefill moved the counter
                 entry.admission = after_probe_token(admission, now - result.total_ms / 1000, now)

@@ -44,6 +44,8 @@ class ProbeResult:
     ``interim``: interim (1xx) responses read past before the answer (RFC 9110 §15.2).
     ``excused``: a SLOW or TIMEOUT probe the overload rule made OVERLOADED (it waited
     behind a queue the engine admits from: ``model.admission``, docs/design.md §3.5).
+    ``admission``: what the engine admitted during this probe's wait, as two reads taken
+    after it was sent showed it (``engines.bracket``); "" when none was seen.
     """
 
     outcome: Outcome
@@ -58,6 +60,7 @@ class ProbeResult:
     answer: Answer | None = None  # a known-answer probe's answer (docs/design.md §14)
     interim: int = 0
     excused: bool = False
+    admission: str = ""
 
 
 def timings(result: ProbeResult) -> dict[str, object]:

@@ -1,12 +1,14 @@
 """The overload rule (docs/design.md §3.5): a SLOW or TIMEOUT probe is OVERLOADED only while
-the engine's admission counter advanced in the probe's wait or in the window before it, or
-a real request got its first token there. Table-driven over the evidence, then through the
-machine and the board: saturation never makes UNHEALTHY, and without admission (a frozen
-engine, a scheduler deadlock, a failed read) today's rule stands."""
+the engine admitted during the probe's wait (two reads after it was sent:
+``ProbeResult.admission``), or, with an ``admission_window``, a scheduled read's advance or
+a real request's first token lies wholly in the window before it. Table-driven over the
+evidence, then through the machine and the board: saturation never makes UNHEALTHY, and
+without admission (a frozen engine, a scheduler deadlock, a failed read, users admitted
+just before a hang) today's rule stands."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -38,14 +40,21 @@ def slow() -> ProbeResult:
     return ProbeResult(Outcome.SLOW, started_at=0.0, ttft_ms=450.0, total_ms=450.0)
 
 
-def reads(*points: tuple[float, float | None], in_flight: float | None = None) -> Admission:
+def bracketed(result: ProbeResult) -> ProbeResult:
+    """``result`` as told after its wait was bracketed by reads that saw admission."""
+    return replace(result, admission=f"{COUNTER} +512 during the wait")
+
+
+def reads(
+    *points: tuple[float, float | None], in_flight: float | None = None, window: float = WINDOW
+) -> Admission:
     """The admission after reads (time, value), each showing ``in_flight`` requests in
-    the engine (None: not exported); a value of None: a failed read, which changes nothing
-    (the engine checks call nothing for it)."""
+    the engine (None: not exported), with an admission window of ``window``; a value of
+    None: a failed read, which changes nothing (the engine checks call nothing for it)."""
     admission = NO_ADMISSION
     for at, count in points:
         if count is not None:
-            admission = after_read(admission, COUNTER, count, at, WINDOW, in_flight)
+            admission = after_read(admission, COUNTER, count, at, window, in_flight)
     return admission
 
 
@@ -57,12 +66,54 @@ class Row:
     excused: bool
 
 
-# The probe is folded at T0 + 10; a TIMEOUT waited from T0 + 9.2, so evidence counts from
-# T0 + 7.2 (the wait's start less the window).
+# The probe is folded at T0 + 10; a TIMEOUT waited from T0 + 9.2, so with a window
+# evidence counts from T0 + 7.2 (the wait's start less the window).
 NOW = T0 + 10.0
 ROWS = [
+    Row("admitted during the wait", NO_ADMISSION, bracketed(timeout()), True),
+    Row(
+        "admitted during the wait, a queue in the engine",
+        reads((T0 + 9.0, 100), (T0 + 9.5, 100), in_flight=24, window=0.0),
+        bracketed(timeout()),
+        True,
+    ),
+    Row(  # serve beside the agent: the engine admitted its probe, then froze idle
+        "admitted during the wait, the engine idle: another prober",
+        reads((T0 + 9.0, 100), (T0 + 9.5, 141), in_flight=0, window=0.0),
+        bracketed(timeout()),
+        False,
+    ),
+    Row(  # users admitted, then a hang: the zombie under light traffic
+        "no window: a scheduled read's advance that began before the wait",
+        reads((T0 + 9.0, 100), (T0 + 9.5, 5220), in_flight=6, window=0.0),
+        timeout(),
+        False,
+    ),
+    Row(
+        "no window: a real first token before the wait",
+        after_first_token(reads((T0 + 9, 5), window=0.0), T0 + 9.1),
+        timeout(),
+        False,
+    ),
+    Row(
+        "no window: a real first token in the wait",
+        after_first_token(reads((T0 + 9, 5), window=0.0), T0 + 9.3),
+        timeout(),
+        True,
+    ),
     Row("advanced during the wait", reads((T0 + 9.0, 100), (T0 + 9.5, 5220)), timeout(), True),
-    Row("advanced just inside the window", reads((T0 + 6, 1), (T0 + 7.3, 2)), timeout(), True),
+    Row(
+        "advanced, its whole span just inside the window",
+        reads((T0 + 7.25, 1), (T0 + 7.3, 2)),
+        timeout(),
+        True,
+    ),
+    Row(
+        "advanced, its span begun before the window",
+        reads((T0 + 6, 1), (T0 + 7.3, 2)),
+        timeout(),
+        False,
+    ),
     Row(
         "advanced before the window",
         reads((T0 + 6, 1), (T0 + 7.1, 2), (T0 + 9.9, 2)),
@@ -113,7 +164,7 @@ ROWS = [
         True,
     ),
     Row(
-        "good reads further apart than the window: a baseline",
+        "good reads further apart than the window: its span begun before it",
         reads((T0 + 6, 1), (T0 + 7, None), (T0 + 8, None), (T0 + 9.5, 9)),
         timeout(),
         False,
@@ -225,7 +276,7 @@ def test_frozen_counter_timeouts_are_unhealthy_within_today_bounds() -> None:
     assert health.cause is Cause.TIMEOUT
 
 
-def test_deadlock_is_unhealthy_once_the_last_admission_leaves_the_window() -> None:
+def test_deadlock_is_unhealthy_once_the_last_advance_leaves_the_window() -> None:
     """Admission stopped at T0 + 10 (decode and completions may go on: not read here)."""
     b = board()
     b.note_admission("c", ADDRESS, lambda a: after_read(a, COUNTER, 1.0, T0 + 9, WINDOW))
@@ -236,11 +287,10 @@ def test_deadlock_is_unhealthy_once_the_last_admission_leaves_the_window() -> No
         b.note_admission("c", ADDRESS, lambda a, n=now: after_read(a, COUNTER, 2.0, n, WINDOW))
         b.record("c", ADDRESS, timeout(), now + 0.9)
         states.append(b.health("c", ADDRESS).state)
-    # Excused while T0 + 10 is within 2 s before the wait: waits from T0 + 10.1 and
-    # T0 + 11.1; then two timeouts count.
+    # Excused while the advance's span (T0 + 9, T0 + 10] is within 2 s before the wait:
+    # the wait from T0 + 10.1; then two timeouts count.
     assert states[:2] == [State.DEGRADED, State.DEGRADED]
-    assert states[2] is State.DEGRADED
-    assert states[3] is State.UNHEALTHY
+    assert states[2] is State.UNHEALTHY
 
 
 def test_slow_behind_a_queue_still_recovers_an_unhealthy_endpoint() -> None:
@@ -337,3 +387,19 @@ def test_an_engine_that_says_429_is_not_excused_and_does_not_recover_by_it() -> 
             "c", ADDRESS, ProbeResult(Outcome.OVERLOADED, started_at=0.0, status=429), T0 + 12 + i
         )
     assert b.health("c", ADDRESS).state is State.UNHEALTHY
+
+
+def test_users_admitted_just_before_a_hang_excuse_nothing_without_a_window() -> None:
+    """The zombie under light traffic, with the default (no ``admission_window``): the
+    scheduled read after the hang shows the users admitted before it, and in-flight
+    requests piling up; the two timeouts after it still make UNHEALTHY."""
+    b = board()
+    for at, count in ((T0 + 9.0, 100.0), (T0 + 9.9, 180.0)):  # hang at T0 + 9.8
+        b.note_admission(
+            "c", ADDRESS, lambda a, n=at, c=count: after_read(a, COUNTER, c, n, 0.0, 8.0)
+        )
+    b.record("c", ADDRESS, timeout(), T0 + 10.7)  # waited from T0 + 9.9
+    b.record("c", ADDRESS, timeout(), T0 + 11.7)
+    health = b.health("c", ADDRESS)
+    assert health.state is State.UNHEALTHY
+    assert health.cause is Cause.TIMEOUT

@@ -1,0 +1,136 @@
+"""Reads that bracket a probe's wait (docs/design.md §3.5, the overload rule): was the
+engine admitting new requests while this probe waited?
+
+A probe that has no first token a quarter of its timeout in (BASELINE_AT) gets a /metrics
+read of its endpoint then (the baseline); if it times out, one more read, taken then (the
+confirming read), before the timeout is told. The admission counter grew between the two
+(``EngineLoad.admitted``): the engine admitted requests *during* this wait, and the
+timeout is told with that evidence (``ProbeResult.admission``). Both reads are sent after
+the probe was, so an admission just before the wait (users admitted, then a hang) never
+counts: that is what periodic reads cannot tell (a read that finds an advance does not
+say whether it came before the probe was sent or after).
+
+Fast probes cost no read. Bounded: a timeout waits at most CONFIRM_WITHIN_S for its
+confirming read (an engine whose /metrics hangs too is judged on what is known); no read
+is started while the side reads are at their cap (``read_queue.MAX_PENDING_READS``), and
+then the timeout is told at once, with no evidence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import replace
+
+from llm_health.engines.metrics import admission_counter
+from llm_health.model.engine_load import EngineLoad
+from llm_health.model.outcome import Outcome, ProbeResult
+from llm_health.probe.signals import ProbeReceiver, Started, Starter
+from llm_health.probe.target import ProbeTarget
+
+BASELINE_AT = 0.25  # of the probe's timeout: a probe without a token by then gets a read
+CONFIRM_WITHIN_S = 0.5  # the longest a timeout waits for its confirming read
+
+Then = Callable[[EngineLoad | None], None]
+# Start a /metrics read of the target now, ``then`` told its load (None: it failed);
+# False: none could be started.
+ReadNow = Callable[[ProbeTarget, Then], bool]
+
+
+def bracketing(
+    start: Starter, read_now: ReadNow, reads_metrics: Callable[[ProbeTarget], bool]
+) -> Starter:
+    """``start`` with the waits of its slow probes bracketed by two reads:
+    ``read_now(target, then)``; ``reads_metrics(target)``: the endpoint's /metrics is read
+    (else the probe is started as it is)."""
+
+    def start_bracketed(target: ProbeTarget, receiver: ProbeReceiver) -> Started:
+        if not reads_metrics(target):
+            return start(target, receiver)
+        bracket = _Bracket(target, receiver, read_now)
+        bracket.probe = start(target, bracket)
+        bracket.arm()
+        return bracket
+
+    return start_bracketed
+
+
+def admitted_between(before: EngineLoad | None, after: EngineLoad | None) -> str:
+    """The admission the two reads show (their counter grew in the same process), as a
+    reason names it; "" when they show none."""
+    if before is None or after is None or before.admitted is None or after.admitted is None:
+        return ""
+    if after.engine != before.engine or after.process_started != before.process_started:
+        return ""
+    grown = after.admitted - before.admitted
+    if grown <= 0:
+        return ""
+    return f"{admission_counter(after.engine)} +{grown:g} during the wait"
+
+
+class _Bracket:
+    """One probe's receiver and handle: its baseline read a quarter of its timeout in
+    (none once its first token came), its result passed on, a timeout after its
+    confirming read (or CONFIRM_WITHIN_S); cancelled: nothing is told."""
+
+    __slots__ = ("_baseline", "_held", "_read_now", "_receiver", "_target", "_timer", "probe")
+
+    def __init__(self, target: ProbeTarget, receiver: ProbeReceiver, read_now: ReadNow) -> None:
+        self._target = target
+        self._receiver = receiver
+        self._read_now = read_now
+        self._baseline: list[EngineLoad | None] | None = None  # [load] once its read is over
+        self._held: ProbeResult | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self.probe: Started | None = None
+
+    def arm(self) -> None:
+        delay = BASELINE_AT * self._target.timeout_s
+        self._timer = asyncio.get_running_loop().call_later(delay, self._take_baseline)
+
+    def _take_baseline(self) -> None:
+        self._timer = None
+        taken: list[EngineLoad | None] = []
+        if self._read_now(self._target, taken.append):
+            self._baseline = taken
+
+    def set(self) -> None:
+        self._stop_timer()  # a first token: no baseline needed
+        self._receiver.set()
+
+    def done(self, result: ProbeResult) -> None:
+        self._stop_timer()
+        baseline = self._baseline
+        if result.outcome is not Outcome.TIMEOUT or baseline is None:
+            self._receiver.done(result)
+            return
+        self._held = result
+        if not self._read_now(self._target, self._confirmed):
+            self._tell("")
+        elif self._held is not None:  # the read is under way
+            self._timer = asyncio.get_running_loop().call_later(CONFIRM_WITHIN_S, self._tell, "")
+
+    def _confirmed(self, load: EngineLoad | None) -> None:
+        before = self._baseline[0] if self._baseline else None
+        self._tell(admitted_between(before, load))
+
+    def failed(self, error: Exception) -> None:
+        self._stop_timer()
+        self._receiver.failed(error)
+
+    def _tell(self, admission: str) -> None:
+        held, self._held = self._held, None
+        self._stop_timer()
+        if held is not None:
+            self._receiver.done(replace(held, admission=admission) if admission else held)
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def cancel(self) -> None:
+        self._held = None
+        self._stop_timer()
+        if self.probe is not None:
+            self.probe.cancel()
