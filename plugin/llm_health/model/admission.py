@@ -177,7 +177,7 @@ def excused(result: ProbeResult, admission: Admission, now: float) -> ProbeResul
     """``result`` as the machine judges it: a SLOW or TIMEOUT probe with admission
     evidence (``evidence``) becomes OVERLOADED, its detail naming the evidence (the state's
     reason then reads e.g. "overloaded: timed out behind a queue: vllm:prompt_tokens_total
-    +5120 in 1.0 s, 0.3 s ago"), marked ``excused`` (the machine counts it as a success
+    +512 during the wait"), marked ``excused`` (the machine counts it as a success
     that is not fast: ``machine._count``); its timings are kept. Any other result is
     returned as it is."""
     why = evidence(result, admission, now)
