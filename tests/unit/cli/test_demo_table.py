@@ -4,7 +4,7 @@ at spaces; without a terminal every row is one line."""
 
 from __future__ import annotations
 
-from llm_health.demo import HEADER, REASON_INDENT, table
+from llm_health.demo.show import HEADER, REASON_INDENT, table
 
 REASON = "2 consecutive timeouts (>800 ms) since the plugin started probing this backend"
 LONG = (

@@ -1,0 +1,5 @@
+import sys
+
+from llm_health.demo import main
+
+sys.exit(main())
