@@ -475,6 +475,9 @@ async def test_fault_rate_is_seeded_and_partial(session: aiohttp.ClientSession) 
 # ---------------------------------------------------------------- aborts
 
 
+# The stream's end follows its last token after a tpot: at the module's 5 ms a loaded core
+# could finish a one-token stream before the client's close lands; 0.5 s never does.
+@pytest.mark.sim_settings(fault=FaultSpec(ttft=0.01, tpot=0.5))
 @pytest.mark.parametrize("max_tokens", [1, 5])
 @pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/chat/completions"])
 async def test_closing_after_first_token_counts_as_aborted(
