@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
+from llm_health.engines.bracket import Evidence
 from llm_health.engines.metrics import Reading
 from llm_health.engines.settings import (
     NO_CHECKS,
@@ -50,6 +51,13 @@ class Counters:
     model_checks_total: int = 0
     model_failures_total: int = 0
     side_reads_deferred_total: int = 0
+    # Per ``Evidence`` value: the timeouts whose wait was bracketed, by what the reads showed.
+    bracketed_timeouts_total: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys((e.value for e in Evidence), 0)
+    )
+
+    def bracketed(self, evidence: Evidence) -> None:
+        self.bracketed_timeouts_total[evidence.value] += 1
 
 
 class Book:

@@ -10,6 +10,10 @@ the probe was, so an admission just before the wait (users admitted, then a hang
 counts: that is what periodic reads cannot tell (a read that finds an advance does not
 say whether it came before the probe was sent or after).
 
+Every bracketed timeout is counted by what its reads showed (``Evidence``): an operator
+whose engine left under load can tell "no admission" (the rule judged it) from "a read
+was late" (the reads could not tell in time).
+
 Fast probes cost no read. Bounded: a timeout waits at most CONFIRM_WITHIN_S for its
 confirming read (an engine whose /metrics hangs too is judged on what is known); no read
 is started while the side reads are at their cap (``read_queue.MAX_PENDING_READS``), and
@@ -19,6 +23,7 @@ then the timeout is told at once, with no evidence.
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -31,23 +36,39 @@ from llm_health.probe.target import ProbeTarget
 BASELINE_AT = 0.25  # of the probe's timeout: a probe without a token by then gets a read
 CONFIRM_WITHIN_S = 0.5  # the longest a timeout waits for its confirming read
 
+
+class Evidence(enum.Enum):
+    """What the reads around one timeout showed (the label of its count)."""
+
+    ADMISSION = "admission"  # the counter grew during the wait: told with it
+    NONE = "none"  # both reads over, no growth: a timeout like any other
+    NO_BASELINE = "no_baseline"  # the read a quarter in could not start, or failed
+    NO_CONFIRM = "no_confirm"  # the read at the timeout could not start, or failed
+    LATE = "late"  # a read still under way CONFIRM_WITHIN_S after the timeout
+
+
 Then = Callable[[EngineLoad | None], None]
 # Start a /metrics read of the target now, ``then`` told its load (None: it failed);
 # False: none could be started.
 ReadNow = Callable[[ProbeTarget, Then], bool]
+Count = Callable[[Evidence], None]
 
 
 def bracketing(
-    start: Starter, read_now: ReadNow, reads_metrics: Callable[[ProbeTarget], bool]
+    start: Starter,
+    read_now: ReadNow,
+    reads_metrics: Callable[[ProbeTarget], bool],
+    count: Count,
 ) -> Starter:
     """``start`` with the waits of its slow probes bracketed by two reads:
     ``read_now(target, then)``; ``reads_metrics(target)``: the endpoint's /metrics is read
-    (else the probe is started as it is)."""
+    (else the probe is started as it is); ``count``: told what each bracketed timeout's
+    reads showed."""
 
     def start_bracketed(target: ProbeTarget, receiver: ProbeReceiver) -> Started:
         if not reads_metrics(target):
             return start(target, receiver)
-        bracket = _Bracket(target, receiver, read_now)
+        bracket = _Bracket(target, receiver, read_now, count)
         bracket.probe = start(target, bracket)
         bracket.arm()
         return bracket
@@ -70,16 +91,32 @@ def admitted_between(before: EngineLoad | None, after: EngineLoad | None) -> str
 
 class _Bracket:
     """One probe's receiver and handle: its baseline read a quarter of its timeout in
-    (none once its first token came), its result passed on, a timeout after its
-    confirming read (or CONFIRM_WITHIN_S); cancelled: nothing is told."""
+    (none once its first token came), its result passed on, a timeout once both reads
+    are over (or CONFIRM_WITHIN_S after it); cancelled: nothing is told."""
 
-    __slots__ = ("_baseline", "_held", "_read_now", "_receiver", "_target", "_timer", "probe")
+    __slots__ = (
+        "_after",
+        "_baseline",
+        "_count",
+        "_held",
+        "_read_now",
+        "_receiver",
+        "_target",
+        "_timer",
+        "probe",
+    )
 
-    def __init__(self, target: ProbeTarget, receiver: ProbeReceiver, read_now: ReadNow) -> None:
+    def __init__(
+        self, target: ProbeTarget, receiver: ProbeReceiver, read_now: ReadNow, count: Count
+    ) -> None:
         self._target = target
         self._receiver = receiver
         self._read_now = read_now
-        self._baseline: list[EngineLoad | None] | None = None  # [load] once its read is over
+        self._count = count
+        # Each read's load once it is over ([None]: it failed); None: not over (or, for
+        # the baseline, never started).
+        self._baseline: list[EngineLoad | None] | None = None
+        self._after: list[EngineLoad | None] | None = None
         self._held: ProbeResult | None = None
         self._timer: asyncio.TimerHandle | None = None
         self.probe: Started | None = None
@@ -91,7 +128,7 @@ class _Bracket:
     def _take_baseline(self) -> None:
         self._timer = None
         taken: list[EngineLoad | None] = []
-        if self._read_now(self._target, taken.append):
+        if self._read_now(self._target, lambda load: self._over(taken, load)):
             self._baseline = taken
 
     def set(self) -> None:
@@ -100,29 +137,49 @@ class _Bracket:
 
     def done(self, result: ProbeResult) -> None:
         self._stop_timer()
+        if result.outcome is not Outcome.TIMEOUT:
+            self._receiver.done(result)
+            return
         baseline = self._baseline
-        if result.outcome is not Outcome.TIMEOUT or baseline is None:
+        if baseline is None or (baseline and baseline[0] is None):
+            self._count(Evidence.NO_BASELINE)
             self._receiver.done(result)
             return
         self._held = result
-        if not self._read_now(self._target, self._confirmed):
-            self._tell("")
-        elif self._held is not None:  # the read is under way
-            self._timer = asyncio.get_running_loop().call_later(CONFIRM_WITHIN_S, self._tell, "")
+        after: list[EngineLoad | None] = []
+        self._after = after
+        if not self._read_now(self._target, lambda load: self._over(after, load)):
+            self._after = None
+            self._tell(Evidence.NO_CONFIRM)
+        elif self._held is not None:  # a read is under way
+            self._timer = asyncio.get_running_loop().call_later(
+                CONFIRM_WITHIN_S, self._tell, Evidence.LATE
+            )
 
-    def _confirmed(self, load: EngineLoad | None) -> None:
-        before = self._baseline[0] if self._baseline else None
-        self._tell(admitted_between(before, load))
+    def _over(self, taken: list[EngineLoad | None], load: EngineLoad | None) -> None:
+        """One read is over: the timeout is told once both are."""
+        taken.append(load)
+        if self._held is None or not self._baseline or not self._after:
+            return
+        before, after = self._baseline[0], self._after[0]
+        if before is None:
+            self._tell(Evidence.NO_BASELINE)
+        elif after is None:
+            self._tell(Evidence.NO_CONFIRM)
+        else:
+            self._tell(Evidence.NONE, admitted_between(before, after))
 
     def failed(self, error: Exception) -> None:
         self._stop_timer()
         self._receiver.failed(error)
 
-    def _tell(self, admission: str) -> None:
+    def _tell(self, evidence: Evidence, admission: str = "") -> None:
         held, self._held = self._held, None
         self._stop_timer()
-        if held is not None:
-            self._receiver.done(replace(held, admission=admission) if admission else held)
+        if held is None:
+            return
+        self._count(Evidence.ADMISSION if admission else evidence)
+        self._receiver.done(replace(held, admission=admission) if admission else held)
 
     def _stop_timer(self) -> None:
         if self._timer is not None:

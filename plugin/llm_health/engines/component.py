@@ -136,7 +136,12 @@ class EngineChecks:
         """The scheduler's probe, started (``probe.signals``): a known-answer probe when
         one is due, else the plain probe; in no task of its own. A slow probe's wait is
         bracketed by two /metrics reads (``engines.bracket``: the overload rule)."""
-        return bracketing(self._known.starter(prober), self.side_reads.read_now, self._reads)
+        return bracketing(
+            self._known.starter(prober),
+            self.side_reads.read_now,
+            self._reads,
+            self.book.counters.bracketed,
+        )
 
     def _reads(self, target: ProbeTarget) -> bool:
         return self.book.metrics(target) is not None

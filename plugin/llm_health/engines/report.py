@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from llm_health.core.families import counter, gauge
@@ -78,6 +78,16 @@ def metrics(book: Book, stretch: float) -> Iterator[Metric]:
         "counted as reads.",
         counters.metrics_bracket_reads_total,
     )
+    bracketed = CounterMetricFamily(
+        "llm_health_engines_bracketed_timeouts_total",
+        "Probe timeouts whose wait was bracketed by /metrics reads, by what the reads "
+        "showed: admission (excused as load), none, no_baseline, no_confirm, late "
+        "(docs/design.md §3.5).",
+        labels=["evidence"],
+    )
+    for evidence, value in counters.bracketed_timeouts_total.items():
+        bracketed.add_metric([evidence], value)
+    yield bracketed
     yield counter(
         "llm_health_engines_metrics_failures_total",
         "Engine /metrics reads that failed or did not parse (no verdict).",

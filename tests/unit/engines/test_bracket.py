@@ -1,7 +1,7 @@
 """Reads that bracket a probe's wait (docs/design.md §3.5, ``engines.bracket``): a probe with
 no token a quarter of its timeout in gets a baseline /metrics read; a timeout is told after
 one more read, with the admission the two show; anything else at once; bounded by
-CONFIRM_WITHIN_S; nothing once cancelled."""
+CONFIRM_WITHIN_S; nothing once cancelled; each timeout counted by what its reads showed."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from llm_health.engines import bracket
-from llm_health.engines.bracket import Then, admitted_between, bracketing
+from llm_health.engines.bracket import Evidence, Then, admitted_between, bracketing
 from llm_health.model.engine_load import EngineLoad
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.probe.signals import ProbeReceiver, Started
@@ -45,6 +45,7 @@ class Told:
     def __init__(self) -> None:
         self.events: list[str] = []
         self.results: list[ProbeResult] = []
+        self.counted: list[Evidence] = []
 
     def set(self) -> None:
         self.events.append("token")
@@ -97,7 +98,9 @@ class Reads:
 
 def started(reads: Reads, metrics_read: bool = True) -> tuple[Probe, Told, Started]:
     probe, told = Probe(), Told()
-    start = bracketing(probe.start, reads.read_now, lambda target: metrics_read)
+    start = bracketing(
+        probe.start, reads.read_now, lambda target: metrics_read, told.counted.append
+    )
     return probe, told, start(TARGET, told)
 
 
@@ -116,6 +119,7 @@ async def test_a_timeout_is_told_with_the_admission_seen_in_its_wait() -> None:
     reads.over(vllm(1512.0))
     assert told.events == ["done timeout"]
     assert told.results[0].admission == "vllm:prompt_tokens_total +512 during the wait"
+    assert told.counted == [Evidence.ADMISSION]
 
 
 async def test_no_admission_in_the_wait_is_told_as_it_is() -> None:
@@ -127,6 +131,7 @@ async def test_no_admission_in_the_wait_is_told_as_it_is() -> None:
     probe.finish(Outcome.TIMEOUT)
     reads.over(vllm(1000.0))
     assert told.events == ["done timeout"] and told.results[0].admission == ""
+    assert told.counted == [Evidence.NONE]
 
 
 @pytest.mark.parametrize(
@@ -154,6 +159,7 @@ async def test_a_fast_probe_costs_no_read() -> None:
     probe.finish(Outcome.FAST)
     await past_baseline()
     assert reads.asked == 0 and told.events == ["token", "done fast"]
+    assert told.counted == []
 
 
 @pytest.mark.parametrize("outcome", [Outcome.SLOW, Outcome.ERROR, Outcome.FATAL])
@@ -163,6 +169,7 @@ async def test_anything_but_a_timeout_is_told_at_once(outcome: Outcome) -> None:
     await past_baseline()
     probe.finish(outcome)
     assert told.events == [f"done {outcome.value}"] and reads.asked == 1
+    assert told.counted == []
 
 
 async def test_a_timeout_without_a_baseline_is_told_at_once() -> None:
@@ -172,15 +179,46 @@ async def test_a_timeout_without_a_baseline_is_told_at_once() -> None:
     await past_baseline()
     probe.finish(Outcome.TIMEOUT)
     assert told.events == ["done timeout"] and reads.asked == 1
+    assert told.counted == [Evidence.NO_BASELINE]
 
 
-async def test_a_baseline_still_under_way_gives_no_evidence() -> None:
+async def test_a_baseline_still_under_way_is_waited_for() -> None:
+    """The confirming read ends first: the timeout waits for the baseline (a /metrics
+    slow to answer on a loaded engine), within CONFIRM_WITHIN_S."""
     reads = Reads()
     probe, told, _ = started(reads)
     await past_baseline()
     probe.finish(Outcome.TIMEOUT)
     reads.pending.pop(1)(vllm(2000.0))  # the confirming read ends first
-    assert told.events == ["done timeout"] and told.results[0].admission == ""
+    assert told.events == []
+    reads.over(vllm(1000.0))  # then the baseline
+    assert told.events == ["done timeout"]
+    assert told.results[0].admission == "vllm:prompt_tokens_total +1000 during the wait"
+    assert told.counted == [Evidence.ADMISSION]
+
+
+async def test_a_failed_baseline_costs_no_confirming_read() -> None:
+    reads = Reads()
+    probe, told, _ = started(reads)
+    await past_baseline()
+    reads.over(None)
+    probe.finish(Outcome.TIMEOUT)
+    assert told.events == ["done timeout"] and reads.asked == 1
+    assert told.counted == [Evidence.NO_BASELINE]
+
+
+@pytest.mark.parametrize("refused", [False, True])
+async def test_a_failed_or_refused_confirming_read_is_counted(refused: bool) -> None:
+    reads = Reads()
+    probe, told, _ = started(reads)
+    await past_baseline()
+    reads.over(vllm(1000.0))
+    reads.can_start = not refused
+    probe.finish(Outcome.TIMEOUT)
+    if not refused:
+        reads.over(None)
+    assert told.events == ["done timeout"] and reads.asked == 2
+    assert told.counted == [Evidence.NO_CONFIRM]
 
 
 async def test_no_read_when_the_endpoint_has_no_metrics_read() -> None:
@@ -202,9 +240,9 @@ async def test_a_confirming_read_that_takes_too_long_is_not_waited_for(
     reads.over(vllm(1000.0))
     probe.finish(Outcome.TIMEOUT)
     await asyncio.sleep(0.2)
-    assert told.events == ["done timeout"]
+    assert told.events == ["done timeout"] and told.counted == [Evidence.LATE]
     reads.over(vllm(2000.0))  # the read ends later: nothing more
-    assert told.events == ["done timeout"]
+    assert told.events == ["done timeout"] and told.counted == [Evidence.LATE]
 
 
 async def test_cancelled_nothing_is_told_and_no_read_starts() -> None:
@@ -223,7 +261,7 @@ async def test_cancelled_while_the_confirming_read_runs_nothing_is_told() -> Non
     probe.finish(Outcome.TIMEOUT)
     handle.cancel()
     reads.over(vllm(2000.0))
-    assert told.events == [] and probe.cancelled
+    assert told.events == [] and probe.cancelled and told.counted == []
 
 
 async def test_failures_pass_through() -> None:
