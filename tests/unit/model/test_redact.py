@@ -89,10 +89,11 @@ def test_clean_text_is_cheap() -> None:
 )
 def test_a_hostile_64_kib_body_is_bounded_work(body: str) -> None:
     """A backend knows the key it was sent: a body full of it costs a few scans of the
-    text (measured: under 3 ms each), and keeps nothing of it."""
-    started = time.perf_counter()
+    text, and keeps nothing of it. Timed in the thread's CPU time: a preempted test
+    waits, it does not work."""
+    started = time.thread_time()
     clean = redact_secrets(body, FORMS)
-    assert time.perf_counter() - started < 0.05
+    assert time.thread_time() - started < 0.05
     assert not shows_key(clean) and "abcd" not in clean.lower()
 
 
