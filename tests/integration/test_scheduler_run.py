@@ -539,11 +539,15 @@ async def test_scheduled_probes_leave_nothing_for_the_collector(tmp_path: Path) 
     garbage for the collector (whose pauses are the prober's lateness: docs/design.md
     §16.4). The simulators run in processes of their own: the collector counts only the
     prober's garbage (an in-process server leaves some of its own when a client goes).
-    A lenient ``healthy_ttft`` keeps a 5 ms TTFT FAST however loaded the machine is."""
+    A lenient ``healthy_ttft`` keeps a 5 ms TTFT FAST on a loaded machine; a window in
+    which a probe was not FAST all the same (a stall of the test's host) measured another
+    path, and the next window is taken, three at most."""
+    windows, per_window = 3, 50
     with running_sims(tmp_path, "collector-", 3, "--ttft", "5ms") as sims:
         ports = [sim.port for sim in sims]
         targets = targets_for(ports, interval="100ms", healthy_ttft="800ms", timeout="900ms")
         results: list[ProbeResult] = []
+        measured: list[tuple[int, list[str]]] = []  # per window: objects left, outcomes
         async with new_connections() as connections:
             prober = MicroProbe(connections)
             slots = ProbeSlots(prober.start_probe)
@@ -555,17 +559,31 @@ async def test_scheduled_probes_leave_nothing_for_the_collector(tmp_path: Path) 
             task = asyncio.create_task(scheduler.run())
             try:
                 await wait_until_async(lambda: len(results) >= 20, 10, "the first probes")
-                gc.collect()
-                gc.disable()
-                before = len(results)
-                await wait_until_async(lambda: len(results) >= before + 50, 10, "50 probes")
-                left = gc.collect()
+                while len(measured) < windows and not clean(measured):
+                    gc.collect()
+                    gc.disable()
+                    before = len(results)
+                    await results_reach(results, before + per_window)
+                    left = gc.collect()
+                    gc.enable()
+                    outcomes = {r.outcome.value for r in results[before:]}
+                    measured.append((left, sorted(outcomes)))
             finally:
                 gc.enable()
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-    assert all(r.outcome is Outcome.FAST for r in results[before:])
-    assert left == 0, f"{left} objects in cycles after {len(results) - before} probes"
+    assert clean(measured), f"no window of {per_window} FAST probes: {measured}"
+    left = measured[-1][0]
+    assert left == 0, f"{left} objects in cycles after {per_window} probes"
+
+
+async def results_reach(results: list[ProbeResult], count: int) -> None:
+    await wait_until_async(lambda: len(results) >= count, 10, f"{count} probe results")
+
+
+def clean(measured: list[tuple[int, list[str]]]) -> bool:
+    """The last window's probes were all FAST."""
+    return bool(measured) and measured[-1][1] == [Outcome.FAST.value]
 
 
 def test_a_round_keeps_no_finished_task_until_the_next_one() -> None:
