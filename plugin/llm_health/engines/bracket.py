@@ -14,8 +14,10 @@ Every bracketed timeout is counted by what its reads showed (``Evidence``): an o
 whose engine left under load can tell "no admission" (the rule judged it) from "a read
 was late" (the reads could not tell in time).
 
-Fast probes cost no read. Bounded: a timeout waits at most CONFIRM_WITHIN_S for its
-confirming read (an engine whose /metrics hangs too is judged on what is known); no read
+Fast probes cost no read. Bounded: a timeout waits CONFIRM_WITHIN_S for its reads (an
+engine whose /metrics hangs too is judged on what is known), or twice the time the
+baseline read took when that is longer, up to the probe's own timeout: a /metrics that
+answers slowly but answers (the API process of a busy engine, starved) is waited for; no read
 is started while the side reads are at their cap (``read_queue.MAX_PENDING_READS``), and
 then the timeout is told at once, with no evidence.
 """
@@ -34,7 +36,7 @@ from llm_health.probe.signals import ProbeReceiver, Started, Starter
 from llm_health.probe.target import ProbeTarget
 
 BASELINE_AT = 0.25  # of the probe's timeout: a probe without a token by then gets a read
-CONFIRM_WITHIN_S = 0.5  # the longest a timeout waits for its confirming read
+CONFIRM_WITHIN_S = 0.5  # the least a timeout waits for its reads (``confirm_wait``)
 
 
 class Evidence(enum.Enum):
@@ -44,7 +46,7 @@ class Evidence(enum.Enum):
     NONE = "none"  # both reads over, no growth: a timeout like any other
     NO_BASELINE = "no_baseline"  # the read a quarter in could not start, or failed
     NO_CONFIRM = "no_confirm"  # the read at the timeout could not start, or failed
-    LATE = "late"  # a read still under way CONFIRM_WITHIN_S after the timeout
+    LATE = "late"  # a read still under way ``confirm_wait`` after the timeout
 
 
 Then = Callable[[EngineLoad | None], None]
@@ -76,6 +78,16 @@ def bracketing(
     return start_bracketed
 
 
+def confirm_wait(baseline_took_s: float | None, timeout_s: float) -> float:
+    """How long a timeout waits for its reads: CONFIRM_WITHIN_S, or twice the time the
+    baseline read took (the confirming read is the same read, later), up to the probe's
+    timeout; no longer than CONFIRM_WITHIN_S while the baseline is not over (its /metrics
+    may hang with the rest)."""
+    if baseline_took_s is None:
+        return CONFIRM_WITHIN_S
+    return max(CONFIRM_WITHIN_S, min(2 * baseline_took_s, timeout_s))
+
+
 def admitted_between(before: EngineLoad | None, after: EngineLoad | None) -> str:
     """The admission the two reads show (their counter grew in the same process), as a
     reason names it; "" when they show none."""
@@ -92,11 +104,12 @@ def admitted_between(before: EngineLoad | None, after: EngineLoad | None) -> str
 class _Bracket:
     """One probe's receiver and handle: its baseline read a quarter of its timeout in
     (none once its first token came), its result passed on, a timeout once both reads
-    are over (or CONFIRM_WITHIN_S after it); cancelled: nothing is told."""
+    are over (or ``confirm_wait`` after it); cancelled: nothing is told."""
 
     __slots__ = (
         "_after",
         "_baseline",
+        "_baseline_took",
         "_count",
         "_held",
         "_read_now",
@@ -116,6 +129,7 @@ class _Bracket:
         # Each read's load once it is over ([None]: it failed); None: not over (or, for
         # the baseline, never started).
         self._baseline: list[EngineLoad | None] | None = None
+        self._baseline_took: float | None = None  # seconds, once the baseline is over
         self._after: list[EngineLoad | None] | None = None
         self._held: ProbeResult | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -128,7 +142,14 @@ class _Bracket:
     def _take_baseline(self) -> None:
         self._timer = None
         taken: list[EngineLoad | None] = []
-        if self._read_now(self._target, lambda load: self._over(taken, load)):
+        clock = asyncio.get_running_loop().time
+        sent = clock()
+
+        def over(load: EngineLoad | None) -> None:
+            self._baseline_took = clock() - sent
+            self._over(taken, load)
+
+        if self._read_now(self._target, over):
             self._baseline = taken
 
     def set(self) -> None:
@@ -152,9 +173,8 @@ class _Bracket:
             self._after = None
             self._tell(Evidence.NO_CONFIRM)
         elif self._held is not None:  # a read is under way
-            self._timer = asyncio.get_running_loop().call_later(
-                CONFIRM_WITHIN_S, self._tell, Evidence.LATE
-            )
+            wait = confirm_wait(self._baseline_took, self._target.timeout_s)
+            self._timer = asyncio.get_running_loop().call_later(wait, self._tell, Evidence.LATE)
 
     def _over(self, taken: list[EngineLoad | None], load: EngineLoad | None) -> None:
         """One read is over: the timeout is told once both are."""

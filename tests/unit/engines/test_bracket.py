@@ -6,11 +6,18 @@ CONFIRM_WITHIN_S; nothing once cancelled; each timeout counted by what its reads
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
 from llm_health.engines import bracket
-from llm_health.engines.bracket import Evidence, Then, admitted_between, bracketing
+from llm_health.engines.bracket import (
+    Evidence,
+    Then,
+    admitted_between,
+    bracketing,
+    confirm_wait,
+)
 from llm_health.model.engine_load import EngineLoad
 from llm_health.model.outcome import Outcome, ProbeResult
 from llm_health.probe.signals import ProbeReceiver, Started
@@ -33,6 +40,7 @@ TARGET = ProbeTarget(
     unhealthy_after=2,
     fatal_patterns=None,
 )
+SLOW_TARGET = replace(TARGET, timeout_s=1.0)  # the baseline at 0.25 s
 
 
 def vllm(admitted: float | None, started: float = 1.0) -> EngineLoad:
@@ -86,7 +94,7 @@ class Reads:
         self.pending: list[Then] = []
 
     def read_now(self, target: ProbeTarget, then: Then) -> bool:
-        assert target is TARGET
+        assert target in (TARGET, SLOW_TARGET)
         self.asked += 1
         if self.can_start:
             self.pending.append(then)
@@ -96,12 +104,14 @@ class Reads:
         self.pending.pop(0)(load)
 
 
-def started(reads: Reads, metrics_read: bool = True) -> tuple[Probe, Told, Started]:
+def started(
+    reads: Reads, metrics_read: bool = True, target: ProbeTarget = TARGET
+) -> tuple[Probe, Told, Started]:
     probe, told = Probe(), Told()
     start = bracketing(
         probe.start, reads.read_now, lambda target: metrics_read, told.counted.append
     )
-    return probe, told, start(TARGET, told)
+    return probe, told, start(target, told)
 
 
 async def past_baseline() -> None:
@@ -243,6 +253,46 @@ async def test_a_confirming_read_that_takes_too_long_is_not_waited_for(
     assert told.events == ["done timeout"] and told.counted == [Evidence.LATE]
     reads.over(vllm(2000.0))  # the read ends later: nothing more
     assert told.events == ["done timeout"] and told.counted == [Evidence.LATE]
+
+
+@pytest.mark.parametrize(
+    ("baseline_took_s", "timeout_s", "wait_s"),
+    [
+        (None, 0.8, bracket.CONFIRM_WITHIN_S),  # the baseline not over: it may hang too
+        (0.1, 0.8, bracket.CONFIRM_WITHIN_S),  # a quick /metrics
+        (0.35, 0.8, 0.7),  # a slow one: twice its time
+        (0.6, 0.8, 0.8),  # never longer than the probe's own timeout
+        (0.6, 0.3, bracket.CONFIRM_WITHIN_S),  # nor shorter than CONFIRM_WITHIN_S
+    ],
+)
+def test_the_wait_for_the_reads(
+    baseline_took_s: float | None, timeout_s: float, wait_s: float
+) -> None:
+    assert confirm_wait(baseline_took_s, timeout_s) == pytest.approx(wait_s)
+
+
+@pytest.mark.parametrize("slow_baseline", [True, False])
+async def test_a_slow_baseline_buys_its_confirming_read_more_time(
+    monkeypatch: pytest.MonkeyPatch, slow_baseline: bool
+) -> None:
+    """A /metrics that took 0.3 s to answer a quarter in is waited for 0.6 s at the
+    timeout (a busy engine's starved API process), a quick one CONFIRM_WITHIN_S."""
+    monkeypatch.setattr(bracket, "CONFIRM_WITHIN_S", 0.1)
+    reads = Reads()
+    probe, told, _ = started(reads, target=SLOW_TARGET)
+    await asyncio.sleep(0.25 + 0.02)
+    assert reads.asked == 1
+    if slow_baseline:
+        await asyncio.sleep(0.3)
+    reads.over(vllm(1000.0))
+    probe.finish(Outcome.TIMEOUT)
+    await asyncio.sleep(0.25)
+    if not slow_baseline:
+        assert told.counted == [Evidence.LATE]
+        return
+    assert told.events == []
+    reads.over(vllm(1100.0))
+    assert told.counted == [Evidence.ADMISSION]
 
 
 async def test_cancelled_nothing_is_told_and_no_read_starts() -> None:
