@@ -59,7 +59,8 @@ def run_demo(venv: Path, model: Path, out: Path) -> tuple[int, str, dict[int, st
         try:
             deadline = time.monotonic() + RUN_WITHIN_S
             while demo.poll() is None and time.monotonic() < deadline:
-                started.update(descendants(demo.pid))
+                # A process that has exited but is not yet reaped reads as "": keep its name.
+                started.update((pid, c) for pid, c in descendants(demo.pid).items() if c)
                 time.sleep(0.5)
         finally:
             if demo.poll() is None:

@@ -218,6 +218,12 @@ class Stage:
                     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
             if nice:
                 os.nice(nice)
+            if nice and own_group:
+                # A session of its own is a scheduling group of its own where the kernel
+                # groups by session (autogroup, sched(7)): the group competes with the
+                # demo's at the group's nice, whatever its processes' own.
+                with contextlib.suppress(OSError), open("/proc/self/autogroup", "w") as group:
+                    group.write(str(nice))
 
         with (self.workdir / f"{name}.log").open("ab") as log:
             process = subprocess.Popen(

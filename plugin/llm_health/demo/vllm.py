@@ -46,6 +46,7 @@ WATCH_EVERY_S = 0.25
 # (docs/engines/vllm.md): the product's 200 ms / 800 ms would call them slow or dead.
 PROBE = {"interval": "1s", "timeout": "2s", "healthy_ttft": "1s"}
 USERS, USER_TOKENS, SATURATED_SEQS = 12, 16, 2  # a queue of about 10
+ENGINE_NICE = 10  # below serve, Envoy and the stage (see ``VllmStage.__init__``)
 VLLM_HEADER = [*HEADER[:5], "own /health", *HEADER[5:]]
 
 
@@ -89,12 +90,13 @@ class VllmCast:
         self.venv, self.model_dir = venv, model_dir
         # No engine's threads bound to a core: an idle vLLM worker spins on its message
         # queue for a second after each read, and an engine bound to a core beside
-        # another starved (docs/engines/vllm.md, "The demo"). The saturated one runs at
-        # a lower priority: it stands for an engine on hardware of its own, so its full
-        # batch must not take the CPU its neighbours, serve and Envoy need.
-        self.normal = Server("vllm-a", "nobind", 8)
-        self.frozen = Server("vllm-b", "nobind", 8)
-        self.saturated = Server("vllm-c", "nobind", SATURATED_SEQS, nice=10)
+        # another starved (docs/engines/vllm.md, "The demo"). The engines run at a lower
+        # priority: each stands for an engine on hardware of its own, so they must not
+        # take the CPU serve and Envoy need (a starved serve discards its own probes as
+        # "prober event loop lagged" and judges nothing: docs/design.md §7).
+        self.normal = Server("vllm-a", "nobind", 8, nice=ENGINE_NICE)
+        self.frozen = Server("vllm-b", "nobind", 8, nice=ENGINE_NICE)
+        self.saturated = Server("vllm-c", "nobind", SATURATED_SEQS, nice=ENGINE_NICE)
         self.servers = [self.normal, self.frozen, self.saturated]
         self.shares = Shares()
         self.states = StateLog()

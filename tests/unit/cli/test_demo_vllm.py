@@ -1,14 +1,18 @@
 """``make demo-vllm``'s pure parts: the plugin configuration it writes is one ``serve``
 loads (the demo's probe settings, the known-answer check off for random weights), the
 share of user traffic read from Envoy's per-host counters, the state log behind its
-events and summary, and the EngineCore found among a process's children by its title."""
+events and summary, the EngineCore found among a process's children by its title, and
+the nice of a server in a session of its own."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from llm_health.config.loader import load_config
 from llm_health.demo.engine import children, engine_core, process_name
@@ -120,3 +124,23 @@ def test_the_engine_core_is_the_child_titled_so() -> None:
         assert engine_core(parent.pid) == core
     finally:
         parent.communicate(b"", timeout=10)
+
+
+def test_a_niced_server_in_a_session_of_its_own_is_niced_as_a_group(tmp_path: Path) -> None:
+    """Where the kernel schedules by session (autogroup), a server started in a session of
+    its own competes with serve and Envoy at its session's nice, not its process's: the
+    demo sets both."""
+    group_file = Path("/proc/sys/kernel/sched_autogroup_enabled")
+    if not group_file.exists() or group_file.read_text().strip() != "1":
+        pytest.skip("the kernel does not group scheduling by session here")
+    stage = Stage(tmp_path / "envoy.yaml", Timeline(), cast_on_ports(tmp_path), tmp_path)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(30)"]
+    process = stage.spawn("sleeper", sleeper, own_group=True, nice=10)
+    try:
+        assert Path(f"/proc/{process.pid}/autogroup").read_text().split()[-1] == "10"
+        assert (
+            os.getpriority(os.PRIO_PROCESS, process.pid) == os.getpriority(os.PRIO_PROCESS, 0) + 10
+        )
+    finally:
+        process.kill()
+        process.wait()
