@@ -46,7 +46,7 @@ WATCH_EVERY_S = 0.25
 # (docs/engines/vllm.md): the product's 200 ms / 800 ms would call them slow or dead.
 PROBE = {"interval": "1s", "timeout": "2s", "healthy_ttft": "1s"}
 USERS, USER_TOKENS, SATURATED_SEQS = 12, 16, 2  # a queue of about 10
-ENGINE_NICE = 10  # below serve, Envoy and the stage (see ``VllmStage.__init__``)
+ENGINE_NICE = 10  # below serve, Envoy and the stage (see ``VllmCast.__init__``)
 VLLM_HEADER = [*HEADER[:5], "own /health", *HEADER[5:]]
 
 
