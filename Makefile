@@ -64,25 +64,35 @@ tools:
 	promtool --version 2>&1 | head -1; /usr/bin/chromedriver --version
 
 # tests/engine needs a llama.cpp build (test-engine), tests/image and tests/wheel a built
-# image and PyPI (test-image); everything else runs here. First on
-# TEST_WORKERS xdist workers: most tests wait on real processes (simulators, Envoy, Redis,
-# DNS), so several workers per core keep a 2-core machine busy; worksteal hands a worker
-# that ran out the tests another one has queued (a few e2e tests take 20-40 s). Then the
-# tests timed against tight bounds (@pytest.mark.alone, tests/alone.py), one at a time with
-# nothing beside them, collected from the files that mark any (collecting the whole suite
-# again took 9 s; the first run refuses an alone test whose file does not say
-# "mark.alone": tests/conftest.py). Both runs always run; the target fails if either failed.
-# Each test's processes (serve, agents, the CLI) import the plugin from source: its
-# bytecode is kept in the venv (PYTHONPYCACHEPREFIX) even where the environment says
-# PYTHONDONTWRITEBYTECODE, or every process compiles it again (0.3 s of CPU a `serve`).
+# image and PyPI (test-image); everything else runs here, in three pytest runs
+# (tests/alone.py). Most tests run on TEST_WORKERS xdist workers: they wait on real
+# processes (simulators, Envoy, Redis, DNS), so several workers per core keep a 2-core
+# machine busy; worksteal hands a worker that ran out the tests another one has queued (a
+# few e2e tests take 20-40 s). They run at the lowest CPU priority (tests/background.sh),
+# beside the tests timed against tight bounds (@pytest.mark.timed), which run one at a time
+# and are first in line for the CPU; their output follows once both are done. Then the
+# tests that load the machine on purpose (@pytest.mark.alone), one at a time with nothing
+# beside them. The timed and alone runs collect only the files that mark any (collecting
+# the whole suite again took 9 s; the first run refuses a test whose file does not say
+# "mark.timed" or "mark.alone": tests/conftest.py). Every run always runs; the target fails
+# if any failed. Each test's processes (serve, agents, the CLI) import the plugin from
+# source: its bytecode is kept in the venv (PYTHONPYCACHEPREFIX) even where the environment
+# says PYTHONDONTWRITEBYTECODE, or every process compiles it again (0.3 s of CPU a `serve`).
 TEST_WORKERS ?= 4
 PYTEST_ALL := env PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/$(VENV)/pycache \
 	$(BIN)/pytest -q -p no:cacheprovider --ignore=tests/engine --ignore=tests/image \
 	--ignore=tests/wheel
-ALONE_FILES = $(shell grep -rl 'mark\.alone' tests --include='test_*.py' | grep -v -e '^tests/engine/' -e '^tests/image/' -e '^tests/wheel/' | sort)
+marked = $(shell grep -rl 'mark\.$(1)' tests --include='test_*.py' | grep -v -e '^tests/engine/' -e '^tests/image/' -e '^tests/wheel/' | sort)
+TIMED_FILES = $(call marked,timed)
+ALONE_FILES = $(call marked,alone)
 test: $(STAMP) tools
-	@status=0; \
-	$(PYTEST_ALL) -n $(TEST_WORKERS) --dist worksteal -m "not alone" || status=$$?; \
+	@status=0; timed_log=$$(mktemp); \
+	sh tests/background.sh $(PYTEST_ALL) -n $(TEST_WORKERS) --dist worksteal \
+	  -m "not alone and not timed" & workers=$$!; \
+	trap 'kill -TERM -- -$$workers 2>/dev/null; rm -f "$$timed_log"' INT TERM; \
+	$(PYTEST_ALL) -m timed $(TIMED_FILES) >"$$timed_log" 2>&1 || status=$$?; \
+	wait $$workers || status=$$?; \
+	echo "--- the timed tests, run beside the others ---"; cat "$$timed_log"; rm -f "$$timed_log"; \
 	$(PYTEST_ALL) -m alone $(ALONE_FILES) || status=$$?; \
 	exit $$status
 

@@ -1,18 +1,27 @@
-"""Tests marked ``alone`` run with no other test beside them.
+"""Tests marked ``alone`` run with no other test beside them; tests marked ``timed`` run
+one at a time, first in line for the CPU.
 
 Most tests wait on real processes and run well side by side (``make test`` runs them on
-several xdist workers). A few measure time against tight bounds (a hang reported within
-timeout + 50 ms, a change seen within one second, a prober's schedule) or load the
-machine on purpose (a starved event loop); beside other tests on a 2-core machine they
-would measure the neighbours. Those carry ``@pytest.mark.alone``, and ``make test`` runs
-them after the others, in a second pytest run without xdist (``-m alone``).
+several xdist workers). Some measure time against tight bounds (a hang reported within
+timeout + 50 ms, a change seen within one second, a prober's schedule): beside other
+tests on a 2-core machine they would measure the neighbours. Those carry
+``@pytest.mark.timed``, and ``make test`` runs them one at a time in a pytest run of their
+own while the xdist run goes on beside them at the lowest CPU priority
+(``tests/background.sh``): whenever a timed test wants a core it gets one, and the
+neighbours take what it leaves. A timed test takes one core at most (it mostly waits, or
+its load is one process): the other core stays the neighbours'. A few load both cores on
+purpose (floods of connections or DNS answers from processes of their own, a 4 MiB
+document parsed in one process while another serves it): beside them even a low-priority
+neighbour would starve, and a starved neighbour's own bounds fail. Those carry
+``@pytest.mark.alone`` and run last, one at a time, with nothing beside them
+(``-m alone``).
 
 Should they run under xdist all the same (``pytest -n 4`` by hand), the workers of the run
 share a readers-writer lock (an ``flock`` file in a directory the controller makes and
 hands to each worker): every test holds it shared from the start of its setup to the end
-of its teardown, an ``alone`` test exclusively. :func:`alone_last` moves the ``alone``
-tests to the end of the collection, where xdist hands them out last, so they wait for the
-others rather than stall them. Outside xdist nothing is locked.
+of its teardown, an ``alone`` or ``timed`` test exclusively. :func:`alone_last` moves
+those tests to the end of the collection, where xdist hands them out last, so they wait
+for the others rather than stall them. Outside xdist nothing is locked.
 """
 
 from __future__ import annotations
@@ -26,29 +35,37 @@ from pathlib import Path
 
 import pytest
 
-MARKER = "alone"
+MARKERS = ("alone", "timed")
 
 
 def is_alone(item: pytest.Item) -> bool:
-    return item.get_closest_marker(MARKER) is not None
+    """Whether ``item`` runs with nothing beside it under xdist: ``alone`` or ``timed``."""
+    return any(item.get_closest_marker(marker) is not None for marker in MARKERS)
+
+
+def _marker(item: pytest.Item) -> str | None:
+    return next((m for m in MARKERS if item.get_closest_marker(m) is not None), None)
 
 
 def check_marked_in_file(items: list[pytest.Item]) -> None:
-    """``make test`` runs the alone tests from the files whose text says ``mark.alone``
-    (Makefile: ALONE_FILES); an alone test marked any other way would run in neither run."""
-    texts: dict[Path, bool] = {}
+    """``make test`` runs the alone (timed) tests from the files whose text says
+    ``mark.alone`` (``mark.timed``; Makefile: ALONE_FILES, TIMED_FILES); a test marked any
+    other way would run in none of its runs."""
+    texts: dict[Path, str] = {}
     for item in items:
-        if not is_alone(item):
+        marker = _marker(item)
+        if marker is None:
             continue
         path = Path(str(item.path))
         if path not in texts:
-            texts[path] = "mark.alone" in path.read_text(encoding="utf-8")
-        if not texts[path]:
-            raise pytest.UsageError(f"{item.nodeid}: mark it with pytest.mark.alone in its file")
+            texts[path] = path.read_text(encoding="utf-8")
+        if f"mark.{marker}" not in texts[path]:
+            raise pytest.UsageError(f"{item.nodeid}: mark it with pytest.mark.{marker} in its file")
 
 
 def alone_last(items: list[pytest.Item]) -> None:
-    """Reorder ``items`` in place: the ``alone`` tests last, each group in its order."""
+    """Reorder ``items`` in place: the ``alone`` and ``timed`` tests last, each group in its
+    order."""
     items[:] = [i for i in items if not is_alone(i)] + [i for i in items if is_alone(i)]
 
 

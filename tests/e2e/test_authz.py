@@ -284,7 +284,7 @@ def test_checks_on_the_own_authz_port_deny_and_allow_through_envoy(
 # --------------------------------------------------------------------------- no capacity
 
 
-@pytest.mark.alone  # 503s answered at once: timed
+@pytest.mark.timed  # 503s answered at once: timed
 def test_all_unhealthy_gets_503_with_retry_after_at_once(gateway: Callable[..., Gateway]) -> None:
     gw = gateway([DEAD, DEAD], ["UNHEALTHY", "UNHEALTHY"])
     before = gw.served()

@@ -266,7 +266,7 @@ def test_sigstop_replica_stale_verdicts_never_applied(fleet: Fleet) -> None:
         assert fleet.plugins[index].states() == {s.address: "healthy" for s in fleet.sims}
 
 
-@pytest.mark.alone  # no Envoy may change while 3 replicas re-share: probes timed on 2 cores
+@pytest.mark.timed  # no Envoy may change while 3 replicas re-share: probes timed on 2 cores
 def test_redis_outage_falls_back_and_recovers_without_flap(fleet: Fleet) -> None:
     fleet.start_all()
     healthy = {s.address: ("HEALTHY", 100) for s in fleet.sims}

@@ -227,7 +227,7 @@ def last_arrival_after(sim: SimProcess, since: float) -> float | None:
 
 
 @pytest.mark.envoy
-@pytest.mark.alone  # isolation within 3.1 s of the fault, timed from traffic
+@pytest.mark.timed  # isolation within 3.1 s of the fault, timed from traffic
 def test_hanging_backend_is_isolated_quickly(stack: Any) -> None:
     """A healthy backend starts to hang (headers, then nothing; /health still 200): Envoy
     stops routing to it within 2 x timeout + interval + 0.5 s, measured from traffic."""
@@ -258,7 +258,7 @@ def test_hanging_backend_is_isolated_quickly(stack: Any) -> None:
 
 
 @pytest.mark.envoy
-@pytest.mark.alone  # a change in Envoy within 2 s of the restarted plugin listening
+@pytest.mark.timed  # a change in Envoy within 2 s of the restarted plugin listening
 def test_plugin_restart_keeps_routing_and_never_flaps(stack: Any) -> None:
     """Plugin killed: Envoy keeps the last weights and traffic flows. Plugin back: no
     endpoint flaps to UNHEALTHY, and a change made meanwhile reaches Envoy within 2 s."""
@@ -308,7 +308,7 @@ def test_plugin_restart_keeps_routing_and_never_flaps(stack: Any) -> None:
     assert envoy.stat(f"cluster.{CLUSTER}.update_rejected", 0) == 0
 
 
-@pytest.mark.alone  # a Python process exiting within 2 s of SIGTERM
+@pytest.mark.timed  # a Python process exiting within 2 s of SIGTERM
 def test_sigterm_stops_the_plugin_within_two_seconds(stack: Any) -> None:
     sim = stack.sim("h", *FAST).wait_up()
     plugin = stack.plugin([sim]).start().wait_ready()

@@ -157,7 +157,7 @@ BAD_CALLS = 100  # each kind 20 times, 10 at a time
 LOG_BOUND_BYTES = 2048  # a refused admin call logs nothing (its answer says it all)
 
 
-@pytest.mark.alone  # /livez within 100 ms while 100 invalid calls are refused
+@pytest.mark.timed  # /livez within 100 ms while 100 invalid calls are refused
 async def test_force_rejects_invalid_protobuf_durations(
     running: Running, caplog: pytest.LogCaptureFixture
 ) -> None:

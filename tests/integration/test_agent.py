@@ -32,9 +32,9 @@ from tests.processes import ROOT, AgentProcess, SimProcess, _env, http_json, run
 
 pytestmark = pytest.mark.timeout(300)
 # The tests that time the agent's answers (bounds of interval + slack, answers from memory
-# in milliseconds) run alone; the fault tables run their cases side by side, one engine
-# and agent each (``pairs``), since each case mostly waits.
-alone = pytest.mark.alone
+# in milliseconds) are timed (tests/alone.py); the fault tables run their cases side by
+# side, one engine and agent each (``pairs``), since each case mostly waits.
+timed = pytest.mark.timed
 
 INTERVAL_S, TIMEOUT_S, HEALTHY_TTFT_S = 0.5, 0.5, 0.15
 RESTART_AFTER_S = 2.0
@@ -148,7 +148,7 @@ def healthy(sim: SimProcess, agent: AgentProcess) -> None:
 HANGS = ["hang_before_headers", "hang_after_headers", "hang_after_role_chunk"]
 
 
-@alone
+@timed
 def test_a_hang_or_a_fatal_error_is_out_in_time_and_restarted_after_restart_after(
     pairs: list[tuple[SimProcess, AgentProcess]],
 ) -> None:
@@ -200,7 +200,7 @@ NO_RESTART_CASES = {
 }
 
 
-@alone
+@timed
 def test_faults_a_restart_would_not_cure_never_restart(
     pairs: list[tuple[SimProcess, AgentProcess]],
 ) -> None:
@@ -270,7 +270,7 @@ def timeouts_while_requests_complete_are_busy_not_hung(
     healthy(sim, agent)
 
 
-@alone
+@timed
 def test_every_answer_comes_from_memory_while_the_engine_hangs(
     pair: tuple[SimProcess, AgentProcess],
 ) -> None:
@@ -298,7 +298,7 @@ def test_every_answer_comes_from_memory_while_the_engine_hangs(
 # --- the engine's process -----------------------------------------------------------------
 
 
-@alone
+@timed
 def test_startup_follows_the_engine_process(tmp_path: Path) -> None:
     """The agent starts before the engine; the engine is killed and a new one (serving
     another model) starts on the same port."""
@@ -450,7 +450,7 @@ def test_garbage_and_huge_requests_get_an_answer(lone_agent: AgentProcess) -> No
     assert lone_agent.process is not None and lone_agent.process.poll() is None
 
 
-@alone
+@timed
 def test_idle_connections_do_not_starve_the_kubelet(lone_agent: AgentProcess) -> None:
     port = lone_agent.http_port
     idle = []

@@ -97,7 +97,7 @@ async def running(sim_process: SimProcess) -> AsyncIterator[Own]:
         yield Own(runtime, sim_process, authz, runtime.grpc_port)
 
 
-@pytest.mark.alone  # it blocks its own loop for 1.5 s; the answer must come meanwhile
+@pytest.mark.timed  # it blocks its own loop for 1.5 s; the answer must come meanwhile
 async def test_a_check_is_answered_while_the_runtime_loop_is_blocked(running: Own) -> None:
     answered: list[tuple[float, Any]] = []
 

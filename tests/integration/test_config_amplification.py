@@ -28,7 +28,7 @@ from tests.processes import ROOT, PluginProcess, SimProcess, _env
 VALIDATE_CPU_SECONDS = 5.0
 VALIDATE_RSS_GROWTH_MB = 150  # before the fix: 276-316 MB; after: 65-104 MB seen (load, GC timing)
 RELOAD_RSS_KEPT_MB = 64  # what the process may keep after two refused reloads
-# alone: a CPU-time bound and /livez within 100 ms while a 4 MiB reload is parsed
+# alone: a 4 MiB reload is parsed (a core's worth) while /livez is timed within 100 ms
 pytestmark = pytest.mark.alone
 LIVEZ_MS = 100
 POLL_S = 0.05

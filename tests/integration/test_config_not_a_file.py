@@ -27,8 +27,8 @@ from tests.polling import wait_until
 from tests.processes import ROOT, PluginProcess, SimProcess, _env
 
 pytestmark = pytest.mark.timeout(90)
-# alone: /livez timed against tight bounds while the attack runs
-alone = pytest.mark.alone
+# timed: /livez timed against tight bounds while the attack runs
+timed = pytest.mark.timed
 
 STOP_WITHIN_S = 5.0  # design §7.9: "well under 2 s"; a margin for a loaded machine
 LIVEZ_EVERY_S = 0.05
@@ -133,7 +133,7 @@ def test_start_refuses_a_config_that_is_not_a_file(tmp_path: Path, command: str,
     assert done.stderr.strip().splitlines() == [f"{path}: cannot read: {MESSAGES[kind]}"]
 
 
-@alone
+@timed
 def test_reload_refuses_each_kind_and_sigterm_still_ends_the_process(
     tmp_path: Path, sim: SimProcess
 ) -> None:
@@ -198,7 +198,7 @@ STUCK_WORKER = textwrap.dedent(
 )
 
 
-@alone
+@timed
 def test_sigterm_ends_the_process_whatever_a_worker_thread_is_blocked_on(
     tmp_path: Path, sim: SimProcess
 ) -> None:

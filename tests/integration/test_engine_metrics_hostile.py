@@ -22,7 +22,8 @@ from tests.polling import wait_until_async
 from tests.processes import SimProcess
 from tests.runtime import Running, runtime_from
 
-# alone: the hung endpoint must be out within interval + timeout + 1.3 s.
+# alone: a 4 MiB document read again and again loads the machine while the hung endpoint
+# must be out within interval + timeout + 1.3 s.
 pytestmark = pytest.mark.alone
 INTERVAL_S, TIMEOUT_S = 1.0, 0.8
 OUT_WITHIN_S = INTERVAL_S + TIMEOUT_S + 1.3

@@ -46,10 +46,10 @@ from tests.processes import SimProcess
 from tests.redis_server import RedisServer
 from tests.runtime import Running
 
-# alone: /livez (or the agent's answers) timed against tight bounds while the attack runs
+# timed: /livez (or the agent's answers) timed against tight bounds while the attack runs
 pytestmark = [
     pytest.mark.timeout(90),
-    pytest.mark.alone,
+    pytest.mark.timed,
     pytest.mark.sims(4, "--ttft", "30ms", prefix="fleet-", per_module=True),
 ]
 

@@ -43,7 +43,8 @@ def settings(url: str, ttl: float = 3.0) -> FleetConfig:
     return FleetConfig.model_validate(fields, context=MERGING)
 
 
-# The tests on ``stores`` run alone: members there live 0.6 s without a heartbeat.
+# The tests on ``stores`` are timed (tests/alone.py): members there live 0.6 s without a
+# heartbeat.
 @pytest.fixture
 async def stores(redis_url: str) -> AsyncIterator[dict[str, FleetStore]]:
     made = {m: FleetStore(settings(redis_url, ttl=0.6), m) for m in ("a", "b", "c")}
@@ -61,7 +62,7 @@ def body(
     )
 
 
-@pytest.mark.alone
+@pytest.mark.timed
 async def test_epochs_grow_and_heartbeat_lists_live_members(stores: dict[str, FleetStore]) -> None:
     epochs = [await stores[m].join() for m in ("a", "b", "c")]
     assert epochs == sorted(epochs) and len(set(epochs)) == 3
@@ -75,7 +76,7 @@ async def test_epochs_grow_and_heartbeat_lists_live_members(stores: dict[str, Fl
     assert await stores["a"].heartbeat(epochs[0]) is None  # the old incarnation is gone
 
 
-@pytest.mark.alone
+@pytest.mark.timed
 async def test_only_the_owner_publishes_and_the_hash_matches_python(
     stores: dict[str, FleetStore],
 ) -> None:
@@ -96,7 +97,7 @@ async def test_only_the_owner_publishes_and_the_hash_matches_python(
     }
 
 
-@pytest.mark.alone
+@pytest.mark.timed
 async def test_a_paused_member_is_fenced_until_it_joins_again(
     stores: dict[str, FleetStore],
 ) -> None:
@@ -129,7 +130,7 @@ async def test_a_paused_member_is_fenced_until_it_joins_again(
     assert (second.owner, second.epoch) == ("a", new_a) and second.seq > first.seq
 
 
-@pytest.mark.alone
+@pytest.mark.timed
 async def test_leave_hands_over_at_once_and_overrides_are_kept(
     stores: dict[str, FleetStore],
 ) -> None:
@@ -278,7 +279,7 @@ async def test_unreachable_redis_at_start_is_a_clear_fallback(
     assert fleet.status()["fallback"] is True
 
 
-@pytest.mark.alone  # members live 0.6 s without a heartbeat: a busy core evicts them
+@pytest.mark.timed  # members live 0.6 s without a heartbeat: a busy core evicts them
 async def test_an_evicted_member_publishes_what_it_owns_again_in_its_new_epoch(
     redis_url: str,
 ) -> None:

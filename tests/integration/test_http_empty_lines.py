@@ -23,7 +23,7 @@ from tests.hostile_http import FAILURE_THRESHOLD, Attack, attacked, longest_fail
 from tests.polling import wait_until
 from tests.processes import START_WITHIN_S, AgentProcess, PluginProcess, SimProcess
 
-# alone: the kubelet's answers are timed against its 1 s timeout while the attack runs
+# alone: the attack loads the machine while the kubelet's answers are timed against 1 s
 pytestmark = [pytest.mark.timeout(180), pytest.mark.alone]
 
 WAITING = 60  # beyond the cap: in the kernel's queue, ahead of the kubelet

@@ -29,7 +29,7 @@ from tests.ports import free_port
 from tests.processes import SimProcess
 from tests.runtime import Running
 
-# alone: /livez (or the agent's answers) timed against tight bounds while the attack runs
+# alone: the flood loads the machine while /livez is timed against tight bounds
 pytestmark = [pytest.mark.timeout(90), pytest.mark.alone]
 
 IDLE_CLIENTS = 300  # above the cap of 256

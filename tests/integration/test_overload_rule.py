@@ -37,7 +37,7 @@ from tests.configs import plugin_yaml
 from tests.processes import AgentProcess, SimProcess, http_json, running_sims
 from tests.runtime import Running
 
-pytestmark = [pytest.mark.timeout(240), pytest.mark.alone]
+pytestmark = [pytest.mark.timeout(240), pytest.mark.timed]
 
 INTERVAL_S, TIMEOUT_S = 0.5, 0.5
 SLACK_S = 1.3

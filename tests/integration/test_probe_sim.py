@@ -20,8 +20,8 @@ from tests.started import probe_once
 
 TIMEOUT_S = 0.8
 HANG_SLACK_S = 0.05  # acceptance: every hang is reported within timeout + 50 ms
-# alone: every hang reported within the timeout + 50 ms, TTFTs timed to tens of ms.
-pytestmark = [pytest.mark.sim_settings(seed=7), pytest.mark.alone]
+# timed: every hang reported within the timeout + 50 ms, TTFTs timed to tens of ms.
+pytestmark = [pytest.mark.sim_settings(seed=7), pytest.mark.timed]
 
 
 def make_target(sim: SimHandle | str, **probe: object) -> ProbeTarget:

@@ -63,7 +63,7 @@ async def until(runtime: Runtime, sim: SimProcess, state: State, within: float) 
     return state_of(runtime, sim)
 
 
-@pytest.mark.alone  # a hang out within interval + two timeouts: timed
+@pytest.mark.timed  # a hang out within interval + two timeouts: timed
 async def test_workers_give_the_same_verdicts(sims: list[SimProcess]) -> None:
     runtime = runtime_for(sims, "workers.yaml", **WORKERS)
     changes: list[tuple[str, str, str]] = []

@@ -83,7 +83,7 @@ def on_virtual_time(main: Coroutine[Any, Any, None]) -> None:
         runner.run(main)
 
 
-@pytest.mark.alone  # real probes may start at most 0.5 s late
+@pytest.mark.timed  # real probes may start at most 0.5 s late
 async def test_fifty_endpoints_never_overlap_and_are_spread_evenly() -> None:
     fault = FaultSpec.from_json({"fault": "none", "ttft": "30ms", "ttft_jitter": "20ms"})
     async with running_sim(SimSettings(fault=fault, seed=1), port_count=50) as sim:

@@ -40,8 +40,8 @@ from tests.polling import wait_until_async
 from tests.ports import free_port
 from tests.runtime import Running
 
-# alone: /livez (or the agent's answers) timed against tight bounds while the attack runs
-pytestmark = [pytest.mark.timeout(90), pytest.mark.alone]
+# timed: /livez (or the agent's answers) timed against tight bounds while the attack runs
+pytestmark = [pytest.mark.timeout(90), pytest.mark.timed]
 
 KEY = "Zq8TmV3xRb7NpK2wYc5HdF9jLs4GtE6uAo1iWkXyPv0Mn3Qr"  # 48 characters, mixed case
 SHOWN_BEFORE_LIMIT = 44  # of the key's characters that fall before the read limit

@@ -113,7 +113,7 @@ async def _probe_with_blocked_loop(
         process.stop()
 
 
-@pytest.mark.alone  # it blocks its own loop for 100 ms and times the probe around it
+@pytest.mark.timed  # it blocks its own loop for 100 ms and times the probe around it
 @pytest.mark.parametrize("stamped", CARRIERS)
 async def test_lag_during_the_read_does_not_make_a_fast_endpoint_slow(
     tmp_path: Path, stamped: bool
@@ -128,7 +128,7 @@ async def test_lag_during_the_read_does_not_make_a_fast_endpoint_slow(
     assert result.outcome is Outcome.FAST, result
 
 
-@pytest.mark.alone  # as above
+@pytest.mark.timed  # as above
 @pytest.mark.parametrize("stamped", CARRIERS)
 async def test_a_really_slow_endpoint_stays_slow_under_lag(tmp_path: Path, stamped: bool) -> None:
     result = await _probe_with_blocked_loop("350ms", "120ms", tmp_path, stamped=stamped)

@@ -20,8 +20,8 @@ from tests.polling import wait_until_async
 from tests.processes import SimProcess
 from tests.runtime import Running, runtime_for
 
-# alone: the silent endpoint must be out 0.8-1.3 s after it went silent.
-pytestmark = [pytest.mark.sim_args("--ttft", "30ms"), pytest.mark.alone]
+# timed: the silent endpoint must be out 0.8-1.3 s after it went silent.
+pytestmark = [pytest.mark.sim_args("--ttft", "30ms"), pytest.mark.timed]
 PROBE = {"interval": "1s", "timeout": "800ms", "healthy_ttft": "200ms", "model": "sim-model"}
 
 

@@ -58,7 +58,7 @@ def get(url: str, data: bytes | None = None) -> tuple[int, bytes]:
         return response.status, response.read()
 
 
-@pytest.mark.alone  # a Python process exiting within 2 s of the signal
+@pytest.mark.timed  # a Python process exiting within 2 s of the signal
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_sim_serves_and_exits_cleanly_on_signal(signum: signal.Signals) -> None:
     port = free_port()

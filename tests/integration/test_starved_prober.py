@@ -22,8 +22,8 @@ from tests.processes import SimProcess
 from tests.runtime import Running
 
 PROBE = {"interval": "200ms", "timeout": "500ms", "healthy_ttft": "150ms", "model": "sim-model"}
-# alone: it starves its own event loop on purpose; a loaded machine would add to it.
-pytestmark = [pytest.mark.alone, pytest.mark.sims(3, "--ttft", "30ms", prefix="starved-")]
+# timed: it starves its own event loop on purpose; a loaded machine would add to it.
+pytestmark = [pytest.mark.timed, pytest.mark.sims(3, "--ttft", "30ms", prefix="starved-")]
 BLOCK_S = 0.7  # longer than the timeout: probes in flight then read TIMEOUT
 BLOCKS = 8
 

@@ -371,7 +371,7 @@ def test_steady_ttft_formula_refuses_a_load_with_no_steady_state() -> None:
         slow_under_load_ttft(spec, 1.0, 5, probe_rate=math.nan)
 
 
-@pytest.mark.alone  # a rate of requests held for seconds, Little's law checked to 20 %
+@pytest.mark.timed  # a rate of requests held for seconds, Little's law checked to 20 %
 async def test_steady_load_follows_littles_law_and_spares_probes(
     session: aiohttp.ClientSession,
 ) -> None:
