@@ -94,9 +94,9 @@ def test_probes_answer_while_empty_line_connections_fill_the_port(
     for path in PATHS:
         statuses = answers[path]
         answered = sum(status == 200 for status in statuses)
-        print(f"{command} {attack_name} {path}: {answered}/{len(statuses)} in time; {stats}")
-        assert len(statuses) == POLLS
-        assert longest_failing_run(statuses, 200) < FAILURE_THRESHOLD, statuses
-        assert answered >= ANSWERED_MIN * POLLS, statuses
+        said = f"{command} {attack_name} {path}: {answered}/{len(statuses)} in time; {stats}"
+        assert len(statuses) == POLLS, said
+        assert longest_failing_run(statuses, 200) < FAILURE_THRESHOLD, (said, statuses)
+        assert answered >= ANSWERED_MIN * POLLS, (said, statuses)
     # The guard closed the connections (they reconnected): none held its slot.
     assert stats["connects"] > 2 * sum(clients.values()), stats
