@@ -6,7 +6,7 @@ several xdist workers). Some measure time against tight bounds (a hang reported 
 timeout + 50 ms, a change seen within one second, a prober's schedule): beside other
 tests on a 2-core machine they would measure the neighbours. Those carry
 ``@pytest.mark.timed``, and ``make test`` runs them one at a time in a pytest run of their
-own while the xdist run goes on beside them at the lowest CPU priority
+own while the xdist run goes on beside them at a low CPU priority
 (``tests/background.sh``): whenever a timed test wants a core it gets one, and the
 neighbours take what it leaves. A timed test takes one core at most (it mostly waits, or
 its load is one process): the other core stays the neighbours'. A few load both cores on

@@ -20,7 +20,7 @@ from tests.processes import SimProcess, running_sims
 # CI runs hypothesis derandomized: the same examples every run, so a red CI is always
 # reproducible (and never a lucky draw). Locally the default random search keeps exploring.
 # No deadline either way: a deadline times each example by the wall clock, and `make test`
-# runs these tests at the lowest CPU priority (tests/alone.py); tests assert behaviour.
+# runs these tests at a low CPU priority (tests/alone.py); tests assert behaviour.
 settings.register_profile("ci", derandomize=True, deadline=None)
 settings.register_profile("local", deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else "local")

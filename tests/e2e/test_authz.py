@@ -334,6 +334,7 @@ def test_low_priority_is_shed_below_shed_below(gateway: Callable[..., Gateway]) 
 # --------------------------------------------------------------------------- priority routing
 
 
+@pytest.mark.timed  # checks answered within the filter's 100 ms timeout
 def test_high_priority_lands_on_the_healthy_endpoint_only(gateway: Callable[..., Gateway]) -> None:
     """1 HEALTHY (weight 100) + 2 DEGRADED (30 each). 300 high-priority requests: all on the
     HEALTHY one. 300 unmarked ones: spread by weight (100/160 vs 30/160 each, ± 5 points).

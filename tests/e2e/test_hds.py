@@ -190,6 +190,7 @@ def test_two_envoys_check_all_backends_and_an_unreachable_one_is_taken_out(
     assert stack.endpoint(target.address)["state"] == "healthy"
 
 
+@pytest.mark.timed  # the checks move within a report interval + 1 s
 def test_a_killed_envoys_checks_move_to_the_other_and_its_reports_expire(
     stack: Stack,
 ) -> None:

@@ -116,6 +116,7 @@ def wedged(fault: str) -> SimSettings:
     return SimSettings(fault=FaultSpec(fault=fault, info="hang", hang_max=30.0))
 
 
+@pytest.mark.timed  # the command's wall time against its promise
 @pytest.mark.parametrize(("fault", "exit_code"), HANG_POINTS)
 async def test_a_wedged_backend_gets_its_verdict_within_the_timeout(
     fault: str, exit_code: int, capsys: pytest.CaptureFixture[str]
@@ -133,6 +134,7 @@ async def test_a_wedged_backend_gets_its_verdict_within_the_timeout(
     assert "model discovery" not in out  # --model given: not asked
 
 
+@pytest.mark.timed  # as above
 async def test_count_probes_each_within_the_timeout(capsys: pytest.CaptureFixture[str]) -> None:
     async with running_sim(wedged("hang_after_headers")) as sim:
         code, took = await timed_cli(
@@ -147,6 +149,7 @@ async def test_count_probes_each_within_the_timeout(capsys: pytest.CaptureFixtur
     assert "engine detection gave up after 0.5 s" in out
 
 
+@pytest.mark.timed  # as above
 async def test_a_detection_in_time_is_used_and_not_reported(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

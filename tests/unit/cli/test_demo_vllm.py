@@ -138,7 +138,7 @@ def test_a_niced_server_in_a_session_of_its_own_is_niced_as_a_group(tmp_path: Pa
     process = stage.spawn("sleeper", sleeper, own_group=True, nice=10)
     try:
         assert Path(f"/proc/{process.pid}/autogroup").read_text().split()[-1] == "10"
-        # nice adds to this process's own (make test runs it at 19, the most there is)
+        # nice adds to this process's own (make test runs it at 10; 19 is the most there is)
         want = min(os.getpriority(os.PRIO_PROCESS, 0) + 10, 19)
         assert os.getpriority(os.PRIO_PROCESS, process.pid) == want
     finally:
