@@ -10,13 +10,21 @@ export PATH := $(BIN):$(PATH)
 
 # The venv holds exactly requirements/dev.lock (every Python package `make` installs, with
 # hashes; docs/design.md §6.5), installed by plain pip so the machine's own pip
-# configuration (find-links, indexes) still applies, then the project itself, editable,
-# built by the locked setuptools. A changed lock makes the venv anew: `pip freeze` equals
-# the lock on every clone.
+# configuration (find-links, indexes) still applies: one pip per core, each on a part of
+# the lock (requirements/parts.py; the lock pins every package, so --no-deps), then
+# `pip check`; then the project itself, editable, built by the locked setuptools. A
+# changed lock makes the venv anew: `pip freeze` equals the lock on every clone.
 LOCK := requirements/dev.lock
 $(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv --clear $(VENV)
-	$(BIN)/pip install --quiet --require-hashes -r $(LOCK)
+	@set -e; parts=$(VENV)/lock-parts; mkdir -p $$parts; \
+	$(PYTHON) requirements/parts.py $(LOCK) $$parts $$(nproc 2>/dev/null || echo 2); \
+	pids=; for part in $$parts/part*.txt; do \
+	  $(BIN)/pip install --quiet --no-deps --require-hashes -r $$part & pids="$$pids $$!"; \
+	done; \
+	for pid in $$pids; do wait $$pid; done; \
+	rm -rf $$parts
+	$(BIN)/pip check
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
@@ -68,7 +76,7 @@ tools:
 # (tests/alone.py). Most tests run on TEST_WORKERS xdist workers: they wait on real
 # processes (simulators, Envoy, Redis, DNS), so several workers per core keep a 2-core
 # machine busy; worksteal hands a worker that ran out the tests another one has queued (a
-# few e2e tests take 20-40 s). They run at the lowest CPU priority (tests/background.sh),
+# few e2e tests take 20-40 s). They run at a low CPU priority (tests/background.sh),
 # beside the tests timed against tight bounds (@pytest.mark.timed), which run one at a time
 # and are first in line for the CPU; their output follows once both are done. Then the
 # tests that load the machine on purpose (@pytest.mark.alone), one at a time with nothing
