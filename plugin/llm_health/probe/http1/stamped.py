@@ -157,7 +157,7 @@ class StampedSocket:
             protocol.eof_received()
             self._lose(None)
             return
-        protocol.data_stamped(data, _arrived(ancillary))
+        protocol.data_stamped(data, arrival(ancillary))
 
     def write(self, data: bytes) -> None:
         """Send a request, unless bytes came before it and wait unread (this loop turn
@@ -241,15 +241,19 @@ class StampedSocket:
             self._loop.call_soon(protocol.connection_lost, exc)
 
 
-def _arrived(ancillary: list[tuple[int, int, bytes]]) -> float:
+def arrival(ancillary: list[tuple[int, int, bytes]]) -> float:
     """When the latest packet read arrived, on ``time.perf_counter``'s clock: the
     kernel's stamp (CLOCK_REALTIME) moved by the two clocks' offset now. Never later than
     now; our own read's time when there is no stamp, or one from the future (the wall
-    clock stepped back meanwhile)."""
+    clock stepped back meanwhile). The wall clock is read first: a prober paused between
+    the two reads (a busy machine) dates the bytes later by the pause, never earlier, so
+    an answer is never taken for bytes sent before the request, nor a token for an
+    earlier one (a TTFT too short: a false FAST)."""
+    wall = time.time()
     now = time.perf_counter()
     for level, kind, raw in ancillary:
         if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= 16:
             seconds, nanoseconds = _TIMESPEC.unpack_from(raw)
-            ago = time.time() - (seconds + nanoseconds * 1e-9)
+            ago = wall - (seconds + nanoseconds * 1e-9)
             return now - ago if ago >= 0 else now
     return now
