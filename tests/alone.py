@@ -38,13 +38,13 @@ import pytest
 MARKERS = ("alone", "timed")
 
 
-def is_alone(item: pytest.Item) -> bool:
-    """Whether ``item`` runs with nothing beside it under xdist: ``alone`` or ``timed``."""
-    return any(item.get_closest_marker(marker) is not None for marker in MARKERS)
-
-
 def _marker(item: pytest.Item) -> str | None:
     return next((m for m in MARKERS if item.get_closest_marker(m) is not None), None)
+
+
+def is_alone(item: pytest.Item) -> bool:
+    """Whether ``item`` runs with nothing beside it under xdist: ``alone`` or ``timed``."""
+    return _marker(item) is not None
 
 
 def check_marked_in_file(items: list[pytest.Item]) -> None:

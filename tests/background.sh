@@ -9,7 +9,7 @@
 # cores would starve them outright.
 # Usage: tests/background.sh COMMAND [ARG...]; it waits for COMMAND and exits with its code.
 set -eu
-NICE=10
+export NICE=10
 exec setsid --wait sh -c '
-  if [ -w /proc/self/autogroup ]; then echo "$0" > /proc/self/autogroup || true; fi
-  exec nice -n "$0" "$@"' "$NICE" "$@"
+  if [ -w /proc/self/autogroup ]; then echo "$NICE" > /proc/self/autogroup || true; fi
+  exec nice -n "$NICE" "$@"' background "$@"

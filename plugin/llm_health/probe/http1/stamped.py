@@ -37,8 +37,8 @@ def _so_timestampns() -> int | None:
     return 35 if known and struct.calcsize("@q") == 8 else None
 
 
-_SO_TIMESTAMPNS = _so_timestampns()
-STAMPS = _SO_TIMESTAMPNS is not None
+SO_TIMESTAMPNS = _so_timestampns()  # None: nothing is stamped here
+STAMPS = SO_TIMESTAMPNS is not None
 READ_SIZE = 256 * 1024  # at most this much a read (uvloop's own read size)
 _STAMP_SPACE = socket.CMSG_SPACE(16)  # one struct timespec
 _TIMESPEC = struct.Struct("@qq")
@@ -66,8 +66,8 @@ def _stamped_socket(family: socket.AddressFamily) -> socket.socket:
     try:
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as the loop's transports
-        assert _SO_TIMESTAMPNS is not None  # STAMPS
-        sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+        assert SO_TIMESTAMPNS is not None  # STAMPS
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     except OSError as exc:
         sock.close()
         raise ConnectFailed(exc.errno, exc.strerror or str(exc)) from exc
@@ -252,7 +252,7 @@ def arrival(ancillary: list[tuple[int, int, bytes]]) -> float:
     wall = time.time()
     now = time.perf_counter()
     for level, kind, raw in ancillary:
-        if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= 16:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(raw) >= 16:
             seconds, nanoseconds = _TIMESPEC.unpack_from(raw)
             ago = wall - (seconds + nanoseconds * 1e-9)
             return now - ago if ago >= 0 else now
